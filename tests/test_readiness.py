@@ -172,6 +172,9 @@ NOT_AT_START = (
     "sandboxd.kep",
     # metrics exposition
     "prometheus_client",
+    # the trace exporter (no collector named) and the HTTP client it uses
+    "sandboxd.access.otlp",
+    "twisted.web.client",
 )
 
 

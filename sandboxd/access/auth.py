@@ -137,6 +137,10 @@ class TokenStore:
         store = cls()
         empty: list[str] = []
         secret_env = {"ABX_SERVER_TOKEN", "ABX_SERVER_TOKEN_FILE"}
+        # The trace collector's credentials, when the daemon was given some.
+        from sandboxd.access.tracing import SECRET_VARIABLES
+
+        secret_env.update(n for n in SECRET_VARIABLES if env.get(n))
         legacy = env.get("ABX_SERVER_TOKEN", "")
         legacy_file = env.get("ABX_SERVER_TOKEN_FILE", "")
         if not legacy and legacy_file:

@@ -38,6 +38,7 @@ from sandboxd.access.auth import (
 )
 from sandboxd.access.links import CONSOLE, is_link
 from sandboxd.access.metrics import Metrics
+from sandboxd.access.tracing import Finished, Tracer
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -73,6 +74,7 @@ class Context(Protocol):
     hostname: str
     metrics: Metrics
     links: LinkTable
+    tracer: Tracer
 
 
 class Door(enum.StrEnum):
@@ -459,13 +461,17 @@ def audit(
     bytes_out: int = 0,
     client: str = "",
     extra: Mapping[str, object] | None = None,
+    headers: Headers | None = None,
 ) -> None:
     """
     Write the audit line of one call (SPEC §11.5, §16), if the endpoint's
-    ``audit`` mode wants it (``deny`` when nothing matched).
+    ``audit`` mode wants it (``deny`` when nothing matched); count it; and
+    hand it to the tracer (:mod:`sandboxd.access.tracing`).
 
     :param decided_by: the rule that refused the call, if one did.
     :param extra: door-specific fields (a tool name, a procedure).
+    :param headers: the call's headers (lower-cased names), for the
+        caller's trace context and request id.
     """
     context.metrics.request(
         endpoint.id if endpoint is not None else None,
@@ -475,7 +481,30 @@ def audit(
         time.monotonic() - started if started else 0.0,
     )
     mode = rule.audit if rule is not None else "deny"
-    if not should_record(mode, status):
+    recorded = should_record(mode, status)
+    tracer = context.tracer
+    ids = None
+    if tracer.exporting:
+        ids = tracer.finished(
+            Finished(
+                door=str(door),
+                endpoint=endpoint.id if endpoint is not None else None,
+                identity=identity.id if identity is not None else None,
+                on_behalf_of=identity.on_behalf_of if identity is not None else None,
+                method=method,
+                path=redact_url_secrets(path),
+                status=status,
+                code=str(code) if code is not None else None,
+                rule=decided_by,
+                started=started,
+                client=client,
+                extra=redact_record(dict(extra)) if extra else None,
+            ),
+            headers,
+        )
+    elif recorded and headers:
+        ids = tracer.ids(headers)
+    if not recorded:
         return
     record = make_record(
         identity=identity.id if identity is not None else "-",
@@ -496,6 +525,8 @@ def audit(
         record["on_behalf_of"] = identity.on_behalf_of
     if extra:
         record.update(extra)
+    if ids:
+        record.update(ids)
     context.audit.write(redact_record(record))
 
 

@@ -185,6 +185,15 @@ class _Collector:
         for result, count in sorted(metrics.reloads.items()):
             reloads.add_metric([result], count)
         yield reloads
+        spans = CounterMetricFamily(
+            "sandboxd_trace_spans",
+            "Spans of calls by what became of them: exported to the collector,"
+            " dropped (the queue was full) or failed (the collector did not take them).",
+            labels=["result"],
+        )
+        for result, count in sorted(self.context.tracer.counts.items()):
+            spans.add_metric([result], count)
+        yield spans
         policy = self.context.policy
         info = GaugeMetricFamily(
             "sandboxd_policy_info",

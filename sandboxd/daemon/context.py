@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from sandboxd.access.audit import AuditLog
 from sandboxd.access.links import LinkTable
 from sandboxd.access.metrics import Metrics
+from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
 from sandboxd.endpoints import RouteTable
@@ -133,6 +134,9 @@ class Context:
     preview: Any = attrs.field(default=None, init=False)
     #: What ``GET /metrics`` reports (counted as requests are answered).
     metrics: Metrics = attrs.field(factory=Metrics, init=False)
+    #: Each call's span and trace ids (sends nothing unless the daemon is
+    #: built with a collector to send to).
+    tracer: Tracer = attrs.field(factory=lambda: Tracer(TraceSettings()), init=False)
     #: ``--pty-public-url``: the base of every ``ws_url`` (wins over the policy's).
     pty_public_url: str | None = None
     http_port: int | None = None

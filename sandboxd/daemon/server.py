@@ -31,6 +31,7 @@ from twisted.logger import Logger
 from sandboxd._version import __version__
 from sandboxd.access import guard
 from sandboxd.access.audit import AuditLog
+from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
 from sandboxd.daemon.context import Context, as_clock
@@ -58,6 +59,7 @@ from sandboxd.policy.defaults import (
     HEAP_MMAP_THRESHOLD_BYTES,
     HEAP_TRIM_QUIET_SECONDS,
     SHUTDOWN_TIMEOUT_SECONDS,
+    TRACE_STOP_SECONDS,
 )
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.environment import BOOT_ENVIRON, login_defaults
@@ -324,6 +326,8 @@ class DaemonService(MultiService):
                         port=description,
                         iface=interface_of(description),
                     )
+        for problem in self.context.tracer.problems:
+            log.warn("sandboxd: traces: {problem}", problem=problem)
         for warning in policy.warnings:
             # Not ``warning=``: an event with that key is, to Twisted's
             # legacy observers, a Python warning, formatted with a
@@ -543,6 +547,7 @@ class DaemonService(MultiService):
                 "sandboxd: shutdown timed out: {f}", f=f.getErrorMessage()
             )
         )
+        d.addBoth(lambda _: self._last_spans())
 
         def flush(_: Any) -> None:
             self.context.audit.flush()
@@ -555,6 +560,41 @@ class DaemonService(MultiService):
                 reactor._exitSignal = None
 
         return d.addBoth(flush)
+
+    def _last_spans(self) -> Deferred[Any]:
+        """The spans of the last calls to the collector, within a bound."""
+        clock = as_clock(self.context.reactor)
+        d = maybeDeferred(self.context.tracer.stop)
+        d.addTimeout(TRACE_STOP_SECONDS, clock)
+        d.addErrback(
+            lambda f: log.warn(
+                "sandboxd: traces: the last spans were not sent: {f}",
+                f=f.getErrorMessage(),
+            )
+        )
+        return d.addBoth(lambda _: self.context.tracer.close())
+
+
+def build_tracer(environ: Mapping[str, str], reactor: Any) -> Tracer:
+    """
+    The daemon's tracer: with an exporter when the environment names a
+    collector (the exporter's module is imported only then), else one that
+    only reads ids.  What could not be taken is in its ``problems``, for
+    the start to log.
+    """
+    settings = TraceSettings.from_environ(environ)
+    problems = list(settings.problems)
+    exporter = None
+    if settings.endpoint is not None:
+        from sandboxd.access.otlp import Exporter
+
+        try:
+            exporter = Exporter(settings, reactor)
+        except ValueError as e:
+            problems.append(f"{e}; no spans are sent")
+    tracer = Tracer(settings, reactor, exporter)
+    tracer.problems = tuple(problems)
+    return tracer
 
 
 def _cannot_listen(error: CannotListenError) -> str:
@@ -770,6 +810,7 @@ def build(
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
         state_dir=state_dir(settings, environ),
     )
+    context.tracer = build_tracer(environ, reactor)
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
     context.pty_public_url = settings.pty_public_url

@@ -286,6 +286,7 @@ class Rpc:
             bytes_out=self.call.bytes_out,
             client=self.call.peer,
             extra=self.audit_fields,
+            headers=self.call.headers,
         )
         if not self.ended.called:
             self.ended.callback(None)
@@ -775,6 +776,7 @@ def audit_refusal(context: Any, refusal: Refusal) -> None:
         bytes_in=refusal.bytes_in,
         client=refusal.peer,
         extra={"grpc_status": refusal.status.name},
+        headers=refusal.headers,
     )
 
 

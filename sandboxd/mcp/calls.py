@@ -171,11 +171,14 @@ class ToolCall:
         client: str,
         session_id: str,
         progress: Progress | None = None,
+        trace_headers: Headers | None = None,
     ) -> None:
         self.context = context
         self.tool = tool
         self.split = split
         self.headers = headers
+        #: Where the call's trace context is read (:func:`~sandboxd.access.tracing.with_meta_context`).
+        self.trace_headers = headers if trace_headers is None else trace_headers
         self.secure = secure
         self.client = client
         self.session_id = session_id
@@ -362,6 +365,7 @@ class ToolCall:
                 "mcp_session": self.session_id[:8],
                 **self.audit_fields,
             },
+            headers=self.trace_headers,
         )
 
 

@@ -393,6 +393,7 @@ class Exchange:
             bytes_out=getattr(self.request, "sentLength", 0),
             client=getattr(self.request, "client_host", ""),
             extra={"rpc": self.rpc} if self.rpc else None,
+            headers=self.headers,
         )
 
     # -- after the body ----------------------------------------------------

@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd._version import __version__
 from sandboxd.access import gate
+from sandboxd.access.tracing import with_meta_context
 from sandboxd.errors import Code, bad_request, limit_exceeded
 from sandboxd.jsonrpc import (
     INVALID_PARAMS,
@@ -231,6 +232,7 @@ class Methods:
             client=caller.client,
             session_id=session.id,
             progress=progress,
+            trace_headers=with_meta_context(caller.headers, meta),
         )
         key = request_key(rid)
         session.calls[key] = call

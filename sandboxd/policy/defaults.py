@@ -972,3 +972,31 @@ KEP_STOP_GRACE_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1
+
+# -- traces (sandboxd.access.tracing, sandboxd.access.otlp) --------------------
+#: OpenTelemetry's batch defaults, each overridden by its ``OTEL_BSP_*``
+#: variable: spans waiting to be sent (the queue is capped at eight times
+#: this whatever the variable says), spans per export, how often a
+#: partial batch goes, and how long one export may take with its retries.
+TRACE_QUEUE_SPANS = 2048
+TRACE_BATCH_SPANS = 512
+TRACE_SCHEDULE_DELAY_SECONDS = 5.0
+TRACE_EXPORT_TIMEOUT_SECONDS = 30.0
+#: One request to the collector (``OTEL_EXPORTER_OTLP_TIMEOUT``).
+TRACE_REQUEST_TIMEOUT_SECONDS = 10.0
+#: The first wait before a retry of an export the collector asked to
+#: retry (429, 502, 503, 504) or that could not connect; it doubles each time.
+TRACE_RETRY_FIRST_SECONDS = 1.0
+#: A ``Retry-After`` longer than this is not waited for: the batch is dropped.
+TRACE_RETRY_AFTER_MAX_SECONDS = 30.0
+#: What is read of the collector's answer (a partial success names how
+#: many spans it rejected, and why).
+TRACE_RESPONSE_BYTES = 64 * KIB
+#: An attribute's text is cut at this many characters (unless
+#: ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` says otherwise), a list at this many items.
+TRACE_ATTRIBUTE_VALUE_CHARS = 4096
+TRACE_ATTRIBUTE_ITEMS = 64
+#: The longest ``tracestate`` passed on (the W3C's minimum to propagate).
+TRACE_STATE_CHARS = 512
+#: How long a stop waits for the last spans to reach the collector.
+TRACE_STOP_SECONDS = 5.0

@@ -80,6 +80,7 @@ from sandboxd.web.channel import close_after_answer
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.factory import HardenedSite
+from sandboxd.web.portdoor import raw_headers
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -1148,4 +1149,6 @@ class Exchange:
                 "host": self.host,
                 "port": self.target.port if self.target is not None else None,
             },
+            headers=getattr(self.request.requestHeaders, "fields", None)
+            or raw_headers(self.request),
         )

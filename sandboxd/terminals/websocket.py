@@ -60,6 +60,14 @@ WS_PATHS = frozenset({WS_PATH, ""})
 QUERY_TOKEN_PARAMS = ("access_token", "token")
 
 
+def _raw_headers(request: Any) -> dict[bytes, list[bytes]]:
+    """The handshake's headers as the gate reads them (lower-cased names)."""
+    return {
+        k.encode("latin-1"): [v.encode("latin-1", "replace")]
+        for k, v in request.headers.items()
+    }
+
+
 @implementer(IPushProducer)
 class _OutputLink:
     """
@@ -131,10 +139,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
         context = self.factory.context
         if request.path.rstrip("/") not in WS_PATHS:
             raise gate.Refused(no_route(request.path))
-        headers = {
-            k.encode("latin-1"): [v.encode("latin-1", "replace")]
-            for k, v in request.headers.items()
-        }
+        headers = _raw_headers(request)
         params = request.params
         passed = gate.admit(
             context,
@@ -206,6 +211,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             decided_by=error.rule if error is not None else None,
             started=started,
             client=getattr(peer, "host", ""),
+            headers=_raw_headers(request),
         )
 
     # -- frames ---------------------------------------------------------------

@@ -470,6 +470,7 @@ class Call:
             bytes_out=self.bytes_out,
             client=self.client,
             extra={"procedure": self.procedure.name, **self.audit_fields},
+            headers=self.headers,
         )
 
 
@@ -597,6 +598,7 @@ class PortDoor:
             decided_by=error.rule,
             started=time.monotonic(),
             client=str(getattr(peer, "host", "") or ""),
+            headers=raw_headers(request),
         )
 
     def serve(self, request: Any) -> None:

@@ -625,6 +625,7 @@ class SandboxRequest(Request):
             bytes_out=bytes_out,
             client=self.client_host,
             extra=self.audit_fields,
+            headers=getattr(self, "_headers_lc", None),
         )
 
 

@@ -16,6 +16,7 @@ from twisted.test.iosim import FakeTransport, IOPump, connect
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.access.metrics import Metrics
+from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.policy import load_policy
 from sandboxd.routes import default_table
 from sandboxd.terminals.session import PtySession
@@ -69,6 +70,7 @@ class ProtocolCase(SynchronousTestCase):
             reactor=self.clock,
             table=default_table(),
             metrics=Metrics(),
+            tracer=Tracer(TraceSettings()),
         )
         self.table = TerminalTable(self.clock)
         self.session = RecordingSession(

@@ -1,0 +1,520 @@
+# -*- test-case-name: tests.test_otlp -*-
+"""
+Spans to an OpenTelemetry collector over OTLP/HTTP (protobuf or JSON).
+
+Imported only when the environment names a collector.  The request is the
+one the OpenTelemetry specification describes for every SDK: a ``POST`` of
+an ``ExportTraceServiceRequest`` to the traces URL, the configured headers
+(a vendor's API key), gzip when asked for; retried, with backing off, when
+the collector says it is busy (429, 502, 503, 504, honouring
+``Retry-After``) or cannot be reached, until the export's deadline.
+
+The messages are written with :mod:`sandboxd.proto3` (no ``protobuf`` in
+the daemon), on a pool thread: a batch of hundreds of spans is
+milliseconds of work the reactor should not do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
+from zope.interface import implementer
+
+from sandboxd.access.tracing import SERVER, STATUS_ERROR, Span, TraceSettings
+from sandboxd.policy.defaults import (
+    CAP_WARNING_INTERVAL_SECONDS,
+    TRACE_RESPONSE_BYTES,
+    TRACE_RETRY_AFTER_MAX_SECONDS,
+    TRACE_RETRY_FIRST_SECONDS,
+)
+from sandboxd.proto3 import Kind, decode, encode, field, message, oneof
+
+log = Logger()
+
+#: The statuses after which an export is tried again (OTLP/HTTP's list).
+RETRYABLE = frozenset({429, 502, 503, 504})
+
+# -- the messages (opentelemetry/proto/{common,resource,trace}/v1) -------------
+
+#: An array's item: the scalar members of ``AnyValue`` (the attributes
+#: sent hold lists of text, never lists of lists).
+_SCALAR = (
+    field(1, "string_value", Kind.STRING),
+    field(2, "bool_value", Kind.BOOL),
+    field(3, "int_value", Kind.INT64),
+)
+_ITEM = message("AnyValue", oneof("value", *_SCALAR))
+_ARRAY = message(
+    "ArrayValue", field(1, "values", Kind.MESSAGE, repeated=True, message=_ITEM)
+)
+_ANY = message(
+    "AnyValue",
+    oneof("value", *_SCALAR, field(5, "array_value", Kind.MESSAGE, message=_ARRAY)),
+)
+_KEY_VALUE = message(
+    "KeyValue",
+    field(1, "key", Kind.STRING),
+    field(2, "value", Kind.MESSAGE, message=_ANY),
+)
+_STATUS = message(
+    "Status", field(2, "message", Kind.STRING), field(3, "code", Kind.ENUM)
+)
+SPAN = message(
+    "Span",
+    field(1, "trace_id", Kind.BYTES),
+    field(2, "span_id", Kind.BYTES),
+    field(3, "trace_state", Kind.STRING),
+    field(4, "parent_span_id", Kind.BYTES),
+    field(5, "name", Kind.STRING),
+    field(6, "kind", Kind.ENUM),
+    field(7, "start_time_unix_nano", Kind.FIXED64),
+    field(8, "end_time_unix_nano", Kind.FIXED64),
+    field(9, "attributes", Kind.MESSAGE, repeated=True, message=_KEY_VALUE),
+    field(15, "status", Kind.MESSAGE, message=_STATUS),
+    field(16, "flags", Kind.FIXED32),
+)
+_SCOPE = message(
+    "InstrumentationScope",
+    field(1, "name", Kind.STRING),
+    field(2, "version", Kind.STRING),
+)
+_SCOPE_SPANS = message(
+    "ScopeSpans",
+    field(1, "scope", Kind.MESSAGE, message=_SCOPE),
+    field(2, "spans", Kind.MESSAGE, repeated=True, message=SPAN),
+)
+_RESOURCE = message(
+    "Resource",
+    field(1, "attributes", Kind.MESSAGE, repeated=True, message=_KEY_VALUE),
+)
+_RESOURCE_SPANS = message(
+    "ResourceSpans",
+    field(1, "resource", Kind.MESSAGE, message=_RESOURCE),
+    field(2, "scope_spans", Kind.MESSAGE, repeated=True, message=_SCOPE_SPANS),
+)
+REQUEST = message(
+    "ExportTraceServiceRequest",
+    field(1, "resource_spans", Kind.MESSAGE, repeated=True, message=_RESOURCE_SPANS),
+)
+_PARTIAL = message(
+    "ExportTracePartialSuccess",
+    field(1, "rejected_spans", Kind.INT64),
+    field(2, "error_message", Kind.STRING),
+)
+RESPONSE = message(
+    "ExportTraceServiceResponse",
+    field(1, "partial_success", Kind.MESSAGE, message=_PARTIAL),
+)
+
+#: The W3C flag bits OTLP keeps on a span: its parent is remote (bits 8
+#: and 9: "has is-remote", "is remote") and sampled (bit 0).
+_FLAGS_REMOTE_PARENT = 0x300
+_FLAGS_LOCAL_ROOT = 0x100
+_SAMPLED = 0x01
+
+
+def _value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"bool_value": value}
+    if isinstance(value, int):
+        return {"int_value": value}
+    if isinstance(value, tuple):
+        return {"array_value": {"values": [_value(v) for v in value]}}
+    return {"string_value": value}
+
+
+def _span_message(span: Span) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "trace_id": span.trace_id,
+        "span_id": span.span_id,
+        "trace_state": span.trace_state,
+        "name": span.name,
+        "kind": SERVER,
+        "start_time_unix_nano": span.start_ns,
+        "end_time_unix_nano": span.end_ns,
+        "attributes": [{"key": k, "value": _value(v)} for k, v in span.attributes],
+        "flags": _SAMPLED
+        | (_FLAGS_REMOTE_PARENT if span.parent_span_id else _FLAGS_LOCAL_ROOT),
+    }
+    if span.parent_span_id is not None:
+        out["parent_span_id"] = span.parent_span_id
+    if span.error is not None:
+        out["status"] = {"code": STATUS_ERROR, "message": span.error}
+    return out
+
+
+def request_message(
+    spans: Sequence[Span], resource: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """The ``ExportTraceServiceRequest`` of ``spans``, as :mod:`sandboxd.proto3` dicts."""
+    from sandboxd._version import __version__
+
+    return {
+        "resource_spans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": k, "value": {"string_value": v}} for k, v in resource
+                    ]
+                },
+                "scope_spans": [
+                    {
+                        "scope": {"name": "sandboxd", "version": __version__},
+                        "spans": [_span_message(s) for s in spans],
+                    }
+                ],
+            }
+        ]
+    }
+
+
+def encode_protobuf(
+    spans: Sequence[Span], resource: Sequence[tuple[str, str]]
+) -> bytes:
+    """The request as OTLP's protobuf bytes."""
+    return encode(REQUEST, request_message(spans, resource))
+
+
+def _json_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        # ProtoJSON writes 64-bit integers as strings.
+        return {"intValue": str(value)}
+    if isinstance(value, tuple):
+        return {"arrayValue": {"values": [_json_value(v) for v in value]}}
+    return {"stringValue": value}
+
+
+def _json_span(span: Span) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        # OTLP/JSON writes trace and span ids in hex, not base64.
+        "traceId": span.trace_id.hex(),
+        "spanId": span.span_id.hex(),
+        "name": span.name,
+        "kind": SERVER,
+        "startTimeUnixNano": str(span.start_ns),
+        "endTimeUnixNano": str(span.end_ns),
+        "attributes": [{"key": k, "value": _json_value(v)} for k, v in span.attributes],
+        "flags": _SAMPLED
+        | (_FLAGS_REMOTE_PARENT if span.parent_span_id else _FLAGS_LOCAL_ROOT),
+    }
+    if span.trace_state:
+        out["traceState"] = span.trace_state
+    if span.parent_span_id is not None:
+        out["parentSpanId"] = span.parent_span_id.hex()
+    if span.error is not None:
+        out["status"] = {"code": STATUS_ERROR, "message": span.error}
+    return out
+
+
+def encode_json(spans: Sequence[Span], resource: Sequence[tuple[str, str]]) -> bytes:
+    """The request as OTLP/JSON."""
+    from sandboxd._version import __version__
+
+    body = {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": k, "value": {"stringValue": v}} for k, v in resource
+                    ]
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "sandboxd", "version": __version__},
+                        "spans": [_json_span(s) for s in spans],
+                    }
+                ],
+            }
+        ]
+    }
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def rejected(body: bytes, json_answer: bool) -> tuple[int, str]:
+    """
+    What a collector's successful answer says it rejected: (spans, why).
+    An answer that is not the message (empty, or some proxy's page) is no
+    rejection.
+    """
+    try:
+        if json_answer:
+            partial = json.loads(body or b"{}").get("partialSuccess") or {}
+            return int(partial.get("rejectedSpans", 0)), str(
+                partial.get("errorMessage", "")
+            )
+        partial = decode(RESPONSE, body).get("partial_success") or {}
+        return int(partial.get("rejected_spans", 0)), str(
+            partial.get("error_message", "")
+        )
+    except (ValueError, AttributeError, TypeError):
+        return 0, ""
+
+
+# -- sending ---------------------------------------------------------------------
+
+
+@implementer(IBodyProducer)
+class _Body:
+    """A request body that is all in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _Capped(protocol.Protocol):
+    """Reads an answer's body up to a cap (the rest is not waited for)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.done: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.size >= self.cap:
+            return
+        self.parts.append(data[: self.cap - self.size])
+        self.size += len(self.parts[-1])
+        transport: Any = self.transport
+        if self.size >= self.cap and transport is not None:
+            transport.stopProducing()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if not self.done.called:
+            self.done.callback(b"".join(self.parts))
+
+
+@implementer(IPolicyForHTTPS)
+class _Trust:
+    """TLS to the collector with the configured trust roots and client certificate."""
+
+    def __init__(self, settings: TraceSettings) -> None:
+        from twisted.internet.ssl import Certificate, PrivateCertificate
+
+        self.roots = None
+        self.client = None
+        try:
+            if settings.certificate:
+                with open(settings.certificate, "rb") as f:
+                    self.roots = Certificate.loadPEM(f.read())
+            if settings.client_certificate and settings.client_key:
+                with open(settings.client_certificate, "rb") as f:
+                    pem = f.read()
+                with open(settings.client_key, "rb") as f:
+                    pem += b"\n" + f.read()
+                self.client = PrivateCertificate.loadPEM(pem)
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"the OTLP certificate files cannot be read: {e}"
+            ) from None
+        except Exception as e:  # pyOpenSSL's errors: not PEM, no key
+            raise ValueError(f"the OTLP certificate files are not PEM: {e}") from None
+
+    def creatorForNetloc(self, hostname: bytes, port: int) -> Any:
+        from twisted.internet.ssl import optionsForClientTLS
+
+        kwargs: dict[str, Any] = {}
+        if self.roots is not None:
+            kwargs["trustRoot"] = self.roots
+        if self.client is not None:
+            kwargs["clientCertificate"] = self.client
+        return optionsForClientTLS(hostname.decode("ascii"), **kwargs)
+
+
+class Exporter:
+    """
+    Sends batches of spans to one collector, one request at a time.
+
+    :param run: how a batch is encoded off the reactor (the thread pool;
+        a test passes one that runs it at once).
+    """
+
+    def __init__(
+        self,
+        settings: TraceSettings,
+        reactor: Any,
+        run: Callable[..., Deferred[Any]] | None = None,
+        agent: Any = None,
+    ) -> None:
+        from sandboxd._version import __version__
+        from sandboxd.threads import in_pool
+
+        assert settings.endpoint is not None
+        self.settings = settings
+        self.reactor = reactor
+        self.url = settings.endpoint.encode("ascii")
+        self._run = run or (lambda f, *a: in_pool(reactor, f, *a))
+        if agent is None:
+            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool.maxPersistentPerHost = 1
+            policy = (
+                _Trust(settings)
+                if settings.certificate or settings.client_certificate
+                else BrowserLikePolicyForHTTPS()
+            )
+            agent = Agent(reactor, contextFactory=policy, pool=pool)
+            self.pool: Any = pool
+        else:
+            self.pool = None
+        self.agent = agent
+        self.json = settings.protocol == "http/json"
+        headers = Headers()
+        for name, value in settings.headers:
+            headers.addRawHeader(name.encode("latin-1"), value.encode("latin-1"))
+        headers.setRawHeaders(
+            b"content-type",
+            [b"application/json" if self.json else b"application/x-protobuf"],
+        )
+        headers.setRawHeaders(b"user-agent", [f"sandboxd/{__version__}".encode()])
+        if settings.gzip:
+            headers.setRawHeaders(b"content-encoding", [b"gzip"])
+        self.headers = headers
+        self._last_warning: float | None = None
+        self._unreported = 0
+
+    def _encode(self, spans: Sequence[Span]) -> bytes:
+        """The request's body (on a pool thread)."""
+        resource = self.settings.resource
+        body = (
+            encode_json(spans, resource)
+            if self.json
+            else encode_protobuf(spans, resource)
+        )
+        return gzip.compress(body, compresslevel=5) if self.settings.gzip else body
+
+    def export(self, spans: Sequence[Span], within: float) -> Deferred[bool]:
+        """
+        Send ``spans``, trying again while the collector asks to and
+        ``within`` seconds last; True once the collector has taken them.
+        Never fails: a batch that could not be sent is False, and said so in
+        the log (at most once a minute).
+        """
+        deadline = self.reactor.seconds() + within
+        d = self._run(self._encode, spans)
+        d.addCallback(self._post, len(spans), deadline, TRACE_RETRY_FIRST_SECONDS)
+        d.addErrback(self._unsent, len(spans))
+        return d
+
+    def _post(
+        self, body: bytes, count: int, deadline: float, wait: float
+    ) -> Deferred[bool]:
+        timeout = min(
+            self.settings.timeout, max(0.0, deadline - self.reactor.seconds())
+        )
+        d = self.agent.request(b"POST", self.url, self.headers, _Body(body))
+        d.addTimeout(timeout, self.reactor)
+
+        def answered(response: Any) -> Deferred[bool]:
+            reader = _Capped(TRACE_RESPONSE_BYTES)
+            response.deliverBody(reader)
+            return reader.done.addCallback(judge, response)
+
+        def judge(answer: bytes, response: Any) -> Any:
+            status = response.code
+            if 200 <= status < 300:
+                spans, why = rejected(answer, self.json)
+                if spans:
+                    self._warn(f"the collector rejected {spans} span(s): {why[:200]}")
+                return True
+            if status in RETRYABLE:
+                after = _retry_after(response.headers)
+                return again(after if after is not None else wait, f"HTTP {status}")
+            self._warn(
+                f"the collector answered HTTP {status}"
+                f" {answer[:200].decode('utf-8', 'replace')!r}; {count} span(s) dropped"
+            )
+            return False
+
+        def unreachable(failure: Any) -> Any:
+            return again(wait, failure.getErrorMessage() or failure.type.__name__)
+
+        def again(delay: float, why: str) -> Any:
+            if delay > TRACE_RETRY_AFTER_MAX_SECONDS or (
+                self.reactor.seconds() + delay >= deadline
+            ):
+                self._warn(f"{why}; {count} span(s) dropped")
+                return False
+            return deferLater(self.reactor, delay, lambda: None).addCallback(
+                lambda _: self._post(body, count, deadline, wait * 2)
+            )
+
+        d.addCallbacks(answered, unreachable)
+        sent: Deferred[bool] = d
+        return sent
+
+    def _unsent(self, failure: Any, count: int) -> bool:
+        self._warn(f"{failure.getErrorMessage()}; {count} span(s) dropped")
+        return False
+
+    def _warn(self, why: str) -> None:
+        """A failed export, in the log at most once per interval (the rest counted)."""
+        self._unreported += 1
+        now = self.reactor.seconds()
+        if (
+            self._last_warning is not None
+            and now - self._last_warning < CAP_WARNING_INTERVAL_SECONDS
+        ):
+            return
+        self._last_warning = now
+        log.warn(
+            "sandboxd: traces to {url}: {why} ({count} failed export(s) since the"
+            " last warning)",
+            url=self.settings.endpoint,
+            why=why,
+            count=self._unreported,
+        )
+        self._unreported = 0
+
+    def close(self) -> Deferred[Any]:
+        """Close the kept connection (the daemon's stop)."""
+        if self.pool is None:
+            return succeed(None)
+        closed: Deferred[Any] = self.pool.closeCachedConnections()
+        return closed
+
+
+def _retry_after(headers: Any) -> float | None:
+    """A ``Retry-After`` in seconds (the date form is not waited on: None)."""
+    values = headers.getRawHeaders(b"retry-after") or []
+    try:
+        return max(0.0, float(values[-1])) if values else None
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "REQUEST",
+    "RESPONSE",
+    "SPAN",
+    "Exporter",
+    "encode_json",
+    "encode_protobuf",
+    "rejected",
+    "request_message",
+]

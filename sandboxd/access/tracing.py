@@ -1,0 +1,800 @@
+# -*- test-case-name: tests.test_tracing -*-
+"""
+Traces: every call through every door as one OpenTelemetry span, in the
+caller's trace.
+
+A platform team already follows an agent's tool call from the agent to the
+sandbox's API; what the daemon did with it was, until now, an audit line
+with nothing to join it on.  So:
+
+- a call that carries W3C Trace Context (``traceparent``, ``tracestate``:
+  what any OpenTelemetry-instrumented HTTP or gRPC client sends) or an
+  ``X-Request-Id`` (what proxies such as Envoy add) has those ids in its
+  audit line;
+- when the environment names an OTLP collector (the OpenTelemetry
+  variables every SDK reads, ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the rest),
+  the daemon sends one span per call, a child of the caller's span, whose
+  attributes are what the gate decided: the endpoint id, the identity, the
+  decision, the rule and the error code.
+
+Nothing is sent anywhere unless an endpoint is named: the specification's
+default (``localhost:4318``) would hand the daemon's spans to whatever a
+sandbox's own process listens there.  The spans come from :func:`gate.audit
+<sandboxd.access.gate.audit>`, the one place every door reports a call's
+end, so no door can forget them; the exporter (:mod:`sandboxd.access.otlp`)
+is imported only when there is somewhere to send to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from sandboxd.policy.defaults import (
+    TRACE_ATTRIBUTE_ITEMS,
+    TRACE_ATTRIBUTE_VALUE_CHARS,
+    TRACE_BATCH_SPANS,
+    TRACE_EXPORT_TIMEOUT_SECONDS,
+    TRACE_QUEUE_SPANS,
+    TRACE_REQUEST_TIMEOUT_SECONDS,
+    TRACE_SCHEDULE_DELAY_SECONDS,
+    TRACE_STATE_CHARS,
+)
+
+Headers = Mapping[bytes, Sequence[bytes]]
+
+#: The collector's credentials, when the environment gives the daemon
+#: some: never a child's (see :meth:`TokenStore.load
+#: <sandboxd.access.auth.TokenStore>`).
+SECRET_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+
+_TRACEPARENT = re.compile(
+    r"(?P<version>[0-9a-f]{2})-(?P<trace>[0-9a-f]{32})-(?P<span>[0-9a-f]{16})"
+    r"-(?P<flags>[0-9a-f]{2})(?P<rest>-.*)?"
+)
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+#: What an ``X-Request-Id`` is kept as: printable ASCII, no spaces.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_TRACESTATE = re.compile(r"[\x20-\x7e]*")
+#: What a collector's header may be: an HTTP token, and Latin-1 text.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+
+#: The samplers of ``OTEL_TRACES_SAMPLER`` (the specification's names).
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+#: ``OTEL_EXPORTER_OTLP_PROTOCOL`` values the exporter speaks.
+PROTOCOLS = ("http/protobuf", "http/json")
+
+
+@attrs.frozen
+class Parent:
+    """The caller's span, from its ``traceparent`` (lower-case hex ids)."""
+
+    trace_id: str
+    span_id: str
+    sampled: bool
+    state: str = ""
+
+
+def parse_traceparent(value: str) -> Parent | None:
+    """
+    The W3C ``traceparent`` header's parent, or None for a value the
+    specification says to ignore: version ``ff``, all-zero ids, upper-case
+    hex, or version ``00`` with anything after its four fields (a later
+    version may add fields, which are skipped).
+    """
+    match = _TRACEPARENT.fullmatch(value.strip())
+    if match is None:
+        return None
+    version = match["version"]
+    if version == "ff" or (version == "00" and match["rest"] is not None):
+        return None
+    trace_id, span_id = match["trace"], match["span"]
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    return Parent(trace_id, span_id, bool(int(match["flags"], 16) & 1))
+
+
+def _one(headers: Headers, name: bytes) -> str | None:
+    """A header sent exactly once, as text; None when absent or repeated."""
+    values = headers.get(name)
+    if not values or len(values) != 1:
+        return None
+    return values[0].decode("latin-1")
+
+
+def parent_of(headers: Headers) -> Parent | None:
+    """
+    The caller's span from a call's headers, with its ``tracestate``
+    (dropped when longer than the specification asks to keep, or not
+    printable).  Two ``traceparent`` headers are no parent at all.
+    """
+    value = _one(headers, b"traceparent")
+    if value is None:
+        return None
+    parent = parse_traceparent(value)
+    if parent is None:
+        return None
+    states = headers.get(b"tracestate")
+    if states:
+        state = ",".join(v.decode("latin-1").strip() for v in states)
+        if len(state) <= TRACE_STATE_CHARS and _TRACESTATE.fullmatch(state):
+            parent = attrs.evolve(parent, state=state)
+    return parent
+
+
+def with_meta_context(headers: Headers, meta: object) -> Headers:
+    """
+    A call's headers with the trace context an MCP request carries in its
+    ``params._meta`` (``traceparent``, ``tracestate``: where MCP clients
+    instrumented with OpenTelemetry put it), which wins over the HTTP
+    request's: one HTTP request may carry calls of several traces.
+    """
+    if not isinstance(meta, Mapping):
+        return headers
+    parent = meta.get("traceparent")
+    if not isinstance(parent, str):
+        return headers
+    out = dict(headers)
+    out[b"traceparent"] = [parent.encode("latin-1", "replace")]
+    state = meta.get("tracestate")
+    if isinstance(state, str):
+        out[b"tracestate"] = [state.encode("latin-1", "replace")]
+    else:
+        out.pop(b"tracestate", None)
+    return out
+
+
+def request_id_of(headers: Headers) -> str | None:
+    """A call's ``X-Request-Id``, when it is one printable word of at most 128."""
+    value = _one(headers, b"x-request-id")
+    if value is None:
+        return None
+    value = value.strip()
+    return value if _REQUEST_ID.fullmatch(value) else None
+
+
+# -- settings -------------------------------------------------------------------
+
+
+def _pairs(text: str, what: str, problems: list[str]) -> list[tuple[str, str]]:
+    """``k=v,k2=v2`` (the specification's list, values percent-decoded)."""
+    out = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            problems.append(f"{what}: {item.strip()!r} is not NAME=VALUE; left out")
+            continue
+        out.append((unquote(name.strip()), unquote(value.strip())))
+    return out
+
+
+def _number(
+    environ: Mapping[str, str],
+    names: Sequence[str],
+    default: float,
+    problems: list[str],
+) -> float:
+    """The first of ``names`` set, as a positive number, else ``default``."""
+    for name in names:
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value <= 0:
+            problems.append(
+                f"{name}: {raw!r} is not a positive number; {default:g} used"
+            )
+            return default
+        return value
+    return default
+
+
+def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    """The first of ``names`` that is set and not empty, with its value."""
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+@attrs.frozen
+class TraceSettings:
+    """
+    Where spans go and which are kept, read from the OpenTelemetry
+    variables (:meth:`from_environ`).
+
+    :ivar endpoint: the collector's traces URL; None sends nothing.
+    :ivar problems: what in the environment was not taken, and why (logged
+        as warnings at start).
+    """
+
+    endpoint: str | None = None
+    protocol: str = "http/protobuf"
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout: float = TRACE_REQUEST_TIMEOUT_SECONDS
+    gzip: bool = False
+    certificate: str | None = None
+    client_certificate: str | None = None
+    client_key: str | None = None
+    sampler: str = "parentbased_always_on"
+    ratio: float = 1.0
+    resource: tuple[tuple[str, str], ...] = ()
+    excluded: tuple[re.Pattern[str], ...] = ()
+    schedule_delay: float = TRACE_SCHEDULE_DELAY_SECONDS
+    export_timeout: float = TRACE_EXPORT_TIMEOUT_SECONDS
+    max_queue: int = TRACE_QUEUE_SPANS
+    max_batch: int = TRACE_BATCH_SPANS
+    value_chars: int = TRACE_ATTRIBUTE_VALUE_CHARS
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> TraceSettings:
+        """The settings the OpenTelemetry variables in ``environ`` ask for."""
+        problems: list[str] = []
+        endpoint = _endpoint(environ, problems)
+        protocol = (
+            _first(
+                environ,
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            )
+            or ("", "http/protobuf")
+        )[1]
+        if protocol not in PROTOCOLS:
+            if endpoint is not None:
+                problems.append(
+                    f"OTLP protocol {protocol!r}: sandboxd sends spans over OTLP/HTTP"
+                    " (http/protobuf or http/json, the collector's port 4318);"
+                    " no spans are sent"
+                )
+            endpoint = None
+            protocol = "http/protobuf"
+        headers = _first(
+            environ, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"
+        )
+        compression = (
+            _first(
+                environ,
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+            )
+            or ("", "none")
+        )[1].lower()
+        if compression not in ("gzip", "none"):
+            problems.append(
+                f"OTLP compression {compression!r} is not gzip or none; none used"
+            )
+        files = {
+            key: (
+                _first(
+                    environ,
+                    f"OTEL_EXPORTER_OTLP_TRACES_{key}",
+                    f"OTEL_EXPORTER_OTLP_{key}",
+                )
+                or ("", None)
+            )[1]
+            for key in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
+        }
+        if bool(files["CLIENT_CERTIFICATE"]) != bool(files["CLIENT_KEY"]):
+            problems.append(
+                "OTLP client certificate and key: only one is set; neither is used"
+            )
+            files["CLIENT_CERTIFICATE"] = files["CLIENT_KEY"] = None
+        sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+        if sampler and sampler not in SAMPLERS:
+            problems.append(
+                f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of"
+                f" {', '.join(SAMPLERS)}; parentbased_always_on used"
+            )
+            sampler = ""
+        sampler = sampler or "parentbased_always_on"
+        ratio = 1.0
+        raw_ratio = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        if raw_ratio and sampler.endswith("traceidratio"):
+            try:
+                ratio = float(raw_ratio)
+            except ValueError:
+                ratio = -1.0
+            if not 0.0 <= ratio <= 1.0:
+                problems.append(
+                    f"OTEL_TRACES_SAMPLER_ARG: {raw_ratio!r} is not a ratio"
+                    " from 0 to 1; 1 used"
+                )
+                ratio = 1.0
+        excluded = []
+        for pattern in environ.get("OTEL_PYTHON_EXCLUDED_URLS", "").split(","):
+            if not pattern.strip():
+                continue
+            try:
+                excluded.append(re.compile(pattern.strip()))
+            except re.error as e:
+                problems.append(
+                    f"OTEL_PYTHON_EXCLUDED_URLS: {pattern.strip()!r} is no pattern ({e})"
+                )
+        max_queue = int(
+            _number(environ, ["OTEL_BSP_MAX_QUEUE_SIZE"], TRACE_QUEUE_SPANS, problems)
+        )
+        max_queue = min(max_queue, TRACE_QUEUE_SPANS * 8)
+        max_batch = int(
+            _number(
+                environ, ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"], TRACE_BATCH_SPANS, problems
+            )
+        )
+        value_chars = int(
+            _number(
+                environ,
+                [
+                    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                ],
+                TRACE_ATTRIBUTE_VALUE_CHARS,
+                problems,
+            )
+        )
+        return cls(
+            endpoint=endpoint,
+            protocol=protocol,
+            headers=_header_pairs(headers, problems),
+            timeout=_number(
+                environ,
+                ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"],
+                TRACE_REQUEST_TIMEOUT_SECONDS * 1000,
+                problems,
+            )
+            / 1000,
+            gzip=compression == "gzip",
+            certificate=files["CERTIFICATE"],
+            client_certificate=files["CLIENT_CERTIFICATE"],
+            client_key=files["CLIENT_KEY"],
+            sampler=sampler,
+            ratio=ratio,
+            resource=_resource(environ, problems),
+            excluded=tuple(excluded),
+            schedule_delay=_number(
+                environ,
+                ["OTEL_BSP_SCHEDULE_DELAY"],
+                TRACE_SCHEDULE_DELAY_SECONDS * 1000,
+                problems,
+            )
+            / 1000,
+            export_timeout=_number(
+                environ,
+                ["OTEL_BSP_EXPORT_TIMEOUT"],
+                TRACE_EXPORT_TIMEOUT_SECONDS * 1000,
+                problems,
+            )
+            / 1000,
+            max_queue=max_queue,
+            max_batch=min(max_batch, max_queue),
+            value_chars=value_chars,
+            problems=tuple(problems),
+        )
+
+
+def _header_pairs(
+    named: tuple[str, str] | None, problems: list[str]
+) -> tuple[tuple[str, str], ...]:
+    """The collector's headers: pairs a header can carry (ASCII names, Latin-1 values)."""
+    if named is None:
+        return ()
+    out = []
+    for name, value in _pairs(named[1], named[0], problems):
+        if not _HEADER_NAME.fullmatch(name):
+            problems.append(f"{named[0]}: {name!r} is no header name; left out")
+        elif not _HEADER_VALUE.fullmatch(value):
+            problems.append(
+                f"{named[0]}: the value of {name!r} is not Latin-1 text; left out"
+            )
+        else:
+            out.append((name, value))
+    return tuple(out)
+
+
+def _endpoint(environ: Mapping[str, str], problems: list[str]) -> str | None:
+    """
+    The collector's traces URL, or None: the traces variable as it is, or
+    the general one with ``/v1/traces`` added; nothing when the SDK is
+    switched off or the exporters named leave OTLP out.
+    """
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporters = [
+        e.strip().lower()
+        for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",")
+        if e.strip()
+    ]
+    if exporters and "otlp" not in exporters:
+        return None
+    others = sorted(set(exporters) - {"otlp", "none"})
+    if others:
+        problems.append(
+            f"OTEL_TRACES_EXPORTER: {', '.join(others)} not supported; only otlp is"
+        )
+    named = _first(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if named is not None:
+        name, url = named
+    else:
+        general = _first(environ, "OTEL_EXPORTER_OTLP_ENDPOINT")
+        if general is None:
+            return None
+        name, base = general
+        url = base.rstrip("/") + "/v1/traces"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        problems.append(
+            f"{name}: {url!r} is not an http or https URL; no spans are sent"
+        )
+        return None
+    return url
+
+
+def _resource(
+    environ: Mapping[str, str], problems: list[str]
+) -> tuple[tuple[str, str], ...]:
+    """
+    The resource's attributes: ``OTEL_RESOURCE_ATTRIBUTES``, then
+    ``service.name`` (``OTEL_SERVICE_NAME`` over both; ``sandboxd``
+    when neither names one) and the daemon's own.
+    """
+    from sandboxd._version import __version__
+
+    given = dict(
+        _pairs(
+            environ.get("OTEL_RESOURCE_ATTRIBUTES", ""),
+            "OTEL_RESOURCE_ATTRIBUTES",
+            problems,
+        )
+    )
+    service = environ.get("OTEL_SERVICE_NAME", "").strip()
+    if service:
+        given["service.name"] = service
+    given.setdefault("service.name", "sandboxd")
+    given.setdefault("service.version", __version__)
+    given.setdefault("telemetry.sdk.name", "sandboxd")
+    given.setdefault("telemetry.sdk.language", "python")
+    given.setdefault("telemetry.sdk.version", __version__)
+    given.setdefault("host.name", os.uname().nodename)
+    given.setdefault("process.pid", str(os.getpid()))
+    return tuple(sorted(given.items()))
+
+
+# -- sampling -------------------------------------------------------------------
+
+
+def sampled(settings: TraceSettings, parent: Parent | None, trace_id: str) -> bool:
+    """
+    Whether a call's span is kept, as the specification's samplers decide:
+    a parent-based one follows the caller's ``sampled`` flag; the ratio
+    one keeps a trace when the low 64 bits of its id fall under the ratio
+    (the same traces at every hop that uses it).
+    """
+    kind = settings.sampler
+    if kind.startswith("parentbased_") and parent is not None:
+        return parent.sampled
+    root = kind.removeprefix("parentbased_")
+    if root == "always_on":
+        return True
+    if root == "always_off":
+        return False
+    bound = round(settings.ratio * (1 << 64))
+    return int(trace_id[16:], 16) < bound
+
+
+# -- spans ------------------------------------------------------------------------
+
+#: Span kind ``SERVER`` and status ``ERROR``, as OTLP numbers them.
+SERVER = 2
+STATUS_ERROR = 2
+
+#: What the HTTP attributes are given for (a gRPC call gets the RPC ones).
+_HTTP_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"}
+)
+
+AttributeValue = str | int | bool | tuple[str, ...]
+
+
+@attrs.frozen
+class Span:
+    """One finished call, as it is sent (ids as raw bytes)."""
+
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes | None
+    trace_state: str
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: tuple[tuple[str, AttributeValue], ...]
+    error: str | None = None
+
+
+@attrs.frozen
+class Finished:
+    """What the gate knows of a call when it ends (:meth:`Tracer.finished`)."""
+
+    door: str
+    endpoint: str | None
+    identity: str | None
+    on_behalf_of: str | None
+    method: str
+    path: str
+    status: int
+    code: str | None
+    rule: str | None
+    started: float
+    client: str
+    extra: Mapping[str, object] | None = None
+
+
+class Exporter(Protocol):
+    """What sends batches (:class:`sandboxd.access.otlp.Exporter`)."""
+
+    def export(self, spans: Sequence[Span], within: float) -> Deferred[bool]:
+        """Send ``spans`` within ``within`` seconds; whether the collector took them."""
+
+    def close(self) -> Deferred[Any]:
+        """Let go of the collector's connection."""
+
+
+class Tracer:
+    """
+    Turns each finished call into a span and hands batches to the exporter.
+
+    Spans wait in a bounded queue: a batch goes when it is full or every
+    ``schedule_delay``; one export at a time; a span that finds the queue
+    full is dropped and counted (:attr:`counts`), so a collector that is
+    down or slow costs the daemon a fixed amount of memory and nothing
+    else.
+
+    :param exporter: sends a batch; None when there is nowhere to send to
+        (ids are still read from the callers' headers for the audit line).
+    """
+
+    def __init__(
+        self,
+        settings: TraceSettings,
+        reactor: Any = None,
+        exporter: Exporter | None = None,
+        ids: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.settings = settings
+        self.reactor = reactor
+        self.exporter = exporter
+        self._ids = ids
+        self.queue: list[Span] = []
+        #: Spans by what became of them, since the start (``GET /metrics``).
+        self.counts = {"exported": 0, "dropped": 0, "failed": 0}
+        self._timer: Any = None
+        self._sending: Any = None
+        self._stopping = False
+        #: Whether spans are being sent anywhere (read on every call: an
+        #: attribute, not a property).
+        self.exporting = exporter is not None
+        #: What in the environment was not taken, and why.
+        self.problems: tuple[str, ...] = settings.problems
+
+    def ids(self, headers: Headers) -> dict[str, str]:
+        """
+        The ids a call's audit line carries when no span is sent for it:
+        the caller's ``trace_id`` and ``parent_span_id``, ``request_id``.
+        """
+        ids: dict[str, str] = {}
+        parent = parent_of(headers)
+        if parent is not None:
+            ids["trace_id"] = parent.trace_id
+            ids["parent_span_id"] = parent.span_id
+        request_id = request_id_of(headers)
+        if request_id is not None:
+            ids["request_id"] = request_id
+        return ids
+
+    def finished(self, call: Finished, headers: Headers | None) -> dict[str, str]:
+        """
+        One call has ended: its span, if it is kept; the ids its audit
+        line carries (``trace_id`` and ``span_id`` of the span sent, or
+        :meth:`ids`).
+        """
+        ids: dict[str, str] = {}
+        parent = None
+        if headers is not None:
+            parent = parent_of(headers)
+            request_id = request_id_of(headers)
+            if request_id is not None:
+                ids["request_id"] = request_id
+        if self.exporting and not self._excluded(call.path):
+            raw = self._ids(24)
+            trace_id = parent.trace_id if parent is not None else raw[:16].hex()
+            if sampled(self.settings, parent, trace_id):
+                span_id = raw[16:].hex()
+                self._keep(self._span(call, parent, trace_id, span_id, ids))
+                ids["trace_id"] = trace_id
+                ids["span_id"] = span_id
+                return ids
+        if parent is not None:
+            ids["trace_id"] = parent.trace_id
+            ids["parent_span_id"] = parent.span_id
+        return ids
+
+    def _excluded(self, path: str) -> bool:
+        return any(p.search(path) for p in self.settings.excluded)
+
+    def _span(
+        self,
+        call: Finished,
+        parent: Parent | None,
+        trace_id: str,
+        span_id: str,
+        ids: Mapping[str, str],
+    ) -> Span:
+        end = time.time_ns()
+        took = (
+            max(0, int((time.monotonic() - call.started) * 1e9)) if call.started else 0
+        )
+        return Span(
+            trace_id=bytes.fromhex(trace_id),
+            span_id=bytes.fromhex(span_id),
+            parent_span_id=bytes.fromhex(parent.span_id)
+            if parent is not None
+            else None,
+            trace_state=parent.state if parent is not None else "",
+            name=call.endpoint or call.method,
+            start_ns=end - took,
+            end_ns=end,
+            attributes=self._attributes(call, ids),
+            error=(call.code or "internal") if call.status >= 500 else None,
+        )
+
+    def _attributes(
+        self, call: Finished, ids: Mapping[str, str]
+    ) -> tuple[tuple[str, AttributeValue], ...]:
+        """The span's attributes: the gate's decision, and the transport's."""
+        chars = self.settings.value_chars
+        out: list[tuple[str, AttributeValue]] = [
+            ("sandboxd.door", call.door),
+            ("sandboxd.status", call.status),
+            ("sandboxd.decision", "deny" if call.status >= 400 else "allow"),
+        ]
+        for name, value in (
+            ("sandboxd.endpoint", call.endpoint),
+            ("sandboxd.identity", call.identity),
+            ("sandboxd.on_behalf_of", call.on_behalf_of),
+            ("sandboxd.code", call.code),
+            ("sandboxd.rule", call.rule),
+            ("sandboxd.request_id", ids.get("request_id")),
+            ("client.address", call.client),
+        ):
+            if value:
+                out.append((name, value[:chars]))
+        if call.path:
+            out.append(("url.path", call.path[:chars]))
+        if call.door == "kep" and call.path.startswith("/process."):
+            out.append(("rpc.system", "grpc"))
+            out.append(("rpc.method", call.path[1:][:chars]))
+        else:
+            method = "GET" if call.method == "WS" else call.method
+            if method in _HTTP_METHODS:
+                out.append(("http.request.method", method))
+                out.append(("http.response.status_code", call.status))
+        for key, extra in (call.extra or {}).items():
+            item = _attribute(extra, chars)
+            if item is not None:
+                out.append((f"sandboxd.{key}", item))
+        return tuple(out)
+
+    def _keep(self, span: Span) -> None:
+        """Queue ``span`` (or drop it, the queue full); send a full batch now."""
+        if len(self.queue) >= self.settings.max_queue:
+            self.counts["dropped"] += 1
+            return
+        self.queue.append(span)
+        if len(self.queue) >= self.settings.max_batch:
+            self._send_soon(0)
+        else:
+            self._send_soon(self.settings.schedule_delay)
+
+    def _send_soon(self, delay: float) -> None:
+        if self._sending is not None or self.reactor is None:
+            return
+        timer = self._timer
+        if timer is not None and timer.active():
+            if delay:
+                return
+            timer.cancel()
+        self._timer = self.reactor.callLater(delay, self._send)
+
+    def _send(self) -> Any:
+        """Hand the next batch to the exporter; the next one when it is done."""
+        self._timer = None
+        if not self.queue or self.exporter is None or self._sending is not None:
+            return None
+        batch = self.queue[: self.settings.max_batch]
+        del self.queue[: len(batch)]
+        d = self._sending = self.exporter.export(batch, self.settings.export_timeout)
+
+        def done(sent: bool) -> None:
+            self._sending = None
+            self.counts["exported" if sent else "failed"] += len(batch)
+            if self.queue and not self._stopping:
+                full = len(self.queue) >= self.settings.max_batch
+                self._send_soon(0 if full else self.settings.schedule_delay)
+
+        d.addCallback(done)
+        return d
+
+    def stop(self) -> Any:
+        """
+        At the daemon's stop: what is queued goes now, each batch within
+        the export timeout; no span is taken after.
+        """
+        from twisted.internet.defer import succeed
+
+        self._stopping = True
+        self.exporting = False
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.exporter is None:
+            return succeed(None)
+
+        def drain(_: Any = None) -> Any:
+            if self._sending is not None:
+                return self._sending.addCallback(drain)
+            if not self.queue:
+                return None
+            return self._send().addCallback(drain)
+
+        return drain()
+
+    def close(self) -> Any:
+        """Let go of the collector's connection (after :meth:`stop`)."""
+        from twisted.internet.defer import succeed
+
+        return self.exporter.close() if self.exporter is not None else succeed(None)
+
+
+def _attribute(value: object, chars: int) -> AttributeValue | None:
+    """An audit field as an attribute value: text, number, flag, list of text."""
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return value[:chars]
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(v[:chars] for v in value[:TRACE_ATTRIBUTE_ITEMS])
+    return None
+
+
+__all__ = [
+    "SECRET_VARIABLES",
+    "Finished",
+    "Parent",
+    "Span",
+    "TraceSettings",
+    "Tracer",
+    "parent_of",
+    "parse_traceparent",
+    "request_id_of",
+    "sampled",
+]

@@ -1,0 +1,589 @@
+"""
+Spans through every door to an OTLP collector, as a platform team sees
+them: a real daemon on loopback, callers instrumented with OpenTelemetry's
+own SDK (their ``traceparent`` injected by its propagator; the MCP SDK's
+``_meta`` by the MCP SDK itself), and a stand-in collector that parses what
+arrives with OpenTelemetry's own protobuf classes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from sandboxd.access import otlp
+from sandboxd.access.tracing import Span, TraceSettings
+from tests.helpers import DaemonTestCase, refusing_port
+from tests.kep.case import KepCase
+
+try:
+    from google.protobuf import json_format
+    from opentelemetry import trace
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
+except ImportError:  # pragma: no cover - the dev extra installs them
+    trace_service_pb2 = None
+
+SKIP = (
+    "opentelemetry-sdk and opentelemetry-proto are not installed (pip install -e '.[dev]')"
+    if trace_service_pb2 is None
+    else None
+)
+
+#: The caller's spans (the MCP SDK makes its own through the global provider).
+CALLER_SPANS = InMemorySpanExporter() if trace_service_pb2 is not None else None
+if trace_service_pb2 is not None:
+    _provider = TracerProvider()
+    _provider.add_span_processor(SimpleSpanProcessor(CALLER_SPANS))
+    trace.set_tracer_provider(_provider)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Collector(Resource):
+    """
+    A stand-in OTLP/HTTP collector: keeps each request; answers each with
+    the next of ``answers`` (status, headers, body), then 200 and an empty
+    response message; ``hold`` keeps requests unanswered.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.answers: list[tuple[int, dict[str, str], bytes]] = []
+        self.hold = False
+        self.held: list[Any] = []
+
+    def render_POST(self, request: Any) -> Any:
+        headers = {
+            k.decode().lower(): v[-1].decode("latin-1")
+            for k, v in request.requestHeaders.getAllRawHeaders()
+        }
+        self.requests.append((headers, request.content.read()))
+        if self.hold:
+            self.held.append(request)
+            return NOT_DONE_YET
+        if self.answers:
+            status, extra, body = self.answers.pop(0)
+            request.setResponseCode(status)
+            for name, value in extra.items():
+                request.setHeader(name, value)
+            return body
+        request.setHeader(b"content-type", b"application/x-protobuf")
+        return trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+
+    def decoded(self) -> list[Any]:
+        """Each request as an ``ExportTraceServiceRequest``."""
+        out = []
+        for headers, body in self.requests:
+            if headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            if headers.get("content-type") == "application/json":
+                out.append(parse_json(body))
+            else:
+                out.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+        return out
+
+    def spans(self) -> list[Any]:
+        """Every span received, in order."""
+        return [
+            span
+            for message in self.decoded()
+            for resource in message.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+
+
+def parse_json(body: bytes) -> Any:
+    """
+    OTLP/JSON into the protobuf message, as a collector reads it: its ids
+    are hex where ProtoJSON would have base64.
+    """
+    data = json.loads(body)
+    for resource in data["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return json_format.ParseDict(data, trace_service_pb2.ExportTraceServiceRequest())
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    """A span's attributes as plain values."""
+    out: dict[str, Any] = {}
+    for item in span.attributes:
+        kind = item.value.WhichOneof("value")
+        if kind == "array_value":
+            out[item.key] = [v.string_value for v in item.value.array_value.values]
+        else:
+            out[item.key] = getattr(item.value, kind)
+    return out
+
+
+class TracedDaemon(DaemonTestCase):
+    """A daemon whose environment names the stand-in collector."""
+
+    skip = SKIP
+    autostart = False
+    audit = True
+    timeout = 60
+    policy = {
+        "defaults": {"audit": "all"},
+        "auth": {
+            "tokens": [
+                {"id": "agent", "token_sha256": digest("a"), "scopes": ["*"]},
+                {"id": "reader", "token_sha256": digest("r"), "scopes": ["files:read"]},
+            ]
+        },
+    }
+    #: Variables beside the collector's endpoint.
+    otel: dict[str, str] = {}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.collector = Collector()
+        port = reactor.listenTCP(0, Site(self.collector), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.endpoint = f"http://127.0.0.1:{port.getHost().port}"
+        return self.start_traced()
+
+    def start_traced(self, **otel: str) -> Any:
+        environ = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "20",
+            **self.otel,
+            **otel,
+        }
+        return self.start(environ=environ)
+
+    def caller_headers(self, name: str = "tool call") -> tuple[dict[str, str], Any]:
+        """The headers an instrumented client sends inside its span, and the span."""
+        tracer = trace.get_tracer("agent")
+        with tracer.start_as_current_span(name) as span:
+            carrier: dict[str, str] = {}
+            TraceContextTextMapPropagator().inject(carrier)
+        return carrier, span.get_span_context()
+
+    @inlineCallbacks
+    def spans(self, count: int = 1, seconds: float = 10.0) -> Any:
+        """Wait for ``count`` spans at the collector; all it has then."""
+        for _ in range(int(seconds / 0.02)):
+            if len(self.collector.spans()) >= count:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        found = self.collector.spans()
+        self.assertGreaterEqual(len(found), count, self.collector.requests)
+        return found
+
+
+class SpanTests(TracedDaemon):
+    """One span per call, in the caller's trace, saying what the gate decided."""
+
+    @inlineCallbacks
+    def test_call_joins_the_callers_trace(self) -> Any:
+        """
+        The span is a child of the caller's span, a server span named for
+        the endpoint, with the identity and decision; the audit line
+        names the same trace and span; the resource says who sent it.
+        """
+        headers, caller = self.caller_headers()
+        headers["X-Request-Id"] = "req-42"
+        reply = yield self.request("GET", "/files/list", headers=headers, token="a")
+        self.assertEqual(reply.status, 200, reply.body)
+        [span] = yield self.spans()
+        self.assertEqual(span.trace_id, caller.trace_id.to_bytes(16, "big"))
+        self.assertEqual(span.parent_span_id, caller.span_id.to_bytes(8, "big"))
+        self.assertEqual(span.name, "files_list")
+        self.assertEqual(span.kind, trace_pb2.Span.SPAN_KIND_SERVER)
+        self.assertLessEqual(span.start_time_unix_nano, span.end_time_unix_nano)
+        found = attributes(span)
+        self.assertEqual(found["sandboxd.identity"], "agent")
+        self.assertEqual(found["sandboxd.decision"], "allow")
+        self.assertEqual(found["sandboxd.door"], "http")
+        self.assertEqual(found["sandboxd.request_id"], "req-42")
+        self.assertEqual(found["http.request.method"], "GET")
+        self.assertEqual(found["http.response.status_code"], 200)
+        self.assertEqual(found["url.path"], "/files/list")
+        [message] = self.collector.decoded()
+        resource = {
+            a.key: a.value.string_value
+            for a in message.resource_spans[0].resource.attributes
+        }
+        self.assertEqual(resource["service.name"], "sandboxd")
+        headers_sent = self.collector.requests[0][0]
+        self.assertEqual(headers_sent["content-type"], "application/x-protobuf")
+        line = [r for r in self.audit_lines() if r["endpoint"] == "files_list"][-1]
+        self.assertEqual(line["trace_id"], span.trace_id.hex())
+        self.assertEqual(line["span_id"], span.span_id.hex())
+        self.assertEqual(line["request_id"], "req-42")
+
+    @inlineCallbacks
+    def test_refusal(self) -> Any:
+        """
+        A refused call's span says who was refused, by which rule, with
+        which code; a refusal is not the daemon's error, so the span's
+        status is unset.
+        """
+        reply = yield self.request("POST", "/shell", {"command": "true"}, token="r")
+        self.assertEqual(reply.status, 403, reply.body)
+        [span] = yield self.spans()
+        found = attributes(span)
+        self.assertEqual(found["sandboxd.decision"], "deny")
+        self.assertEqual(found["sandboxd.code"], "missing_scope")
+        self.assertEqual(found["sandboxd.identity"], "reader")
+        self.assertIn("sandboxd.rule", found)
+        self.assertEqual(span.status.code, 0)
+        self.assertFalse(span.parent_span_id)
+
+    @inlineCallbacks
+    def test_command_and_its_argv(self) -> Any:
+        """A command's span carries what ran, as the audit line has it."""
+        reply = yield self.request(
+            "POST", "/shell", {"command": "echo traced"}, token="a"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [span] = yield self.spans()
+        self.assertEqual(span.name, "shell")
+        self.assertIn("echo traced", " ".join(attributes(span)["sandboxd.argv"]))
+
+    @inlineCallbacks
+    def test_unsampled_caller(self) -> Any:
+        """
+        A caller that does not sample its trace gets no span, but its ids
+        are in the audit line.
+        """
+        headers, caller = self.caller_headers()
+        headers["traceparent"] = headers["traceparent"][:-2] + "00"
+        reply = yield self.request("GET", "/files/list", headers=headers, token="a")
+        self.assertEqual(reply.status, 200)
+        reply = yield self.request("GET", "/health")
+        yield self.spans(1)
+        self.assertEqual([s.name for s in self.collector.spans()], ["health"])
+        line = [r for r in self.audit_lines() if r["endpoint"] == "files_list"][-1]
+        self.assertEqual(line["trace_id"], f"{caller.trace_id:032x}")
+        self.assertEqual(line["parent_span_id"], f"{caller.span_id:016x}")
+        self.assertNotIn("span_id", line)
+
+    @inlineCallbacks
+    def test_metrics_count_exported_spans(self) -> Any:
+        """``/metrics`` counts the spans the collector took."""
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        for _ in range(100):
+            reply = yield self.request("GET", "/metrics", token="a")
+            if (
+                'sandboxd_trace_spans_total{result="exported"} 1.0'
+                in reply.body.decode()
+            ):
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertIn(
+            'sandboxd_trace_spans_total{result="exported"} 1.0', reply.body.decode()
+        )
+
+    @inlineCallbacks
+    def test_stop_sends_the_last_spans(self) -> Any:
+        """Spans still queued when the daemon stops reach the collector first."""
+        yield self.daemon.stop()
+        yield self.start_traced(OTEL_BSP_SCHEDULE_DELAY="600000")
+        yield self.request("GET", "/health")
+        self.assertEqual(self.collector.spans(), [])
+        yield self.daemon.stop()
+        self.assertEqual([s.name for s in self.collector.spans()], ["health"])
+
+
+class ExcludedTests(TracedDaemon):
+    """``OTEL_PYTHON_EXCLUDED_URLS``: probes that should not fill the traces."""
+
+    otel = {"OTEL_PYTHON_EXCLUDED_URLS": "^/health$"}
+
+    @inlineCallbacks
+    def test_probe_excluded(self) -> Any:
+        yield self.request("GET", "/health")
+        yield self.request("GET", "/files/list", token="a")
+        spans = yield self.spans(1)
+        self.assertEqual([s.name for s in spans], ["files_list"])
+
+
+class JsonTests(TracedDaemon):
+    """OTLP/JSON, gzip and the configured headers."""
+
+    otel = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+        "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s3cret%20key,x-team=blue",
+        "OTEL_SERVICE_NAME": "sandbox-17",
+    }
+
+    @inlineCallbacks
+    def test_json_gzip_headers(self) -> Any:
+        headers, caller = self.caller_headers()
+        yield self.request("GET", "/files/list", headers=headers, token="a")
+        [span] = yield self.spans()
+        sent, _ = self.collector.requests[0]
+        self.assertEqual(sent["content-type"], "application/json")
+        self.assertEqual(sent["content-encoding"], "gzip")
+        self.assertEqual(sent["x-api-key"], "s3cret key")
+        self.assertEqual(sent["x-team"], "blue")
+        self.assertEqual(span.trace_id, caller.trace_id.to_bytes(16, "big"))
+        self.assertEqual(attributes(span)["http.response.status_code"], 200)
+        resource = {
+            a.key: a.value.string_value
+            for a in self.collector.decoded()[0].resource_spans[0].resource.attributes
+        }
+        self.assertEqual(resource["service.name"], "sandbox-17")
+
+    @inlineCallbacks
+    def test_collector_headers_reach_no_child(self) -> Any:
+        """
+        The collector's credentials are the daemon's secret: a command
+        does not see them, and may not set them.
+        """
+        os.environ["OTEL_EXPORTER_OTLP_HEADERS"] = "x-api-key=leak"
+        self.addCleanup(os.environ.pop, "OTEL_EXPORTER_OTLP_HEADERS")
+        reply = yield self.request("POST", "/shell", {"command": "env"}, token="a")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn("leak", reply.body.decode())
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "true", "env": {"OTEL_EXPORTER_OTLP_HEADERS": "x=1"}},
+            token="a",
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "protected_variable")
+
+
+class CollectorTroubleTests(TracedDaemon):
+    """A collector that is busy, refuses, or is not there costs the calls nothing."""
+
+    otel = {"OTEL_BSP_EXPORT_TIMEOUT": "5000"}
+
+    @inlineCallbacks
+    def test_busy_collector_is_retried(self) -> Any:
+        """503 with ``Retry-After``, then 429: the batch is sent again, and arrives."""
+        self.collector.answers = [
+            (503, {"retry-after": "0"}, b"busy"),
+            (429, {"retry-after": "0.1"}, b"slow down"),
+        ]
+        yield self.request("GET", "/health")
+        spans = yield self.spans(3)
+        self.assertEqual({s.name for s in spans}, {"health"})
+        self.assertEqual(len(self.collector.requests), 3)
+        self.assertEqual(self.daemon.context.tracer.counts["exported"], 1)
+
+    @inlineCallbacks
+    def test_refusing_collector_drops_the_batch(self) -> Any:
+        """A 400 is not retried: the batch is dropped and counted as failed."""
+        self.collector.answers = [(400, {}, b"bad")]
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        for _ in range(100):
+            if self.daemon.context.tracer.counts["failed"]:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual(self.daemon.context.tracer.counts["failed"], 1)
+        self.assertEqual(len(self.collector.requests), 1)
+
+
+class UnreachableTests(TracedDaemon):
+    """No collector at the address: calls are answered as always."""
+
+    def setUp(self) -> Any:
+        self.unreachable = f"http://127.0.0.1:{refusing_port(self)}"
+        return super().setUp()
+
+    def start_traced(self, **otel: str) -> Any:
+        return super().start_traced(
+            OTEL_EXPORTER_OTLP_ENDPOINT=self.unreachable,
+            OTEL_BSP_EXPORT_TIMEOUT="300",
+            **otel,
+        )
+
+    @inlineCallbacks
+    def test_calls_go_on(self) -> Any:
+        for _ in range(3):
+            reply = yield self.request("GET", "/health")
+            self.assertEqual(reply.status, 200)
+        tracer = self.daemon.context.tracer
+        for _ in range(200):
+            if tracer.counts["failed"] == 3:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual(tracer.counts["failed"], 3)
+
+
+class McpTests(TracedDaemon):
+    """
+    The MCP SDK puts its span's context in each request's ``_meta``: a
+    tool's span is the child of the SDK's ``tools/call`` span.
+    """
+
+    @inlineCallbacks
+    def test_tool_call_joins_the_sdks_trace(self) -> Any:
+        import httpx as httpx2
+        from mcp.client.client import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
+
+        url = self.daemon.url + "/mcp"
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(
+                headers={"Authorization": "Bearer a"}, timeout=CLIENT_TIMEOUT
+            ) as http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport) as client:
+                    return await client.call_tool("files_list", {})
+
+        CALLER_SPANS.clear()
+        yield in_thread(work, CLIENT_TIMEOUT)
+        calls = [s for s in CALLER_SPANS.get_finished_spans() if "tools/call" in s.name]
+        self.assertEqual(
+            len(calls), 1, [s.name for s in CALLER_SPANS.get_finished_spans()]
+        )
+        caller = calls[0].get_span_context()
+        for _ in range(250):
+            tools = [s for s in self.collector.spans() if s.name == "files_list"]
+            if tools:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        [tool] = tools
+        self.assertEqual(tool.trace_id, caller.trace_id.to_bytes(16, "big"))
+        self.assertEqual(tool.parent_span_id, caller.span_id.to_bytes(8, "big"))
+        found = attributes(tool)
+        self.assertEqual(found["sandboxd.door"], "mcp")
+        self.assertEqual(found["sandboxd.tool"], "files_list")
+        self.assertEqual(found["sandboxd.identity"], "agent")
+
+
+class EncodingTests(DaemonTestCase):
+    """What the exporter writes, against OpenTelemetry's own classes."""
+
+    skip = SKIP
+    autostart = False
+
+    def span(self) -> Span:
+        return Span(
+            trace_id=bytes(range(16)),
+            span_id=bytes(range(1, 9)),
+            parent_span_id=bytes(range(2, 10)),
+            trace_state="vendor=x",
+            name="files_read",
+            start_ns=1_700_000_000_000_000_000,
+            end_ns=1_700_000_000_250_000_000,
+            attributes=(
+                ("sandboxd.identity", "agent"),
+                ("http.response.status_code", 500),
+                ("sandboxd.flag", True),
+                ("sandboxd.argv", ("ls", "-l", "é")),
+            ),
+            error="internal",
+        )
+
+    def test_protobuf_and_json_say_the_same(self) -> None:
+        resource = (("service.name", "sandboxd"),)
+        binary = trace_service_pb2.ExportTraceServiceRequest.FromString(
+            otlp.encode_protobuf([self.span()], resource)
+        )
+        self.assertEqual(binary, parse_json(otlp.encode_json([self.span()], resource)))
+        [span] = binary.resource_spans[0].scope_spans[0].spans
+        self.assertEqual(span.start_time_unix_nano, 1_700_000_000_000_000_000)
+        self.assertEqual(span.status.code, span.status.STATUS_CODE_ERROR)
+        self.assertEqual(span.status.message, "internal")
+        self.assertEqual(span.flags, 0x301)
+        self.assertEqual(attributes(span)["sandboxd.argv"], ["ls", "-l", "é"])
+        self.assertEqual(attributes(span)["http.response.status_code"], 500)
+
+    def test_partial_success(self) -> None:
+        """A collector's partial success is read in either encoding."""
+        answer = trace_service_pb2.ExportTraceServiceResponse()
+        answer.partial_success.rejected_spans = 3
+        answer.partial_success.error_message = "too old"
+        self.assertEqual(
+            otlp.rejected(answer.SerializeToString(), False), (3, "too old")
+        )
+        self.assertEqual(
+            otlp.rejected(json_format.MessageToJson(answer).encode(), True),
+            (3, "too old"),
+        )
+        self.assertEqual(otlp.rejected(b"<html>", True), (0, ""))
+        self.assertEqual(otlp.rejected(b"\xff\xff", False), (0, ""))
+
+    def test_settings_without_endpoint_make_no_exporter(self) -> None:
+        from sandboxd.daemon.server import build_tracer
+
+        self.assertIsNone(build_tracer({}, reactor).exporter)
+        tracer = build_tracer(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent.pem",
+            },
+            reactor,
+        )
+        self.assertIsNone(tracer.exporter)
+        self.assertIn("cannot be read", tracer.problems[-1])
+        self.assertIsInstance(TraceSettings.from_environ({}), TraceSettings)
+
+
+class KepGrpcTests(TracedDaemon, KepCase):
+    """A gRPC call carries its trace context in metadata, as gRPC's instrumentation sends it."""
+
+    grpc = True
+
+    @inlineCallbacks
+    def test_execute_joins_the_callers_trace(self) -> Any:
+        import grpc
+
+        from tests.kep.test_process import stubs
+
+        pb, pb_grpc = stubs()
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.addCleanup(channel.close)
+        headers, caller = self.caller_headers()
+        metadata = [("authorization", "Bearer a"), *headers.items()]
+        reply = yield self.blocking(
+            pb_grpc.ProcessServiceStub(channel).Execute,
+            pb.ExecuteRequest(config=pb.ProcessConfig(command=["true"])),
+            metadata=metadata,
+            timeout=20,
+        )
+        self.assertEqual(reply.exit_code, 0)
+        for _ in range(250):
+            found = [s for s in self.collector.spans() if s.name == "shell"]
+            if found:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        [span] = found
+        self.assertEqual(span.trace_id, caller.trace_id.to_bytes(16, "big"))
+        self.assertEqual(span.parent_span_id, caller.span_id.to_bytes(8, "big"))
+        values = attributes(span)
+        self.assertEqual(values["rpc.system"], "grpc")
+        self.assertEqual(values["rpc.method"], "process.v1.ProcessService/Execute")
+        self.assertEqual(values["sandboxd.door"], "kep")
+        self.assertNotIn("http.request.method", values)
