@@ -587,3 +587,47 @@ class KepGrpcTests(TracedDaemon, KepCase):
         self.assertEqual(values["rpc.method"], "process.v1.ProcessService/Execute")
         self.assertEqual(values["sandboxd.door"], "kep")
         self.assertNotIn("http.request.method", values)
+
+
+class ClientTests(TracedDaemon):
+    """
+    sandboxd's own client, in a program that uses OpenTelemetry, sends the
+    program's trace context with each call (blocking and asyncio).
+    """
+
+    @inlineCallbacks
+    def test_both_faces_send_the_context(self) -> Any:
+        from sandboxd.client import AsyncSandbox, Sandbox
+        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
+
+        tracer = trace.get_tracer("agent")
+        url = self.daemon.url
+
+        def blocking() -> Any:
+            with tracer.start_as_current_span("blocking step") as span:
+                with Sandbox(url, token="a") as sb:
+                    sb.files.list(".")
+            return span.get_span_context()
+
+        async def in_loop() -> Any:
+            with tracer.start_as_current_span("async step") as span:
+                async with AsyncSandbox(url, token="a") as sb:
+                    await sb.files.list(".")
+            return span.get_span_context()
+
+        async def blocking_in_thread() -> Any:
+            return blocking()
+
+        # Each in a thread of its own (the reactor's pool is the daemon's).
+        first = yield in_thread(blocking_in_thread, CLIENT_TIMEOUT)
+        second = yield in_thread(in_loop, CLIENT_TIMEOUT)
+        spans = yield self.spans(2)
+        parents = {(s.trace_id, s.parent_span_id) for s in spans}
+        for caller in (first, second):
+            self.assertIn(
+                (
+                    caller.trace_id.to_bytes(16, "big"),
+                    caller.span_id.to_bytes(8, "big"),
+                ),
+                parents,
+            )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -290,9 +291,27 @@ class Outgoing:
             params=self.params,
             json=self.json,
             content=body,
-            headers=self.headers,
+            headers=with_trace_context(self.headers),
             timeout=self.timeout,
         )
+
+
+def with_trace_context(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """
+    ``headers`` with the program's OpenTelemetry context in them
+    (``traceparent``, ``tracestate``, ``baggage``: whatever its propagator
+    writes) when the program uses OpenTelemetry, so that the daemon's span
+    of the call joins the program's trace; ``headers`` as they are
+    otherwise.  The client never imports OpenTelemetry itself: a program
+    that has not loaded it pays nothing.
+    """
+    if "opentelemetry" not in sys.modules:
+        return headers
+    from opentelemetry.propagate import inject
+
+    carrier = dict(headers)
+    inject(carrier)
+    return carrier
 
 
 #: How both faces open a terminal's WebSocket (besides URL, headers and timeout).
@@ -346,7 +365,7 @@ async def ws_open(url: str, headers: Mapping[str, str], timeout: float) -> Any:
 
     :raises InvalidStatus: the handshake was refused.
     """
-    return await Op("ws_open", (url, headers, timeout))
+    return await Op("ws_open", (url, with_trace_context(headers), timeout))
 
 
 async def ws_recv(ws: Any, timeout: float | None) -> str | bytes:
