@@ -74,6 +74,8 @@ class Collector(Resource):
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.answers: list[tuple[int, dict[str, str], bytes]] = []
         self.hold = False
+        #: How many requests are answered with a head and then nothing.
+        self.stall = 0
         self.held: list[Any] = []
 
     def render_POST(self, request: Any) -> Any:
@@ -84,6 +86,13 @@ class Collector(Resource):
         self.requests.append((headers, request.content.read()))
         if self.hold:
             self.held.append(request)
+            return NOT_DONE_YET
+        if self.stall:
+            # The head and a byte of the body, then nothing.
+            self.stall -= 1
+            self.held.append(request)
+            request.setHeader(b"content-length", b"100")
+            request.write(b"x")
             return NOT_DONE_YET
         if self.answers:
             status, extra, body = self.answers.pop(0)
@@ -408,6 +417,29 @@ class CollectorTroubleTests(TracedDaemon):
             yield deferLater(reactor, 0.02, lambda: None)
         self.assertEqual(self.daemon.context.tracer.counts["failed"], 1)
         self.assertEqual(len(self.collector.requests), 1)
+
+
+class StalledCollectorTests(TracedDaemon):
+    """A collector that sends its answer's head and then stalls is timed out and tried again."""
+
+    otel = {"OTEL_EXPORTER_OTLP_TIMEOUT": "300", "OTEL_BSP_EXPORT_TIMEOUT": "10000"}
+
+    def tearDown(self) -> None:
+        for request in self.collector.held:
+            if request.channel is not None:
+                request.channel.transport.abortConnection()
+
+    @inlineCallbacks
+    def test_stalled_answer(self) -> Any:
+        self.collector.stall = 1
+        yield self.request("GET", "/health")
+        spans = yield self.spans(2)
+        self.assertEqual([s.name for s in spans], ["health", "health"])
+        for _ in range(100):
+            if self.daemon.context.tracer.counts["exported"]:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual(self.daemon.context.tracer.counts["exported"], 1)
 
 
 class UnreachableTests(TracedDaemon):

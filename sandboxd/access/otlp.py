@@ -288,13 +288,21 @@ class _Body:
 
 
 class _Capped(protocol.Protocol):
-    """Reads an answer's body up to a cap (the rest is not waited for)."""
+    """
+    Reads an answer's body up to a cap (the rest is not waited for);
+    cancelled (the request's timeout), it cuts the connection.
+    """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.parts: list[bytes] = []
         self.size = 0
-        self.done: Deferred[bytes] = Deferred()
+        self.done: Deferred[bytes] = Deferred(self._cut)
+
+    def _cut(self, _: Deferred[bytes]) -> None:
+        transport: Any = self.transport
+        if transport is not None:
+            transport.stopProducing()
 
     def dataReceived(self, data: bytes) -> None:
         if self.size >= self.cap:
@@ -428,14 +436,20 @@ class Exporter:
             self.settings.timeout, max(0.0, deadline - self.reactor.seconds())
         )
         d = self.agent.request(b"POST", self.url, self.headers, _Body(body))
-        d.addTimeout(timeout, self.reactor)
 
-        def answered(response: Any) -> Deferred[bool]:
+        def answered(response: Any) -> Deferred[tuple[bytes, Any]]:
             reader = _Capped(TRACE_RESPONSE_BYTES)
             response.deliverBody(reader)
-            return reader.done.addCallback(judge, response)
+            return reader.done.addCallback(lambda answer: (answer, response))
 
-        def judge(answer: bytes, response: Any) -> Any:
+        # The timeout bounds the answer's body too: a collector that sends
+        # its head and then nothing would otherwise hold the one export
+        # slot, and every later span would be dropped.
+        d.addCallback(answered)
+        d.addTimeout(timeout, self.reactor)
+
+        def judge(got: tuple[bytes, Any]) -> Any:
+            answer, response = got
             status = response.code
             if 200 <= status < 300:
                 spans, why = rejected(answer, self.json)
@@ -464,7 +478,7 @@ class Exporter:
                 lambda _: self._post(body, count, deadline, wait * 2)
             )
 
-        d.addCallbacks(answered, unreachable)
+        d.addCallbacks(judge, unreachable)
         sent: Deferred[bool] = d
         return sent
 

@@ -36,8 +36,10 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 
 from sandboxd.policy.defaults import (
+    CAP_WARNING_INTERVAL_SECONDS,
     TRACE_ATTRIBUTE_ITEMS,
     TRACE_ATTRIBUTE_VALUE_CHARS,
     TRACE_BATCH_SPANS,
@@ -47,6 +49,8 @@ from sandboxd.policy.defaults import (
     TRACE_SCHEDULE_DELAY_SECONDS,
     TRACE_STATE_CHARS,
 )
+
+log = Logger()
 
 Headers = Mapping[bytes, Sequence[bytes]]
 
@@ -590,6 +594,8 @@ class Tracer:
         self._timer: Any = None
         self._sending: Any = None
         self._stopping = False
+        self._drop_warned: float | None = None
+        self._dropped_since = 0
         #: Whether spans are being sent anywhere (read on every call: an
         #: attribute, not a property).
         self.exporting = exporter is not None
@@ -708,6 +714,20 @@ class Tracer:
         """Queue ``span`` (or drop it, the queue full); send a full batch now."""
         if len(self.queue) >= self.settings.max_queue:
             self.counts["dropped"] += 1
+            self._dropped_since += 1
+            now = self.reactor.seconds() if self.reactor is not None else 0.0
+            if (
+                self._drop_warned is None
+                or now - self._drop_warned >= CAP_WARNING_INTERVAL_SECONDS
+            ):
+                self._drop_warned = now
+                log.warn(
+                    "sandboxd: traces: {count} span(s) dropped, the queue of"
+                    " {size} full (the collector is slow or away)",
+                    count=self._dropped_since,
+                    size=self.settings.max_queue,
+                )
+                self._dropped_since = 0
             return
         self.queue.append(span)
         if len(self.queue) >= self.settings.max_batch:
