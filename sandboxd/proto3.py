@@ -47,6 +47,7 @@ __all__ = [
     "field",
     "message",
     "oneof",
+    "varint",
 ]
 
 #: How deeply messages may nest in what is decoded (protobuf's own limit
@@ -235,7 +236,7 @@ def decode(schema: Schema, data: bytes) -> dict[str, Any]:
     return out
 
 
-def _read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
+def _readvarint(data: bytes, pos: int, where: str) -> tuple[int, int]:
     result = 0
     shift = 0
     end = len(data)
@@ -256,7 +257,7 @@ def _signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >> (bits - 1) else value
 
 
-def _scalar_from_varint(kind: Kind, value: int) -> Any:
+def _scalar_fromvarint(kind: Kind, value: int) -> Any:
     if kind is Kind.BOOL:
         return value != 0
     if kind in (Kind.INT32, Kind.ENUM):
@@ -270,13 +271,13 @@ def _scalar_from_varint(kind: Kind, value: int) -> Any:
 
 def _skip(data: bytes, pos: int, wire_type: int, where: str) -> int:
     if wire_type == _VARINT:
-        return _read_varint(data, pos, where)[1]
+        return _readvarint(data, pos, where)[1]
     if wire_type == _FIXED64:
         pos += 8
     elif wire_type == _FIXED32:
         pos += 4
     elif wire_type == _LENGTH:
-        length, pos = _read_varint(data, pos, where)
+        length, pos = _readvarint(data, pos, where)
         pos += length
     else:
         raise WireError(f"{where}: unsupported wire type {wire_type}")
@@ -293,7 +294,7 @@ def _decode_into(
     pos = 0
     end = len(data)
     while pos < end:
-        key, pos = _read_varint(data, pos, where)
+        key, pos = _readvarint(data, pos, where)
         number, wire_type = key >> 3, key & 7
         if number == 0:
             raise WireError(f"{where}: field number 0")
@@ -303,7 +304,7 @@ def _decode_into(
             continue
         path = f"{where}.{spec.name}"
         if wire_type == _LENGTH:
-            length, pos = _read_varint(data, pos, path)
+            length, pos = _readvarint(data, pos, path)
             if length > end - pos:
                 raise WireError(
                     f"{path}: length {length} runs past the end of the message"
@@ -312,8 +313,8 @@ def _decode_into(
             pos += length
             _take_length_delimited(spec, chunk, out, depth, path)
         elif wire_type == _VARINT and spec.kind in _NUMERIC:
-            value, pos = _read_varint(data, pos, path)
-            _store(spec, out, _scalar_from_varint(spec.kind, value))
+            value, pos = _readvarint(data, pos, path)
+            _store(spec, out, _scalar_fromvarint(spec.kind, value))
         elif spec.kind in _FIXED and wire_type == _FIXED[spec.kind][0]:
             fmt = _FIXED[spec.kind][1]
             size = struct.calcsize(fmt)
@@ -391,8 +392,8 @@ def _take_length_delimited(
         values = out.setdefault(spec.name, [])
         pos = 0
         while pos < len(chunk):
-            raw, pos = _read_varint(chunk, pos, path)
-            values.append(_scalar_from_varint(kind, raw))
+            raw, pos = _readvarint(chunk, pos, path)
+            values.append(_scalar_fromvarint(kind, raw))
         return
     else:
         raise WireError(f"{path}: wire type 2 for a {kind.value} field")
@@ -406,12 +407,12 @@ def _map_entry(chunk: bytes, path: str) -> tuple[str, str]:
     key = value = ""
     pos = 0
     while pos < len(chunk):
-        tag, pos = _read_varint(chunk, pos, path)
+        tag, pos = _readvarint(chunk, pos, path)
         number, wire_type = tag >> 3, tag & 7
         if number in (1, 2):
             if wire_type != _LENGTH:
                 raise WireError(f"{path}: wire type {wire_type} for a map's string")
-            length, pos = _read_varint(chunk, pos, path)
+            length, pos = _readvarint(chunk, pos, path)
             if length > len(chunk) - pos:
                 raise WireError(
                     f"{path}: length {length} runs past the end of the map entry"
@@ -448,7 +449,14 @@ def encode(schema: Schema, value: Mapping[str, Any]) -> bytes:
     return b"".join(parts)
 
 
-def _varint(value: int) -> bytes:
+#: The one-byte varints (lengths and numbers under 128: most of them).
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
+def varint(value: int) -> bytes:
+    """``value`` as a base-128 varint (negative numbers as their 64-bit two's complement)."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     value &= _U64
     out = bytearray()
     while value > 0x7F:
@@ -459,7 +467,7 @@ def _varint(value: int) -> bytes:
 
 
 def _tag(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
+    return varint(number << 3 | wire_type)
 
 
 def _number(kind: Kind, value: Any, path: str) -> int:
@@ -476,7 +484,7 @@ def _number(kind: Kind, value: Any, path: str) -> int:
 
 
 def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _tag(number, _LENGTH) + _varint(len(payload)) + payload
+    return _tag(number, _LENGTH) + varint(len(payload)) + payload
 
 
 def _encode_scalar(spec: Field, value: Any, depth: int, path: str) -> bytes:
@@ -504,7 +512,7 @@ def _encode_scalar(spec: Field, value: Any, depth: int, path: str) -> bytes:
         return _tag(spec.number, wire_type) + struct.pack(
             fmt, _number(kind, value, path)
         )
-    return _tag(spec.number, _VARINT) + _varint(_number(kind, value, path))
+    return _tag(spec.number, _VARINT) + varint(_number(kind, value, path))
 
 
 def _encode_into(
@@ -554,7 +562,7 @@ def _encode_repeated(
         parts.append(_length_delimited(spec.number, packed))
         return
     if spec.kind in _NUMERIC:
-        packed = b"".join(_varint(_number(spec.kind, v, path)) for v in items)
+        packed = b"".join(varint(_number(spec.kind, v, path)) for v in items)
         parts.append(_length_delimited(spec.number, packed))
         return
     for item in items:

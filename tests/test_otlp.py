@@ -539,12 +539,31 @@ class EncodingTests(DaemonTestCase):
         )
 
     def test_protobuf_and_json_say_the_same(self) -> None:
-        resource = (("service.name", "sandboxd"),)
-        binary = trace_service_pb2.ExportTraceServiceRequest.FromString(
-            otlp.encode_protobuf([self.span()], resource)
+        resource = (("service.name", "sandboxd"), ("k8s.pod.name", "pod-ü"))
+        root = Span(
+            trace_id=bytes(range(16)),
+            span_id=bytes(range(3, 11)),
+            parent_span_id=None,
+            trace_state="",
+            name="health",
+            start_ns=1,
+            end_ns=2,
+            attributes=(("sandboxd.status", -1),),
         )
-        self.assertEqual(binary, parse_json(otlp.encode_json([self.span()], resource)))
-        [span] = binary.resource_spans[0].scope_spans[0].spans
+        spans = [self.span(), root]
+        binary = trace_service_pb2.ExportTraceServiceRequest.FromString(
+            otlp.encode_protobuf(spans, resource)
+        )
+        self.assertEqual(binary, parse_json(otlp.encode_json(spans, resource)))
+        [span, second] = binary.resource_spans[0].scope_spans[0].spans
+        self.assertEqual(second.flags, 0x101)
+        self.assertFalse(second.parent_span_id)
+        self.assertFalse(second.HasField("status"))
+        self.assertEqual(attributes(second)["sandboxd.status"], -1)
+        self.assertEqual(
+            binary.resource_spans[0].resource.attributes[1].value.string_value, "pod-ü"
+        )
+        self.assertEqual(binary.resource_spans[0].scope_spans[0].scope.name, "sandboxd")
         self.assertEqual(span.start_time_unix_nano, 1_700_000_000_000_000_000)
         self.assertEqual(span.status.code, span.status.STATUS_CODE_ERROR)
         self.assertEqual(span.status.message, "internal")

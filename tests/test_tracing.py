@@ -273,6 +273,10 @@ class FakeExporter:
         self.batches: list[list[Any]] = []
         self.pending: list[Deferred[bool]] = []
 
+    def encode(self, span: Any) -> Any:
+        # Kept as they are: the tests read the spans' fields.
+        return span
+
     def export(self, spans: Any, within: float) -> Deferred[bool]:
         self.batches.append(list(spans))
         d: Deferred[bool] = Deferred()

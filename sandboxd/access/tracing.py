@@ -556,8 +556,11 @@ class Finished:
 class Exporter(Protocol):
     """What sends batches (:class:`sandboxd.access.otlp.Exporter`)."""
 
-    def export(self, spans: Sequence[Span], within: float) -> Deferred[bool]:
-        """Send ``spans`` within ``within`` seconds; whether the collector took them."""
+    def encode(self, span: Span) -> bytes:
+        """``span`` as it will be sent."""
+
+    def export(self, spans: Sequence[bytes], within: float) -> Deferred[bool]:
+        """Send encoded spans within ``within`` seconds; whether the collector took them."""
 
     def close(self) -> Deferred[Any]:
         """Let go of the collector's connection."""
@@ -588,7 +591,8 @@ class Tracer:
         self.reactor = reactor
         self.exporter = exporter
         self._ids = ids
-        self.queue: list[Span] = []
+        #: Spans waiting to be sent, encoded (:meth:`Exporter.encode`).
+        self.queue: list[bytes] = []
         #: Spans by what became of them, since the start (``GET /metrics``).
         self.counts = {"exported": 0, "dropped": 0, "failed": 0}
         self._timer: Any = None
@@ -729,7 +733,8 @@ class Tracer:
                 )
                 self._dropped_since = 0
             return
-        self.queue.append(span)
+        assert self.exporter is not None
+        self.queue.append(self.exporter.encode(span))
         if len(self.queue) >= self.settings.max_batch:
             self._send_soon(0)
         else:

@@ -998,5 +998,8 @@ TRACE_ATTRIBUTE_VALUE_CHARS = 4096
 TRACE_ATTRIBUTE_ITEMS = 64
 #: The longest ``tracestate`` passed on (the W3C's minimum to propagate).
 TRACE_STATE_CHARS = 512
+#: Attribute names whose encoding is kept (the daemon's own few, and the
+#: audit fields' names: a fixed set).
+TRACE_KEYS_KEPT = 256
 #: How long a stop waits for the last spans to reach the collector.
 TRACE_STOP_SECONDS = 5.0
