@@ -239,6 +239,13 @@ def unknown_users(policy: Policy, table: Any) -> list[str]:
     ]
 
 
+def trace_problems() -> list[str]:
+    """What the OpenTelemetry variables ask for that the daemon cannot do."""
+    from sandboxd.access.tracing import TraceSettings
+
+    return [f"traces: {p}" for p in TraceSettings.from_environ(os.environ).problems]
+
+
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
     from sandboxd.access.auth import ANONYMOUS, Identity
@@ -262,7 +269,7 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     except PolicyError as e:
         print(f"invalid: {e}", file=out)
         return 1
-    warnings = [*policy.warnings, *unknown_users(policy, table)]
+    warnings = [*policy.warnings, *unknown_users(policy, table), *trace_problems()]
     if options["strict"] and warnings:
         for warning in warnings:
             print(f"error (--strict): {warning}", file=out)

@@ -609,6 +609,22 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("does not exist", out)
 
+    def test_trace_variables(self) -> None:
+        """
+        What the OpenTelemetry variables ask for that cannot be done is a
+        warning, an error with --strict.
+        """
+        os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "grpc"
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://collector:4317"
+        self.addCleanup(os.environ.pop, "OTEL_EXPORTER_OTLP_PROTOCOL")
+        self.addCleanup(os.environ.pop, "OTEL_EXPORTER_OTLP_ENDPOINT")
+        code, out = self.run_check({})
+        self.assertEqual(code, 0)
+        self.assertIn("traces: OTLP protocol 'grpc'", out)
+        code, out = self.run_check({}, "--strict")
+        self.assertEqual(code, 1)
+        self.assertIn("error (--strict): traces: OTLP protocol 'grpc'", out)
+
     def test_version_and_h(self) -> None:
         """--version prints sandboxd's version (not Twisted's); -h is help."""
         for argv, expect in ((["--version"], __version__), (["-h"], "Usage:")):

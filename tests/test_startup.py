@@ -248,6 +248,21 @@ class LocalModeTests(SynchronousTestCase):
         ):
             self.assertIn(part, line)
         self.assertNotIn("browser", line)
+        self.assertNotIn("traces", line)
+
+    def test_startup_line_names_the_collector(self) -> None:
+        """With a collector named, the line says where spans go; a problem is warned."""
+        s = self.settings("--port", "9000", "--pty-port", "9001")
+        s.environ = {
+            "ABX_SERVER_TOKEN": "t",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+            "OTEL_TRACES_SAMPLER": "sometimes",
+        }
+        _, lines = self.start(s)
+        [line] = [line for line in lines if line.startswith("sandboxd " + __version__)]
+        self.assertIn("traces to http://collector:4318/v1/traces (http/protobuf)", line)
+        [warning] = [line for line in lines if "OTEL_TRACES_SAMPLER" in line]
+        self.assertIn("'sometimes'", warning)
         s = self.settings()
         _, lines = self.start(s)
         self.assertTrue(any("auth local (no token)" in line for line in lines))

@@ -606,6 +606,13 @@ class Tracer:
         #: What in the environment was not taken, and why.
         self.problems: tuple[str, ...] = settings.problems
 
+    @property
+    def destination(self) -> str | None:
+        """Where spans go, for the start's line: the URL and the protocol."""
+        if self.exporter is None or self.settings.endpoint is None:
+            return None
+        return f"{self.settings.endpoint} ({self.settings.protocol})"
+
     def ids(self, headers: Headers) -> dict[str, str]:
         """
         The ids a call's audit line carries when no span is sent for it:

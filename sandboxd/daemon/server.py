@@ -340,6 +340,7 @@ class DaemonService(MultiService):
                 self.bound_addresses(),
                 policy,
                 groups_on(policy, self.context.table),
+                self.context.tracer.destination,
             ),
         )
         CHILD_PRIORITY.configure(policy.document.priority)

@@ -237,11 +237,13 @@ def startup_line(
     listeners: Sequence[tuple[str, str]],
     policy: Policy,
     groups: Sequence[str],
+    traces: str | None = None,
 ) -> str:
     """
     The one line that says what is running.
 
     :param listeners: ``(name, address)`` pairs, e.g. ``("http", "127.0.0.1:9000")``.
+    :param traces: where spans are sent (the collector's URL), if anywhere.
     """
     ports = ", ".join(f"{name} on {address}" for name, address in listeners)
     tokens = policy.tokens
@@ -255,6 +257,7 @@ def startup_line(
         f"auth {auth}; policy {policy.document.source} (revision {revision}"
         f"{', preset ' + policy.preset if policy.preset else ''}); "
         f"groups on: {', '.join(groups) or 'none'}"
+        f"{'; traces to ' + traces if traces else ''}"
     )
 
 
