@@ -285,11 +285,20 @@ class _Call:
     concurrency slot held and its audit line owed until its stream ends.
     """
 
-    def __init__(self, context: Any, endpoint: Any, identity: Any, client: str) -> None:
+    def __init__(
+        self,
+        context: Any,
+        endpoint: Any,
+        identity: Any,
+        client: str,
+        headers: dict[bytes, list[bytes]] | None = None,
+    ) -> None:
         self.context = context
         self.endpoint = endpoint
         self.identity = identity
         self.client = client
+        #: The socket's handshake headers (its caller's trace context).
+        self.headers = headers
         self.started = time.monotonic()
         self.passed: gate.Passed | None = None
         self.answer: SSEResponse | None = None
@@ -318,6 +327,7 @@ class _Call:
             decided_by=decided,
             started=self.started,
             client=self.client,
+            headers=self.headers,
         )
 
 
@@ -551,7 +561,13 @@ class ResponsesSocket(WebSocketServerProtocol):
         context = admitted.context
         endpoint = context.table.get("agents_responses_create")
         peer = self.transport.getPeer() if self.transport is not None else None
-        call = _Call(context, endpoint, admitted.identity, getattr(peer, "host", ""))
+        call = _Call(
+            context,
+            endpoint,
+            admitted.identity,
+            getattr(peer, "host", ""),
+            self.gate_headers,
+        )
         call.lane = lane
         try:
             try:
