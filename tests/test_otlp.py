@@ -620,7 +620,9 @@ class KepGrpcTests(TracedDaemon, KepCase):
         metadata = [("authorization", "Bearer a"), *headers.items()]
         reply = yield self.blocking(
             pb_grpc.ProcessServiceStub(channel).Execute,
-            pb.ExecuteRequest(config=pb.ProcessConfig(command=["true"])),
+            pb.ExecuteRequest(
+                config=pb.ProcessConfig(command=["printenv", "TRACEPARENT"])
+            ),
             metadata=metadata,
             timeout=20,
         )
@@ -638,6 +640,11 @@ class KepGrpcTests(TracedDaemon, KepCase):
         self.assertEqual(values["rpc.method"], "process.v1.ProcessService/Execute")
         self.assertEqual(values["sandboxd.door"], "kep")
         self.assertNotIn("http.request.method", values)
+        # The command's environment names the same span.
+        self.assertEqual(
+            reply.stdout.decode().strip(),
+            f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01",
+        )
 
 
 class ClientTests(TracedDaemon):
@@ -682,3 +689,125 @@ class ClientTests(TracedDaemon):
                 ),
                 parents,
             )
+
+
+class ChildContextTests(TracedDaemon):
+    """
+    A command started by a traced call gets ``TRACEPARENT`` (OpenTelemetry's
+    environment carrier): the daemon's span of the call, so a test runner
+    instrumented with OpenTelemetry nests its spans under it.
+    """
+
+    @inlineCallbacks
+    def test_child_parent_is_the_calls_span(self) -> Any:
+        headers, caller = self.caller_headers()
+        headers["tracestate"] = "vendor=v1"
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "printenv TRACEPARENT TRACESTATE"},
+            headers=headers,
+            token="a",
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        traceparent, state = reply.json()["stdout"].split()
+        [span] = yield self.spans()
+        self.assertEqual(
+            traceparent, f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01"
+        )
+        self.assertEqual(span.trace_id, caller.trace_id.to_bytes(16, "big"))
+        self.assertEqual(span.parent_span_id, caller.span_id.to_bytes(8, "big"))
+        self.assertEqual(state, "vendor=v1")
+        line = [r for r in self.audit_lines() if r["endpoint"] == "shell"][-1]
+        self.assertEqual(line["span_id"], span.span_id.hex())
+        self.assertNotIn("sandboxd.span_id", attributes(span))
+
+    @inlineCallbacks
+    def test_root_call_and_callers_own_value(self) -> Any:
+        """
+        A call with no context starts the trace its child joins; a value
+        the caller sets in the command's ``env`` is kept.
+        """
+        reply = yield self.request(
+            "POST", "/shell", {"command": "printenv TRACEPARENT"}, token="a"
+        )
+        [span] = yield self.spans()
+        self.assertEqual(
+            reply.json()["stdout"].strip(),
+            f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01",
+        )
+        own = f"00-{'a' * 32}-{'b' * 16}-01"
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "printenv TRACEPARENT", "env": {"TRACEPARENT": own}},
+            token="a",
+        )
+        self.assertEqual(reply.json()["stdout"].strip(), own)
+
+    @inlineCallbacks
+    def test_unsampled_caller(self) -> Any:
+        """A caller that does not sample passes its context on as it came."""
+        headers, _ = self.caller_headers()
+        headers["traceparent"] = headers["traceparent"][:-2] + "00"
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "printenv TRACEPARENT"},
+            headers=headers,
+            token="a",
+        )
+        self.assertEqual(reply.json()["stdout"].strip(), headers["traceparent"])
+        line = [r for r in self.audit_lines() if r["endpoint"] == "shell"][-1]
+        self.assertNotIn("span_id", line)
+
+    @inlineCallbacks
+    def test_through_mcp(self) -> Any:
+        """Through the MCP door too: the tool's child is in the SDK's trace."""
+        import httpx as httpx2
+        from mcp.client.client import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
+
+        url = self.daemon.url + "/mcp"
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(
+                headers={"Authorization": "Bearer a"}, timeout=CLIENT_TIMEOUT
+            ) as http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport) as client:
+                    return await client.call_tool(
+                        "shell", {"command": "printenv TRACEPARENT"}
+                    )
+
+        result = yield in_thread(work, CLIENT_TIMEOUT)
+        text = json.dumps(result.model_dump(mode="json"))
+        for _ in range(250):
+            shells = [s for s in self.collector.spans() if s.name == "shell"]
+            if shells:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        [span] = shells
+        self.assertIn(f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01", text)
+
+
+class ChildContextWithoutCollectorTests(DaemonTestCase):
+    """With no collector, a child gets the caller's context as it came."""
+
+    skip = SKIP
+    token = "t"
+
+    @inlineCallbacks
+    def test_passed_on(self) -> Any:
+        value = f"00-{'c' * 32}-{'d' * 16}-01"
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "printenv TRACEPARENT"},
+            headers={"traceparent": value},
+        )
+        self.assertEqual(reply.json()["stdout"].strip(), value)
+        reply = yield self.request("POST", "/shell", {"command": "env"})
+        self.assertNotIn("TRACEPARENT", reply.json()["stdout"])

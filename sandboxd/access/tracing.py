@@ -131,15 +131,40 @@ def parent_of(headers: Headers) -> Parent | None:
     value = _one(headers, b"traceparent")
     if value is None:
         return None
-    parent = parse_traceparent(value)
-    if parent is None:
-        return None
     states = headers.get(b"tracestate")
-    if states:
-        state = ",".join(v.decode("latin-1").strip() for v in states)
+    return _with_state(
+        parse_traceparent(value),
+        ",".join(v.decode("latin-1").strip() for v in states) if states else "",
+    )
+
+
+def parent_of_text(headers: Mapping[str, str]) -> Parent | None:
+    """:func:`parent_of` of a handler's headers (lower-cased names, last values)."""
+    value = headers.get("traceparent")
+    if value is None:
+        return None
+    return _with_state(parse_traceparent(value), headers.get("tracestate", "").strip())
+
+
+def _with_state(parent: Parent | None, state: str) -> Parent | None:
+    if parent is not None and state:
         if len(state) <= TRACE_STATE_CHARS and _TRACESTATE.fullmatch(state):
-            parent = attrs.evolve(parent, state=state)
+            return attrs.evolve(parent, state=state)
     return parent
+
+
+def trace_headers(headers: Headers) -> dict[str, str]:
+    """
+    A call's trace context as a handler's headers: what a door that
+    gives its handlers no headers of their own passes them, so that a
+    child the call starts joins the trace (:meth:`Tracer.child_context`).
+    """
+    out = {}
+    for name in ("traceparent", "tracestate"):
+        values = headers.get(name.encode())
+        if values:
+            out[name] = values[-1].decode("latin-1")
+    return out
 
 
 def with_meta_context(headers: Headers, meta: object) -> Headers:
@@ -519,6 +544,9 @@ _HTTP_METHODS = frozenset(
 
 AttributeValue = str | int | bool | tuple[str, ...]
 
+#: Audit fields that are the span's own ids, not attributes.
+_IDS = frozenset({"trace_id", "span_id"})
+
 
 @attrs.frozen
 class Span:
@@ -642,10 +670,8 @@ class Tracer:
             if request_id is not None:
                 ids["request_id"] = request_id
         if self.exporting and not self._excluded(call.path):
-            raw = self._ids(24)
-            trace_id = parent.trace_id if parent is not None else raw[:16].hex()
+            trace_id, span_id = self._chosen(call, parent)
             if sampled(self.settings, parent, trace_id):
-                span_id = raw[16:].hex()
                 self._keep(self._span(call, parent, trace_id, span_id, ids))
                 ids["trace_id"] = trace_id
                 ids["span_id"] = span_id
@@ -654,6 +680,53 @@ class Tracer:
             ids["trace_id"] = parent.trace_id
             ids["parent_span_id"] = parent.span_id
         return ids
+
+    def _chosen(self, call: Finished, parent: Parent | None) -> tuple[str, str]:
+        """
+        The call's trace and span ids: those :meth:`child_context` chose
+        for a child it started, when they belong to this call's trace;
+        else new ones (the trace the caller's, when it sent one).
+        """
+        extra = call.extra or {}
+        trace_id, span_id = extra.get("trace_id"), extra.get("span_id")
+        if isinstance(trace_id, str) and isinstance(span_id, str):
+            if parent is None or parent.trace_id == trace_id:
+                return trace_id, span_id
+        raw = self._ids(24)
+        return (parent.trace_id if parent is not None else raw[:16].hex()), raw[
+            16:
+        ].hex()
+
+    def child_context(
+        self, headers: Mapping[str, str], audit: dict[str, Any], path: str = ""
+    ) -> dict[str, str]:
+        """
+        ``TRACEPARENT`` (and ``TRACESTATE``) for a child this call starts,
+        as OpenTelemetry's environment carriers name them: the daemon's span
+        of the call, when one is sent (its ids chosen now and kept in
+        ``audit`` for :meth:`finished`); else the caller's context as it
+        came; nothing when there is neither.
+        """
+        parent = parent_of_text(headers)
+        out: dict[str, str] = {}
+        if self.exporting and not self._excluded(path):
+            trace_id, span_id = audit.get("trace_id"), audit.get("span_id")
+            if not (isinstance(trace_id, str) and isinstance(span_id, str)):
+                raw = self._ids(24)
+                trace_id = parent.trace_id if parent is not None else raw[:16].hex()
+                span_id = raw[16:].hex()
+            if sampled(self.settings, parent, trace_id):
+                # The span the call will send: the child's parent.
+                audit["trace_id"], audit["span_id"] = trace_id, span_id
+                out["TRACEPARENT"] = f"00-{trace_id}-{span_id}-01"
+            elif parent is not None:
+                out["TRACEPARENT"] = f"00-{parent.trace_id}-{parent.span_id}-00"
+        elif parent is not None:
+            flags = "01" if parent.sampled else "00"
+            out["TRACEPARENT"] = f"00-{parent.trace_id}-{parent.span_id}-{flags}"
+        if out and parent is not None and parent.state:
+            out["TRACESTATE"] = parent.state
+        return out
 
     def _excluded(self, path: str) -> bool:
         return any(p.search(path) for p in self.settings.excluded)
@@ -716,6 +789,8 @@ class Tracer:
                 out.append(("http.request.method", method))
                 out.append(("http.response.status_code", call.status))
         for key, extra in (call.extra or {}).items():
+            if key in _IDS:
+                continue
             item = _attribute(extra, chars)
             if item is not None:
                 out.append((f"sandboxd.{key}", item))
@@ -826,7 +901,10 @@ __all__ = [
     "TraceSettings",
     "Tracer",
     "parent_of",
+    "parent_of_text",
     "parse_traceparent",
     "request_id_of",
     "sampled",
+    "trace_headers",
+    "with_meta_context",
 ]

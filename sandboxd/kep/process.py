@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access import gate
+from sandboxd.access.tracing import trace_headers
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -165,6 +166,7 @@ class Rpc:
             self.audit_fields,
             body=body,
             path_params=path_params,
+            headers=trace_headers(self.call.headers),
         )
 
     def on_gone(self, callback: Callable[[], object]) -> None:

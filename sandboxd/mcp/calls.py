@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access import gate
+from sandboxd.access.tracing import trace_headers
 from sandboxd.errors import (
     ApiError,
     bad_request,
@@ -231,7 +232,7 @@ class ToolCall:
                 method=endpoint.method,
                 path=path,
                 query=query,
-                headers={},
+                headers=trace_headers(self.trace_headers),
                 body=body,
                 path_params=path_params,
                 identity=passed.identity,

@@ -100,6 +100,12 @@ def launch(request: ServerRequest) -> Launch:
         raise system_refusal(argv[0])
     extra = validate_env(body.get("env"))
     refuse_secret_variables(request.context, extra)
+    # The call's trace context, for a child that reads it (a test runner
+    # instrumented with OpenTelemetry): one the caller set stays.
+    for name, value in request.context.tracer.child_context(
+        request.headers, request.audit, request.path
+    ).items():
+        extra.setdefault(name, value)
     run_as = resolve_user(body.get("user"), rule)
     # The names kept from the child are the names masked in the audit.
     hidden = frozenset(secret_names(request.context, rule))

@@ -27,7 +27,7 @@ import io
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -40,6 +40,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from sandboxd.access import gate
+from sandboxd.access.tracing import trace_headers
 from sandboxd.api.fields import Field
 from sandboxd.errors import (
     ApiError,
@@ -247,18 +248,22 @@ def governed_request(
     body: dict[str, Any] | None = None,
     query: dict[str, str] | None = None,
     path_params: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> ServerRequest:
     """
     A door's call as the handler of the endpoint it was admitted as sees a
     request, so that handler's rules (paths, limits, users, caps) apply as
     they are, not as a copy; what the handler notes lands in ``audit``.
+
+    :param headers: what the handler may read of the call's headers (its
+        trace context, :func:`~sandboxd.access.tracing.trace_headers`).
     """
     endpoint = passed.endpoint
     return ServerRequest(
         method=endpoint.method,
         path=endpoint.path,
         query=query or {},
-        headers={},
+        headers=headers or {},
         body=body or {},
         path_params=path_params or {},
         identity=passed.identity,
@@ -407,6 +412,7 @@ class Call:
             body=body,
             query=query,
             path_params=path_params,
+            headers=trace_headers(self.headers),
         )
 
     @property
