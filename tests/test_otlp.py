@@ -197,6 +197,26 @@ class TracedDaemon(DaemonTestCase):
             TraceContextTextMapPropagator().inject(carrier)
         return carrier, span.get_span_context()
 
+    def mcp_call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        """One tool call through the MCP SDK (in a thread), as ``agent``."""
+        import httpx as httpx2
+        from mcp.client.client import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
+
+        url = self.daemon.url + "/mcp"
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(
+                headers={"Authorization": "Bearer a"}, timeout=CLIENT_TIMEOUT
+            ) as http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport) as client:
+                    return await client.call_tool(tool, arguments)
+
+        return in_thread(work, CLIENT_TIMEOUT)
+
     @inlineCallbacks
     def spans(self, count: int = 1, seconds: float = 10.0) -> Any:
         """Wait for ``count`` spans at the collector; all it has then."""
@@ -477,24 +497,8 @@ class McpTests(TracedDaemon):
 
     @inlineCallbacks
     def test_tool_call_joins_the_sdks_trace(self) -> Any:
-        import httpx as httpx2
-        from mcp.client.client import Client
-        from mcp.client.streamable_http import streamable_http_client
-
-        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
-
-        url = self.daemon.url + "/mcp"
-
-        async def work() -> Any:
-            async with httpx2.AsyncClient(
-                headers={"Authorization": "Bearer a"}, timeout=CLIENT_TIMEOUT
-            ) as http:
-                transport = streamable_http_client(url, http_client=http)
-                async with Client(transport) as client:
-                    return await client.call_tool("files_list", {})
-
         CALLER_SPANS.clear()
-        yield in_thread(work, CLIENT_TIMEOUT)
+        yield self.mcp_call("files_list", {})
         calls = [s for s in CALLER_SPANS.get_finished_spans() if "tools/call" in s.name]
         self.assertEqual(
             len(calls), 1, [s.name for s in CALLER_SPANS.get_finished_spans()]
@@ -764,25 +768,7 @@ class ChildContextTests(TracedDaemon):
     @inlineCallbacks
     def test_through_mcp(self) -> Any:
         """Through the MCP door too: the tool's child is in the SDK's trace."""
-        import httpx as httpx2
-        from mcp.client.client import Client
-        from mcp.client.streamable_http import streamable_http_client
-
-        from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
-
-        url = self.daemon.url + "/mcp"
-
-        async def work() -> Any:
-            async with httpx2.AsyncClient(
-                headers={"Authorization": "Bearer a"}, timeout=CLIENT_TIMEOUT
-            ) as http:
-                transport = streamable_http_client(url, http_client=http)
-                async with Client(transport) as client:
-                    return await client.call_tool(
-                        "shell", {"command": "printenv TRACEPARENT"}
-                    )
-
-        result = yield in_thread(work, CLIENT_TIMEOUT)
+        result = yield self.mcp_call("shell", {"command": "printenv TRACEPARENT"})
         text = json.dumps(result.model_dump(mode="json"))
         for _ in range(250):
             shells = [s for s in self.collector.spans() if s.name == "shell"]

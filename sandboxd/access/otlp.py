@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import io
 import json
 import struct
 from collections.abc import Callable, Sequence
@@ -27,9 +28,14 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
-from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
+from twisted.web.client import (
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    FileBodyProducer,
+    HTTPConnectionPool,
+)
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS
+from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from sandboxd.access.tracing import (
@@ -235,28 +241,6 @@ def rejected(body: bytes, json_answer: bool) -> tuple[int, str]:
 # -- sending ---------------------------------------------------------------------
 
 
-@implementer(IBodyProducer)
-class _Body:
-    """A request body that is all in memory."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: Any) -> Deferred[None]:
-        consumer.write(self.data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
 class _Capped(protocol.Protocol):
     """
     Reads an answer's body up to a cap (the rest is not waited for);
@@ -410,7 +394,9 @@ class Exporter:
         timeout = min(
             self.settings.timeout, max(0.0, deadline - self.reactor.seconds())
         )
-        d = self.agent.request(b"POST", self.url, self.headers, _Body(body))
+        d = self.agent.request(
+            b"POST", self.url, self.headers, FileBodyProducer(io.BytesIO(body))
+        )
 
         def answered(response: Any) -> Deferred[tuple[bytes, Any]]:
             reader = _Capped(TRACE_RESPONSE_BYTES)

@@ -283,14 +283,7 @@ class TraceSettings:
         """The settings the OpenTelemetry variables in ``environ`` ask for."""
         problems: list[str] = []
         endpoint = _endpoint(environ, problems)
-        protocol = (
-            _first(
-                environ,
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            )
-            or ("", "http/protobuf")
-        )[1]
+        protocol = (_otlp(environ, "PROTOCOL") or ("", "http/protobuf"))[1]
         if protocol not in PROTOCOLS:
             if endpoint is not None:
                 problems.append(
@@ -298,128 +291,118 @@ class TraceSettings:
                     " (http/protobuf or http/json, the collector's port 4318);"
                     " no spans are sent"
                 )
-            endpoint = None
-            protocol = "http/protobuf"
-        headers = _first(
-            environ, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"
-        )
-        compression = (
-            _first(
-                environ,
-                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-                "OTEL_EXPORTER_OTLP_COMPRESSION",
-            )
-            or ("", "none")
-        )[1].lower()
+            endpoint, protocol = None, "http/protobuf"
+        compression = (_otlp(environ, "COMPRESSION") or ("", "none"))[1].lower()
         if compression not in ("gzip", "none"):
             problems.append(
                 f"OTLP compression {compression!r} is not gzip or none; none used"
             )
-        files = {
-            key: (
-                _first(
-                    environ,
-                    f"OTEL_EXPORTER_OTLP_TRACES_{key}",
-                    f"OTEL_EXPORTER_OTLP_{key}",
-                )
-                or ("", None)
-            )[1]
+        certificate, client_certificate, client_key = (
+            (_otlp(environ, key) or ("", None))[1]
             for key in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
-        }
-        if bool(files["CLIENT_CERTIFICATE"]) != bool(files["CLIENT_KEY"]):
+        )
+        if bool(client_certificate) != bool(client_key):
             problems.append(
                 "OTLP client certificate and key: only one is set; neither is used"
             )
-            files["CLIENT_CERTIFICATE"] = files["CLIENT_KEY"] = None
-        sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-        if sampler and sampler not in SAMPLERS:
-            problems.append(
-                f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of"
-                f" {', '.join(SAMPLERS)}; parentbased_always_on used"
-            )
-            sampler = ""
-        sampler = sampler or "parentbased_always_on"
-        ratio = 1.0
-        raw_ratio = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-        if raw_ratio and sampler.endswith("traceidratio"):
-            try:
-                ratio = float(raw_ratio)
-            except ValueError:
-                ratio = -1.0
-            if not 0.0 <= ratio <= 1.0:
-                problems.append(
-                    f"OTEL_TRACES_SAMPLER_ARG: {raw_ratio!r} is not a ratio"
-                    " from 0 to 1; 1 used"
-                )
-                ratio = 1.0
-        excluded = []
-        for pattern in environ.get("OTEL_PYTHON_EXCLUDED_URLS", "").split(","):
-            if not pattern.strip():
-                continue
-            try:
-                excluded.append(re.compile(pattern.strip()))
-            except re.error as e:
-                problems.append(
-                    f"OTEL_PYTHON_EXCLUDED_URLS: {pattern.strip()!r} is no pattern ({e})"
-                )
-        max_queue = int(
-            _number(environ, ["OTEL_BSP_MAX_QUEUE_SIZE"], TRACE_QUEUE_SPANS, problems)
+            client_certificate = client_key = None
+        sampler, ratio = _sampler(environ, problems)
+
+        def number(names: Sequence[str], default: float) -> float:
+            return _number(environ, names, default, problems)
+
+        max_queue = min(
+            int(number(["OTEL_BSP_MAX_QUEUE_SIZE"], TRACE_QUEUE_SPANS)),
+            TRACE_QUEUE_SPANS * 8,
         )
-        max_queue = min(max_queue, TRACE_QUEUE_SPANS * 8)
-        max_batch = int(
-            _number(
-                environ, ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"], TRACE_BATCH_SPANS, problems
-            )
-        )
-        value_chars = int(
-            _number(
-                environ,
-                [
-                    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-                    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-                ],
-                TRACE_ATTRIBUTE_VALUE_CHARS,
-                problems,
-            )
-        )
+        max_batch = int(number(["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"], TRACE_BATCH_SPANS))
         return cls(
             endpoint=endpoint,
             protocol=protocol,
-            headers=_header_pairs(headers, problems),
-            timeout=_number(
-                environ,
+            headers=_header_pairs(_otlp(environ, "HEADERS"), problems),
+            timeout=number(
                 ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"],
                 TRACE_REQUEST_TIMEOUT_SECONDS * 1000,
-                problems,
             )
             / 1000,
             gzip=compression == "gzip",
-            certificate=files["CERTIFICATE"],
-            client_certificate=files["CLIENT_CERTIFICATE"],
-            client_key=files["CLIENT_KEY"],
+            certificate=certificate,
+            client_certificate=client_certificate,
+            client_key=client_key,
             sampler=sampler,
             ratio=ratio,
             resource=_resource(environ, problems),
-            excluded=tuple(excluded),
-            schedule_delay=_number(
-                environ,
-                ["OTEL_BSP_SCHEDULE_DELAY"],
-                TRACE_SCHEDULE_DELAY_SECONDS * 1000,
-                problems,
+            excluded=_excluded_paths(environ, problems),
+            schedule_delay=number(
+                ["OTEL_BSP_SCHEDULE_DELAY"], TRACE_SCHEDULE_DELAY_SECONDS * 1000
             )
             / 1000,
-            export_timeout=_number(
-                environ,
-                ["OTEL_BSP_EXPORT_TIMEOUT"],
-                TRACE_EXPORT_TIMEOUT_SECONDS * 1000,
-                problems,
+            export_timeout=number(
+                ["OTEL_BSP_EXPORT_TIMEOUT"], TRACE_EXPORT_TIMEOUT_SECONDS * 1000
             )
             / 1000,
             max_queue=max_queue,
             max_batch=min(max_batch, max_queue),
-            value_chars=value_chars,
+            value_chars=int(
+                number(
+                    [
+                        "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                        "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                    ],
+                    TRACE_ATTRIBUTE_VALUE_CHARS,
+                )
+            ),
             problems=tuple(problems),
         )
+
+
+def _otlp(environ: Mapping[str, str], key: str) -> tuple[str, str] | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<key>``, else ``OTEL_EXPORTER_OTLP_<key>``."""
+    return _first(
+        environ, f"OTEL_EXPORTER_OTLP_TRACES_{key}", f"OTEL_EXPORTER_OTLP_{key}"
+    )
+
+
+def _sampler(environ: Mapping[str, str], problems: list[str]) -> tuple[str, float]:
+    """``OTEL_TRACES_SAMPLER`` and its ratio (``OTEL_TRACES_SAMPLER_ARG``)."""
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if sampler and sampler not in SAMPLERS:
+        problems.append(
+            f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of"
+            f" {', '.join(SAMPLERS)}; parentbased_always_on used"
+        )
+        sampler = ""
+    sampler = sampler or "parentbased_always_on"
+    raw = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if not raw or not sampler.endswith("traceidratio"):
+        return sampler, 1.0
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        problems.append(
+            f"OTEL_TRACES_SAMPLER_ARG: {raw!r} is not a ratio from 0 to 1; 1 used"
+        )
+        ratio = 1.0
+    return sampler, ratio
+
+
+def _excluded_paths(
+    environ: Mapping[str, str], problems: list[str]
+) -> tuple[re.Pattern[str], ...]:
+    """``OTEL_PYTHON_EXCLUDED_URLS``: the patterns of paths that get no span."""
+    out = []
+    for pattern in environ.get("OTEL_PYTHON_EXCLUDED_URLS", "").split(","):
+        if not pattern.strip():
+            continue
+        try:
+            out.append(re.compile(pattern.strip()))
+        except re.error as e:
+            problems.append(
+                f"OTEL_PYTHON_EXCLUDED_URLS: {pattern.strip()!r} is no pattern ({e})"
+            )
+    return tuple(out)
 
 
 def _header_pairs(
