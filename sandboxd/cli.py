@@ -144,16 +144,14 @@ def healthcheck(host: str, port: int, timeout: float) -> int:
 def serve(options: ServeOptions) -> int:
     """Run the daemon on the global reactor until SIGTERM/SIGINT."""
     from twisted.internet import reactor
-    from twisted.logger import globalLogBeginner, textFileLogObserver
+    from twisted.logger import globalLogBeginner
 
-    from sandboxd.daemon.log_observer import RefusedConnectionFilter
+    from sandboxd.daemon.log_observer import observer_for
     from sandboxd.daemon.server import build
     from sandboxd.daemon.startup import StartRefused
     from sandboxd.policy import PolicyError
 
-    globalLogBeginner.beginLoggingTo(
-        [RefusedConnectionFilter(textFileLogObserver(sys.stdout))]
-    )
+    globalLogBeginner.beginLoggingTo([observer_for(sys.stdout, options["log-format"])])
     try:
         daemon = build(options.settings(), reactor, policy=options.policy)
         daemon.startService()

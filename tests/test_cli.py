@@ -311,6 +311,66 @@ class TakenPortTests(SynchronousTestCase):
         self.assertIn("policy", body)
 
 
+class JsonLogTests(SynchronousTestCase):
+    """
+    ``--log-format json``: every line the daemon writes is one JSON object,
+    the start's line and, with no audit file, each audit record as an object.
+    """
+
+    def run_daemon(self, argv: list[str]) -> list[dict[str, Any]]:
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        policy = os.path.abspath(self.mktemp()) + ".json"
+        with open(policy, "w") as f:
+            json.dump({"defaults": {"audit": "all"}}, f)
+        d = DaemonProcess(self, [*argv, "--base-dir", base, "--policy", policy])
+        d.wait_healthy()
+        d.get("/capabilities", {"Host": "localhost"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and '"audit"' not in d.output():
+            time.sleep(0.05)
+        lines = [line for line in d.output().splitlines() if line.strip()]
+        return [json.loads(line) for line in lines]
+
+    def check(self, records: list[dict[str, Any]]) -> None:
+        self.assertTrue(records)
+        for record in records:
+            self.assertEqual(
+                set(record) - {"audit", "error"}, {"time", "level", "logger", "message"}
+            )
+        [start] = [r for r in records if r["message"].startswith("sandboxd ")]
+        self.assertIn("groups on:", start["message"])
+        audits = [r["audit"] for r in records if "audit" in r]
+        self.assertIn("capabilities", [a["endpoint"] for a in audits])
+
+    def test_serve(self) -> None:
+        argv = [
+            os.path.join(BIN, "sandboxd"),
+            "serve",
+            "--port",
+            "tcp:{port}:interface=127.0.0.1",
+            "--pty-port",
+            "tcp:{pty}:interface=127.0.0.1",
+            "--log-format",
+            "json",
+        ]
+        self.check(self.run_daemon(argv))
+
+    def test_twistd(self) -> None:
+        argv = [
+            os.path.join(BIN, "twistd"),
+            "-n",
+            "--pidfile=",
+            "sandboxd",
+            "--port",
+            "tcp:{port}:interface=127.0.0.1",
+            "--pty-port",
+            "tcp:{pty}:interface=127.0.0.1",
+            "--log-format=json",
+        ]
+        self.check(self.run_daemon(argv))
+
+
 class PluginTests(SynchronousTestCase):
     """The twistd plugin is discoverable and validates its options."""
 

@@ -6,10 +6,14 @@ at most one per period with the count held back; everything else as is.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from twisted.application import app
-from twisted.logger import formatEvent
+from twisted.logger import LogLevel, formatEvent
+from twisted.python import usage
+from twisted.python.failure import Failure
 from twisted.scripts.twistd import ServerOptions
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -103,3 +107,72 @@ class TwistdTests(SynchronousTestCase):
         self.assertIsNot(config["logger"], log_observer.twistd_observer)
         config = self.parsed("-n", "--syslog")
         self.assertIsNone(config["logger"])
+
+
+class JsonLinesTests(SynchronousTestCase):
+    """``--log-format json``: one JSON object per line."""
+
+    def test_event(self) -> None:
+        """Time, level, logger and the formatted message."""
+        line = log_observer.json_line(
+            {
+                "log_format": "sandboxd: policy reloaded (revision {revision})",
+                "revision": "r-2",
+                "log_level": LogLevel.warn,
+                "log_namespace": "sandboxd.daemon.server",
+                "log_time": 1764979200.25,
+            }
+        )
+        self.assertTrue(line.endswith("\n"))
+        self.assertEqual(line.count("\n"), 1)
+        self.assertEqual(
+            json.loads(line),
+            {
+                "time": "2025-12-06T00:00:00.250Z",
+                "level": "warn",
+                "logger": "sandboxd.daemon.server",
+                "message": "sandboxd: policy reloaded (revision r-2)",
+            },
+        )
+
+    def test_audit_record_is_an_object(self) -> None:
+        """An audit line through the log is the record itself, not text."""
+        record = {"endpoint": "shell", "status": 403, "path": "/a\nb"}
+        line = log_observer.json_line(
+            {
+                "log_format": "{audit_line}",
+                "audit_line": json.dumps(record),
+                "log_level": LogLevel.info,
+                "log_namespace": "sandboxd.audit",
+                "log_time": 0.0,
+            }
+        )
+        found = json.loads(line)
+        self.assertEqual((found["message"], found["audit"]), ("audit", record))
+        self.assertEqual(line.count("\n"), 1)
+
+    def test_failure(self) -> None:
+        """A logged failure's traceback is ``error``, on the same line."""
+        failure = Failure(ZeroDivisionError("division by zero"))
+        line = log_observer.json_line(
+            {
+                "log_format": "handler failed",
+                "log_failure": failure,
+                "log_level": LogLevel.critical,
+                "log_namespace": "sandboxd",
+                "log_time": 0.0,
+            }
+        )
+        found = json.loads(line)
+        self.assertIn("ZeroDivisionError", found["error"])
+        self.assertEqual(found["level"], "critical")
+
+    def test_option(self) -> None:
+        """``--log-format``, else ``$ABX_SERVER_LOG_FORMAT``; anything else is refused."""
+        self.assertEqual(log_observer.log_format_of("JSON"), "json")
+        self.assertEqual(log_observer.log_format_of(None), "text")
+        os.environ["ABX_SERVER_LOG_FORMAT"] = "json"
+        self.addCleanup(os.environ.pop, "ABX_SERVER_LOG_FORMAT")
+        self.assertEqual(log_observer.log_format_of(None), "json")
+        with self.assertRaises(usage.UsageError):
+            log_observer.log_format_of("xml")

@@ -24,14 +24,23 @@ itself would.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
-from twisted.logger import ILogObserver, LogEvent, LogLevel, textFileLogObserver
+from twisted.logger import (
+    FileLogObserver,
+    ILogObserver,
+    LogEvent,
+    LogLevel,
+    formatEvent,
+    textFileLogObserver,
+)
 from twisted.python import usage
 from twisted.python.logfile import LogFile
 from zope.interface import implementer
@@ -109,6 +118,64 @@ class RefusedConnectionFilter:
         self._observer(event)
 
 
+#: The formats ``--log-format`` takes.
+LOG_FORMATS = ("text", "json")
+
+
+def json_line(event: LogEvent) -> str:
+    """
+    One event as one line of JSON, as log collectors read a container's
+    output: ``time`` (UTC, RFC 3339, milliseconds), ``level``, ``logger``
+    (the namespace), ``message``; a failure's traceback as ``error``; an
+    audit record (the daemon's log standing in for the audit file) as
+    the object ``audit``, not as text.
+    """
+    when = event.get("log_time") or time.time()
+    record: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when))
+        + f".{int(when * 1000) % 1000:03d}Z",
+        "level": getattr(event.get("log_level"), "name", "info"),
+        "logger": event.get("log_namespace") or "",
+    }
+    audit = event.get("audit_line")
+    if isinstance(audit, str):
+        record["message"] = "audit"
+        try:
+            record["audit"] = json.loads(audit)
+        except ValueError:
+            record["message"] = audit
+    else:
+        record["message"] = formatEvent(event)
+    failure = event.get("log_failure")
+    if failure is not None:
+        try:
+            record["error"] = failure.getTraceback()
+        except Exception:
+            record["error"] = repr(failure)
+    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
+
+
+def observer_for(stream: IO[str], log_format: str) -> ILogObserver:
+    """The daemon's observer writing to ``stream``: text or JSON lines, filtered."""
+    if log_format == "json":
+        return RefusedConnectionFilter(FileLogObserver(stream, json_line))
+    return RefusedConnectionFilter(textFileLogObserver(stream))
+
+
+def log_format_of(value: str | None) -> str:
+    """
+    ``--log-format``, else ``$ABX_SERVER_LOG_FORMAT``, else ``text``.
+
+    :raises usage.UsageError: for a format that is neither.
+    """
+    chosen = (value or os.environ.get("ABX_SERVER_LOG_FORMAT") or "text").lower()
+    if chosen not in LOG_FORMATS:
+        raise usage.UsageError(
+            f"--log-format: {chosen!r} is not one of {', '.join(LOG_FORMATS)}"
+        )
+    return chosen
+
+
 #: How twistd was asked to log (``--logfile``, ``--nodaemon``), for
 #: :func:`twistd_observer`, which twistd calls without arguments.
 _TWISTD: dict[str, Any] = {}
@@ -127,6 +194,7 @@ def use_for_twistd(options: usage.Options) -> None:
         return
     _TWISTD["logfile"] = parent.get("logfile") or ""
     _TWISTD["nodaemon"] = bool(parent.get("nodaemon"))
+    _TWISTD["format"] = options.get("log-format") or "text"
     parent["logger"] = f"{__name__}.twistd_observer"
 
 
@@ -138,10 +206,11 @@ def twistd_observer() -> ILogObserver:
     """
     name = _TWISTD.get("logfile", "")
     nodaemon = _TWISTD.get("nodaemon", False)
+    log_format = _TWISTD.get("format", "text")
     if name == "-" and not nodaemon:
         sys.exit("Daemons cannot log to stdout, exiting!")
     if name == "-" or (nodaemon and not name):
-        return RefusedConnectionFilter(textFileLogObserver(sys.stdout))
+        return observer_for(sys.stdout, log_format)
     log_file = LogFile.fromFullPath(name or "twistd.log")
     if not signal.getsignal(signal.SIGUSR1):
 
@@ -151,4 +220,4 @@ def twistd_observer() -> ILogObserver:
             reactor.callFromThread(log_file.rotate)  # type: ignore[attr-defined]
 
         signal.signal(signal.SIGUSR1, rotate)
-    return RefusedConnectionFilter(textFileLogObserver(log_file))
+    return observer_for(log_file, log_format)

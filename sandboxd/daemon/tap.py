@@ -15,7 +15,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from sandboxd.daemon.log_observer import use_for_twistd
+from sandboxd.daemon.log_observer import log_format_of, use_for_twistd
 from sandboxd.daemon.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -130,6 +130,14 @@ class Options(usage.Options):
             "Audit file (default $ABX_SERVER_AUDIT_LOG or the log).",
         ],
         [
+            "log-format",
+            None,
+            None,
+            "text, or json: one JSON object per line (time, level, logger, "
+            "message; an audit record as an object) for a log collector "
+            "(default $ABX_SERVER_LOG_FORMAT or text).",
+        ],
+        [
             "state-dir",
             None,
             None,
@@ -194,6 +202,7 @@ class Options(usage.Options):
         self["commands"] = [
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
+        self["log-format"] = log_format_of(self["log-format"])
         if self["e2b-code-port"] and not self["e2b-port"]:
             raise usage.UsageError("--e2b-code-port needs --e2b-port")
         if self["kep-grpc-port"] and not self["kep-rest-port"]:
