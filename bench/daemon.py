@@ -66,15 +66,21 @@ START_TRIES = 3
 
 def _answers_with(port: int, token: str) -> bool:
     """
-    Whether the server on ``port`` takes ``token``: the one just started
-    (another test's daemon refuses it with 401).
+    Whether the server on ``port`` is the one just started: it takes
+    ``token`` and refuses another.  Another test's daemon refuses ``token``
+    with 401; one in local mode (no token) takes any, the wrong one too.
     """
+    return _status(port, token) not in (401, None) and _status(port, "x" + token) == 401
+
+
+def _status(port: int, token: str) -> int | None:
+    """The status ``GET /capabilities`` with ``token`` answers; None if none."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
         c.request("GET", "/capabilities", headers={"X-Access-Token": token})
-        return c.getresponse().status != 401
+        return c.getresponse().status
     except OSError:
-        return False
+        return None
     finally:
         c.close()
 
