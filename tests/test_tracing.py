@@ -305,21 +305,26 @@ def call(path: str = "/files/list", status: int = 200, **kw: Any) -> Finished:
     return Finished(**fields)
 
 
+def fake_tracer(**environ: str) -> tuple[Tracer, FakeExporter, Clock]:
+    """A tracer sending to a :class:`FakeExporter` on a clock, its ids counted up."""
+    environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c")
+    clock = Clock()
+    exporter = FakeExporter()
+    counter = iter(range(1, 1 << 20))
+    tracer = Tracer(
+        settings(**environ),
+        clock,
+        exporter,  # type: ignore[arg-type]
+        ids=lambda n: next(counter).to_bytes(n, "big"),
+    )
+    return tracer, exporter, clock
+
+
 class TracerTests(SynchronousTestCase):
     """The queue, the batches, and what the audit line gets."""
 
     def tracer(self, **environ: str) -> tuple[Tracer, FakeExporter, Clock]:
-        environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c")
-        clock = Clock()
-        exporter = FakeExporter()
-        counter = iter(range(1, 1 << 20))
-        tracer = Tracer(
-            settings(**environ),
-            clock,
-            exporter,  # type: ignore[arg-type]
-            ids=lambda n: next(counter).to_bytes(n, "big"),
-        )
-        return tracer, exporter, clock
+        return fake_tracer(**environ)
 
     def test_span_of_a_call(self) -> None:
         """
@@ -481,3 +486,66 @@ class GateTests(SynchronousTestCase):
             (line["trace_id"], line["parent_span_id"], line["request_id"]),
             (TRACE, SPAN, "abc"),
         )
+
+
+class ChildContextTests(SynchronousTestCase):
+    """``TRACEPARENT`` for a child, and the span that must match it."""
+
+    def test_span_sent_is_the_childs_parent(self) -> None:
+        """The ids chosen for the child are the span's, kept in the audit fields."""
+        tracer, exporter, clock = fake_tracer()
+        audit: dict[str, Any] = {}
+        env = tracer.child_context(
+            {"traceparent": PARENT, "tracestate": "k=v"}, audit, "/shell"
+        )
+        self.assertEqual(env["TRACESTATE"], "k=v")
+        self.assertEqual(env["TRACEPARENT"], f"00-{TRACE}-{audit['span_id']}-01")
+        # Asked again (a second child of the same call): the same span.
+        self.assertEqual(
+            tracer.child_context({"traceparent": PARENT}, audit, "/shell")[
+                "TRACEPARENT"
+            ],
+            env["TRACEPARENT"],
+        )
+        ids = tracer.finished(
+            call("/shell", extra=dict(audit)), {b"traceparent": [PARENT.encode()]}
+        )
+        self.assertEqual(ids["span_id"], audit["span_id"])
+        clock.advance(5)
+        [[span]] = exporter.batches
+        self.assertEqual(span.span_id.hex(), audit["span_id"])
+        self.assertNotIn("sandboxd.span_id", dict(span.attributes))
+
+    def test_ids_of_another_trace_are_not_taken(self) -> None:
+        """Ids in the audit fields from another trace than the caller's are ignored."""
+        tracer = fake_tracer()[0]
+        ids = tracer.finished(
+            call(extra={"trace_id": "1" * 32, "span_id": "2" * 16}),
+            {b"traceparent": [PARENT.encode()]},
+        )
+        self.assertEqual(ids["trace_id"], TRACE)
+        self.assertNotEqual(ids["span_id"], "2" * 16)
+
+    def test_without_export(self) -> None:
+        """Nothing sent: the caller's context as it came, or nothing at all."""
+        tracer = Tracer(TraceSettings())
+        audit: dict[str, Any] = {}
+        unsampled = f"00-{TRACE}-{SPAN}-00"
+        self.assertEqual(
+            tracer.child_context({"traceparent": unsampled}, audit),
+            {"TRACEPARENT": unsampled},
+        )
+        self.assertEqual(tracer.child_context({}, audit), {})
+        self.assertEqual(tracer.child_context({"traceparent": "junk"}, audit), {})
+        self.assertEqual(audit, {})
+
+    def test_unsampled_caller_with_export(self) -> None:
+        """A caller that does not sample: its own context, unsampled; no ids kept."""
+        tracer = fake_tracer()[0]
+        audit: dict[str, Any] = {}
+        unsampled = f"00-{TRACE}-{SPAN}-00"
+        self.assertEqual(
+            tracer.child_context({"traceparent": unsampled}, audit),
+            {"TRACEPARENT": unsampled},
+        )
+        self.assertEqual(audit, {})
