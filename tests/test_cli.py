@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from twisted.plugin import IPlugin, getPlugins
@@ -317,13 +318,15 @@ class JsonLogTests(SynchronousTestCase):
     the start's line and, with no audit file, each audit record as an object.
     """
 
-    def run_daemon(self, argv: list[str]) -> list[dict[str, Any]]:
+    def run_daemon(self, command: Callable[..., list[str]]) -> list[dict[str, Any]]:
+        """The records the daemon ``command`` builds (:func:`serve_argv`, :func:`twistd_argv`) writes."""
         base = os.path.abspath(self.mktemp())
         os.makedirs(base)
         policy = os.path.abspath(self.mktemp()) + ".json"
         with open(policy, "w") as f:
             json.dump({"defaults": {"audit": "all"}}, f)
-        d = DaemonProcess(self, [*argv, "--base-dir", base, "--policy", policy])
+        argv = command(base, "--policy", policy, "--log-format", "json")
+        d = DaemonProcess(self, argv)
         d.wait_healthy()
         d.get("/capabilities", {"Host": "localhost"})
         deadline = time.monotonic() + 10
@@ -348,31 +351,10 @@ class JsonLogTests(SynchronousTestCase):
         self.assertIn("capabilities", [a["endpoint"] for a in audits])
 
     def test_serve(self) -> None:
-        argv = [
-            os.path.join(BIN, "sandboxd"),
-            "serve",
-            "--port",
-            "tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            "tcp:{pty}:interface=127.0.0.1",
-            "--log-format",
-            "json",
-        ]
-        self.check(self.run_daemon(argv))
+        self.check(self.run_daemon(serve_argv))
 
     def test_twistd(self) -> None:
-        argv = [
-            os.path.join(BIN, "twistd"),
-            "-n",
-            "--pidfile=",
-            "sandboxd",
-            "--port",
-            "tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            "tcp:{pty}:interface=127.0.0.1",
-            "--log-format=json",
-        ]
-        self.check(self.run_daemon(argv))
+        self.check(self.run_daemon(twistd_argv))
 
 
 class PluginTests(SynchronousTestCase):

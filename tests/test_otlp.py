@@ -218,15 +218,23 @@ class TracedDaemon(DaemonTestCase):
         return in_thread(work, CLIENT_TIMEOUT)
 
     @inlineCallbacks
-    def spans(self, count: int = 1, seconds: float = 10.0) -> Any:
-        """Wait for ``count`` spans at the collector; all it has then."""
+    def spans(
+        self, count: int = 1, seconds: float = 10.0, name: str | None = None
+    ) -> Any:
+        """
+        Wait for ``count`` spans at the collector (named ``name``, if
+        given); all it has then.
+        """
+
+        def found() -> list[Any]:
+            return [s for s in self.collector.spans() if name in (None, s.name)]
+
         for _ in range(int(seconds / 0.02)):
-            if len(self.collector.spans()) >= count:
+            if len(found()) >= count:
                 break
             yield deferLater(reactor, 0.02, lambda: None)
-        found = self.collector.spans()
-        self.assertGreaterEqual(len(found), count, self.collector.requests)
-        return found
+        self.assertGreaterEqual(len(found()), count, self.collector.requests)
+        return found()
 
 
 class SpanTests(TracedDaemon):
@@ -510,12 +518,7 @@ class McpTests(TracedDaemon):
             len(calls), 1, [s.name for s in CALLER_SPANS.get_finished_spans()]
         )
         caller = calls[0].get_span_context()
-        for _ in range(250):
-            tools = [s for s in self.collector.spans() if s.name == "files_list"]
-            if tools:
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
-        [tool] = tools
+        [tool] = yield self.spans(name="files_list")
         self.assertEqual(tool.trace_id, caller.trace_id.to_bytes(16, "big"))
         self.assertEqual(tool.parent_span_id, caller.span_id.to_bytes(8, "big"))
         found = attributes(tool)
@@ -637,12 +640,7 @@ class KepGrpcTests(TracedDaemon, KepCase):
             timeout=20,
         )
         self.assertEqual(reply.exit_code, 0)
-        for _ in range(250):
-            found = [s for s in self.collector.spans() if s.name == "shell"]
-            if found:
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
-        [span] = found
+        [span] = yield self.spans(name="shell")
         self.assertEqual(span.trace_id, caller.trace_id.to_bytes(16, "big"))
         self.assertEqual(span.parent_span_id, caller.span_id.to_bytes(8, "big"))
         values = attributes(span)
@@ -776,12 +774,7 @@ class ChildContextTests(TracedDaemon):
         """Through the MCP door too: the tool's child is in the SDK's trace."""
         result = yield self.mcp_call("shell", {"command": "printenv TRACEPARENT"})
         text = json.dumps(result.model_dump(mode="json"))
-        for _ in range(250):
-            shells = [s for s in self.collector.spans() if s.name == "shell"]
-            if shells:
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
-        [span] = shells
+        [span] = yield self.spans(name="shell")
         self.assertIn(f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01", text)
 
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from sandboxd.policy.defaults import (
@@ -839,8 +839,6 @@ class Tracer:
         At the daemon's stop: what is queued goes now, each batch within
         the export timeout; no span is taken after.
         """
-        from twisted.internet.defer import succeed
-
         self._stopping = True
         self.exporting = False
         if self._timer is not None and self._timer.active():
@@ -860,8 +858,6 @@ class Tracer:
 
     def close(self) -> Any:
         """Let go of the collector's connection (after :meth:`stop`)."""
-        from twisted.internet.defer import succeed
-
         return self.exporter.close() if self.exporter is not None else succeed(None)
 
 
