@@ -556,7 +556,16 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     rows = int(pty.get("rows") or 0) or 24
     session = terminal_routes.open_session(
         request,
-        SpawnRequest(executable, config.argv, env, spec.cwd, cols, rows, spec.run_as),
+        SpawnRequest(
+            executable,
+            config.argv,
+            env,
+            spec.cwd,
+            cols,
+            rows,
+            spec.run_as,
+            spec.confine,
+        ),
         via="kep",
     )
     table = _terminals(rpc)

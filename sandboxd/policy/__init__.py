@@ -22,7 +22,7 @@ from sandboxd.access import auth
 if TYPE_CHECKING:
     from sandboxd.access.auth import TokenStore
 from sandboxd.endpoints import RouteTable
-from sandboxd.policy import lint
+from sandboxd.policy import confinement, lint
 from sandboxd.policy.document import (
     PolicyDocument,
     PolicyError,
@@ -136,6 +136,7 @@ def load_policy(
         anonymous_scopes=doc.anonymous_scopes,
     )
     check_unauthenticated_as(rules, doc, tokens)
+    confinement.check(rules)
     return Policy(
         document=doc,
         rules=rules,

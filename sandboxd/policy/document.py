@@ -255,6 +255,7 @@ _CHOICES = {
     "params.client_fs": ("none", "read", "read_write"),
     "params.host_header": ("upstream", "preserve"),
     "params.mcp_tools": ("default", "all"),
+    "params.confine_signals": ("own", "any"),
 }
 
 

@@ -164,6 +164,15 @@ class Params:
     # the KEP door: the token id a call with no credential at all stands
     # for (agent-sandbox's SDK sends none); None: such a call is 401
     unauthenticated_as: str | None = None
+    # children confined with Landlock (sandboxd.policy.confinement): where
+    # they may read and write (relative paths under the base dir), whom they
+    # may signal, which TCP ports they may connect to or bind (None: any)
+    confine: bool = False
+    confine_read: tuple[str, ...] = ("/",)
+    confine_write: tuple[str, ...] = (".", "/tmp", "/var/tmp", "/dev/shm")
+    confine_signals: str = "own"
+    confine_tcp_connect: tuple[int, ...] | None = None
+    confine_tcp_bind: tuple[int, ...] | None = None
 
     def url_refusal(self, forms: Sequence[str]) -> tuple[str, str] | None:
         """

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
 
+from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
 )
@@ -65,6 +66,7 @@ def _spawn_in(
     uid: int | None,
     gid: int | None,
     child_fds: dict[int, Any],
+    confine: Confinement | None = None,
 ) -> None:
     """
     ``spawnProcess`` in ``cwd``, on a posix_spawn path when possible.
@@ -86,7 +88,16 @@ def _spawn_in(
             os.chdir(cwd)
             try:
                 spawn_session(
-                    reactor, child, args[0], args, env, cwd, uid, gid, child_fds
+                    reactor,
+                    child,
+                    args[0],
+                    args,
+                    env,
+                    cwd,
+                    uid,
+                    gid,
+                    child_fds,
+                    confine,
                 )
             finally:
                 os.chdir(previous)
@@ -96,9 +107,11 @@ def _spawn_in(
             # where the user may not be allowed to: the fork path does it
             # before.)
             args = [ENV_PROGRAM, "-C", cwd, "--", *args]
-            spawn_session(reactor, child, args[0], args, env, None, uid, gid, child_fds)
+            spawn_session(
+                reactor, child, args[0], args, env, None, uid, gid, child_fds, confine
+            )
             return
-    spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds)
+    spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds, confine)
 
 
 @functools.cache
@@ -122,6 +135,7 @@ def spawn(
     run_as: RunAs | None = None,
     stdin_pipe: bool = False,
     may_wait: bool = False,
+    confine: Confinement | None = None,
 ) -> Child:
     """
     Start ``argv`` under ``child``, in its own session, as one of
@@ -157,12 +171,12 @@ def spawn(
         uid, gid = run_as.uid, run_as.gid
     if may_wait:
         later = spawn_session_later(
-            reactor, child, args[0], args, env, cwd, uid, gid, child_fds
+            reactor, child, args[0], args, env, cwd, uid, gid, child_fds, confine
         )
         if later is not None:
             child.spawning(later, stdin_pipe)
             return child
-    _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds)
+    _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds, confine)
     child.stdin_open = stdin_pipe
     child.started()
     return child
@@ -212,6 +226,7 @@ async def run_collect(
     stdin: bytes | None = None,
     observe: Callable[[int, bytes], None] | None = None,
     on_spawned: Callable[[Child], None] | None = None,
+    confine: Confinement | None = None,
 ) -> RunResult:
     """
     Run ``argv`` to completion and collect its output.
@@ -250,6 +265,7 @@ async def run_collect(
         run_as=run_as,
         stdin_pipe=stdin is not None,
         may_wait=True,
+        confine=confine,
     )
     if child.pending:
         try:

@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.errors import Code, limit_exceeded, limit_rule
+from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, PROCESS_HISTORY
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes import reaping
@@ -131,6 +132,7 @@ class ProcessService(Service):
         timeout: float | None = None,
         idle_timeout: float | None = None,
         may_wait: bool = False,
+        confine: Confinement | None = None,
     ) -> Managed:
         """
         Start a background process and record it.
@@ -165,6 +167,7 @@ class ProcessService(Service):
             run_as=run_as,
             stdin_pipe=stdin_pipe,
             may_wait=may_wait,
+            confine=confine,
         )
         if not child.pending:
             self._record(managed)

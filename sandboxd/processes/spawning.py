@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,8 @@ from twisted.internet.protocol import connectionDone
 from twisted.python import log
 from twisted.python.failure import Failure
 
+from sandboxd import landlock
+from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import (
     EXITED_DRAIN_READS,
     SLOW_SPAWN_SECONDS,
@@ -194,13 +197,19 @@ def _reaped(pid: int | None) -> None:
 
 
 def _as_user(
-    executable: str, args: list[str], uid: int | None, gid: int | None
+    executable: str,
+    args: list[str],
+    uid: int | None,
+    gid: int | None,
+    with_nice: bool = True,
 ) -> tuple[str, list[str]] | None:
     """
     ``args`` run through setpriv as ``uid``/``gid``; None without setpriv.
     Through nice first where the child must lower its own priority
     (:meth:`~sandboxd.processes.priority.ChildPriority.nice_to_take`): once
     it runs as the other user, the daemon may no longer do it for it.
+    Without ``with_nice`` for a forked child, which lowers its own before
+    it execs (:class:`SignalsHeldAtFork`).
     """
     if uid is None or gid is None or not os.access(SETPRIV, os.X_OK):
         return None
@@ -213,10 +222,45 @@ def _as_user(
         executable,
         *args[1:],
     ]
-    step = _nice_step(uid, gid)
+    step = _nice_step(uid, gid) if with_nice else None
     if step is not None:
         return NICE, [NICE, "-n", str(step), *wrapped]
     return SETPRIV, wrapped
+
+
+def confined(
+    confine: Confinement | None,
+    executable: str,
+    args: list[str],
+    uid: int | None,
+    gid: int | None,
+    forked: bool = False,
+) -> tuple[str, list[str], int | None, int | None]:
+    """
+    What to spawn for a child under ``confine``: the daemon's interpreter
+    running :mod:`sandboxd.landlock`, which confines itself and execs the
+    command (through setpriv when it runs as another user, so the switch
+    happens after the interpreter started as the daemon's user, who can
+    always run it).  Unchanged when ``confine`` is None.
+
+    :param forked: the child is forked by Twisted (a terminal), and lowers
+        its own nice value before it execs.
+    :returns: executable, argv, and the uid and gid left for the spawn
+        itself to switch to (None once setpriv does it).
+    """
+    if confine is None:
+        return executable, args, uid, gid
+    if uid is not None or gid is not None:
+        wrapped = _as_user(executable, args, uid, gid, with_nice=not forked)
+        if wrapped is not None:
+            (executable, args), uid, gid = wrapped, None, None
+    python = sys.executable
+    return (
+        python,
+        [python, "-I", "-S", landlock.__file__, confine.spec, executable, *args],
+        uid,
+        gid,
+    )
 
 
 def _nice_step(uid: int | None, gid: int | None) -> int | None:
@@ -881,6 +925,7 @@ def spawn_session_later(
     uid: int | None = None,
     gid: int | None = None,
     child_fds: dict[int, Any] | None = None,
+    confine: Confinement | None = None,
 ) -> Deferred[AdoptedProcess] | None:
     """
     :func:`spawn_session` with the wait for the child's exec on a worker
@@ -888,6 +933,7 @@ def spawn_session_later(
     ``posix_spawn`` path applies; None when the caller should spawn at once.
     """
     lowers = _lowers_itself(uid, gid)
+    executable, args, uid, gid = confined(confine, executable, args, uid, gid)
     program = _posix_spawn_program(executable, args, uid, gid)
     if not SPAWN_TIMES.slow or program is None:
         return None
@@ -916,6 +962,7 @@ def spawn_session(
     uid: int | None = None,
     gid: int | None = None,
     child_fds: dict[int, Any] | None = None,
+    confine: Confinement | None = None,
 ) -> _twisted_process.Process:
     """
     ``reactor.spawnProcess`` for a child that leads its own session.
@@ -923,10 +970,14 @@ def spawn_session(
     ``executable`` must be absolute (see :func:`find_executable`).  Where
     :data:`sandboxd.processes.posix_spawn.AVAILABLE`, one ``posix_spawn`` starts it in any
     directory (as another user through setpriv); otherwise Twisted spawns
-    it (:class:`SessionProcess`).
+    it (:class:`SessionProcess`).  Under ``confine`` it confines itself
+    first (:func:`confined`).
     """
     fds = _standard_fds(child_fds)
     lowers = _lowers_itself(uid, gid)
+    executable, args, uid, gid = confined(
+        confine, executable, args, uid, gid, forked=not _spawn.AVAILABLE
+    )
     program = _posix_spawn_program(executable, args, uid, gid)
     if program is not None:
         try:

@@ -31,6 +31,7 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import confinement_of
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import (
     check_command_allowed,
@@ -144,6 +145,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             max_output_bytes=limit,
             idle_timeout=idle,
             run_as=run_as,
+            confine=confinement_of(rule),
         )
     except FileNotFoundError:
         raise internal(f"{language} runtime not found", "FileNotFoundError") from None

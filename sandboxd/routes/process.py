@@ -39,6 +39,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import Event
+from sandboxd.policy.confinement import Confinement, confinement_of
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.policy.rules import Params
 from sandboxd.processes.child import Child, timeout_message
@@ -76,6 +77,7 @@ class Launch:
     run_as: RunAs | None
     timeout: float | None
     idle_timeout: float | None
+    confine: Confinement | None = None
 
 
 def launch(request: ServerRequest) -> Launch:
@@ -129,7 +131,16 @@ def launch(request: ServerRequest) -> Launch:
     idle = seconds(body.get("idle_timeout"), "idle_timeout", None)
     if idle is None:
         idle = rule.limits.idle_timeout_seconds
-    return Launch(argv, str(body["command"]), env, cwd, run_as, timeout, idle)
+    return Launch(
+        argv,
+        str(body["command"]),
+        env,
+        cwd,
+        run_as,
+        timeout,
+        idle,
+        confinement_of(rule),
+    )
 
 
 #: What ``execve`` answers about the command itself (its size, its file),
@@ -229,6 +240,7 @@ def run_to_end(request: ServerRequest, spec: Launch) -> Coroutine[Any, Any, RunR
         idle_timeout=spec.idle_timeout,
         max_output_bytes=_cap(request),
         run_as=spec.run_as,
+        confine=spec.confine,
     )
 
 
@@ -287,6 +299,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
             run_as=spec.run_as,
             stdin_pipe=stdin is not None,
             may_wait=True,
+            confine=spec.confine,
         )
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
@@ -473,6 +486,7 @@ def start_managed(
         timeout=spec.timeout,
         idle_timeout=spec.idle_timeout,
         may_wait=True,
+        confine=spec.confine,
     )
 
 

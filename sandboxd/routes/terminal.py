@@ -26,6 +26,7 @@ from sandboxd.errors import (
     not_found,
     out_of_resources,
 )
+from sandboxd.policy.confinement import confinement_of
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
@@ -82,7 +83,9 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
         run_as.apply(env)
     name, path = choose_shell(body.get("shell"), env, rule)
     note_argv(request, [path], extra)
-    spec = SpawnRequest(path, [name], env, cwd, cols, rows, run_as)
+    spec = SpawnRequest(
+        path, [name], env, cwd, cols, rows, run_as, confinement_of(rule)
+    )
     session = open_session(request, spec)
     return {
         "session_id": session.id,

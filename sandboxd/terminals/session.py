@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PTY_COALESCE_SECONDS,
@@ -42,7 +43,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes.command import RunAs, exit_code
 from sandboxd.processes.priority import CHILD_PRIORITY
-from sandboxd.processes.spawning import SessionPTYProcess
+from sandboxd.processes.spawning import SessionPTYProcess, confined
 from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
@@ -635,6 +636,7 @@ class SpawnRequest:
     cols: int
     rows: int
     run_as: RunAs | None = None
+    confine: Confinement | None = None
 
 
 def new_session_id() -> str:
@@ -659,14 +661,17 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
         if spec.run_as is not None:
             uid, gid = spec.run_as.uid, spec.run_as.gid
             os.fchown(slave, uid, -1)
+        executable, argv, uid, gid = confined(
+            spec.confine, spec.executable, spec.argv, uid, gid, forked=True
+        )
         with CHILD_PRIORITY.spawning():
             # Twisted's PTY transport (reactor.spawnProcess with usePTY),
             # its signals held at the fork: a session deleted right after
             # it was made hangs up a shell that has not exec'd yet.
             transport = SessionPTYProcess(  # type: ignore[no-untyped-call]
                 reactor,
-                spec.executable,
-                spec.argv,
+                executable,
+                argv,
                 {**spec.env, TREE_MARKER: session.marker},
                 spec.cwd,
                 session.protocol(),

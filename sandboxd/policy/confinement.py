@@ -1,0 +1,131 @@
+# -*- test-case-name: tests.policy.test_confinement -*-
+"""
+Children confined with Landlock: what a rule's ``params.confine*`` keys
+ask of the kernel, and whether this kernel can give it.
+
+The path guard decides what a *call* may touch; once a command runs, it
+has its OS user's whole file system.  With ``params.confine`` an
+endpoint's children (and everything they start) may write only beneath
+``confine_write``, read and run only beneath ``confine_read``, signal
+only processes of their own command (``confine_signals: own``), and,
+where ``confine_tcp_connect`` / ``confine_tcp_bind`` list ports, use TCP
+on those ports only.  The kernel enforces it (:mod:`sandboxd.landlock`);
+the daemon only says what to ask for.
+
+A policy that asks for what the kernel cannot give is refused when it
+loads, as an unknown key is: a confinement that silently did nothing
+would be worse than none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+import attrs
+
+from sandboxd.policy.document import PolicyError
+from sandboxd.policy.rules import EffectiveRule, Params
+
+#: The keys that describe a confinement, for messages and discovery.
+KEYS = (
+    "confine",
+    "confine_read",
+    "confine_write",
+    "confine_signals",
+    "confine_tcp_connect",
+    "confine_tcp_bind",
+)
+
+
+@attrs.frozen
+class Confinement:
+    """
+    One endpoint's confinement, its paths absolute.
+
+    :ivar spec: the JSON the child's ``landlock.py`` reads.
+    """
+
+    read: tuple[str, ...]
+    write: tuple[str, ...]
+    signals: bool
+    tcp_connect: tuple[int, ...] | None
+    tcp_bind: tuple[int, ...] | None
+    spec: str = attrs.field(init=False, eq=False)
+
+    @spec.default
+    def _spec(self) -> str:
+        return json.dumps(
+            {
+                "read": list(self.read),
+                "write": list(self.write),
+                "signals": self.signals,
+                "connect": None if self.tcp_connect is None else list(self.tcp_connect),
+                "bind": None if self.tcp_bind is None else list(self.tcp_bind),
+            },
+            separators=(",", ":"),
+        )
+
+
+def _absolute(paths: tuple[str, ...], base_dir: str) -> tuple[str, ...]:
+    return tuple(os.path.normpath(os.path.join(base_dir, p)) for p in paths)
+
+
+def confinement_of(rule: EffectiveRule) -> Confinement | None:
+    """What ``rule`` confines its children to; None when it does not."""
+    params = rule.params
+    if not params.confine:
+        return None
+    return Confinement(
+        read=_absolute(params.confine_read, rule.base_dir),
+        write=_absolute(params.confine_write, rule.base_dir),
+        signals=params.confine_signals == "own",
+        tcp_connect=params.confine_tcp_connect,
+        tcp_bind=params.confine_tcp_bind,
+    )
+
+
+def _needs(params: Params) -> tuple[int, str]:
+    """The Landlock ABI version ``params`` needs, and for what."""
+    if params.confine_signals == "own":
+        return 6, "confine_signals: own (signals kept within a command)"
+    if params.confine_tcp_connect is not None or params.confine_tcp_bind is not None:
+        return 4, "confine_tcp_connect / confine_tcp_bind"
+    return 1, "confine"
+
+
+def check(rules: Mapping[str, EffectiveRule], abi: int | None = None) -> None:
+    """
+    Refuse rules whose confinement this kernel cannot enforce, or whose
+    ports are not ports.
+
+    :param abi: the kernel's Landlock ABI version (default: asked).
+    :raises PolicyError: naming the rule that asked and what is missing.
+    """
+    for rule in rules.values():
+        params = rule.params
+        if not params.confine:
+            continue
+        for key in ("confine_tcp_connect", "confine_tcp_bind"):
+            for port in getattr(params, key) or ():
+                if not 0 < port < 65536:
+                    where = rule.source(f"params.{key}") or rule.endpoint_id
+                    raise PolicyError(f"{where}: {port} is not a TCP port (1-65535)")
+        if abi is None:
+            from sandboxd import landlock
+
+            abi = landlock.abi_version()
+        needed, what = _needs(params)
+        if abi >= needed:
+            continue
+        where = rule.source("params.confine") or rule.endpoint_id
+        have = f"has Landlock ABI {abi}" if abi else "has no Landlock"
+        hint = (
+            "; set confine_signals: any to confine without it"
+            if needed == 6 and abi >= 1
+            else ""
+        )
+        raise PolicyError(
+            f"{where}: {what} needs Landlock ABI {needed} and this kernel {have}{hint}"
+        )
