@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from sandboxd.endpoints import RouteTable
 from sandboxd.policy.document import PolicyError
 from sandboxd.policy.rules import EffectiveRule, Params
 
@@ -66,6 +67,44 @@ class Confinement:
             },
             separators=(",", ":"),
         )
+
+
+#: The endpoints whose children confine themselves.
+CONFINED = ("shell", "shell_stream", "process_start", "pty_create_session", "code_run")
+
+#: Groups whose endpoints start children that ``confine`` does not reach
+#: (yet): a kernel hub, git, a coding agent, a language server, a browser.
+UNCONFINED_GROUPS = {
+    "code": "code contexts",
+    "git": "git",
+    "agents": "coding agents",
+    "lsp": "language servers",
+    "browser": "the browser",
+}
+
+
+def unconfined(table: RouteTable, rules: Mapping[str, EffectiveRule]) -> list[str]:
+    """
+    A warning when ``confine`` is set on endpoints whose children it does
+    not reach, so that ``defaults.params.confine`` is not read as more
+    than it is.
+    """
+    missed: set[str] = set()
+    for endpoint in table:
+        rule = rules.get(endpoint.id)
+        if rule is None or not rule.enabled or not rule.params.confine:
+            continue
+        group = endpoint.group.value
+        if group in UNCONFINED_GROUPS:
+            missed.add(UNCONFINED_GROUPS[group])
+        elif endpoint.id in ("git_status", "git_diff"):
+            missed.add("git")
+    if not missed:
+        return []
+    return [
+        f"params.confine confines the commands of {', '.join(CONFINED)} only;"
+        f" what {', '.join(sorted(missed))} start is not confined"
+    ]
 
 
 def _absolute(paths: tuple[str, ...], base_dir: str) -> tuple[str, ...]:

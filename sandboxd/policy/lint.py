@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from sandboxd.endpoints import RouteTable
+from sandboxd.policy import confinement
 from sandboxd.policy.document import PolicyDocument
 from sandboxd.policy.rules import EffectiveRule
 
@@ -87,4 +88,5 @@ def warnings(
         open_custom_routes(table, rules)
         + narrowed_tokens(doc)
         + anonymous_everything(doc)
+        + confinement.unconfined(table, rules)
     )
