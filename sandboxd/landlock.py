@@ -11,25 +11,31 @@ cannot do that for a child it starts with ``posix_spawn`` (no code runs
 in the child before the exec), so a confined child is started as this
 file, run by the daemon's own interpreter with ``-I -S``::
 
-    python -I -S landlock.py SPEC EXECUTABLE ARGV0 ARGS...
+    python -I -S landlock.py --read=DIR --write=DIR [--signals]
+        [--tcp-connect=PORTS] [--tcp-bind=PORTS] -- EXECUTABLE ARGV0 ARGS...
 
-which builds the ruleset ``SPEC`` (JSON) describes, sets
+which builds the ruleset its options describe (:func:`options`), sets
 ``no_new_privs``, restricts itself and execs ``EXECUTABLE``.  The pid is
 the command's from the start, so signals, process groups and exit codes
 are unchanged.
 
-This module imports nothing from sandboxd: the child runs it as a plain
-script, isolated from the caller's environment and site packages.
+This module imports nothing from sandboxd, and of the standard library
+only ``ctypes``: the child runs it as a plain script, isolated from the
+caller's environment and site packages, on every confined spawn, so what
+it imports is time every such command waits.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+
+#: True only for a type checker (``typing`` is not imported at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
 
 # The system calls (the same numbers on every architecture Linux added
 # them to after 5.12) and their flags, from <linux/landlock.h>.
@@ -220,12 +226,59 @@ def _add_paths(libc: Any, ruleset: int, paths: Iterable[str], rights: int) -> No
             os.close(fd)
 
 
+def options(spec: dict[str, Any]) -> list[str]:
+    """
+    The command-line options that carry ``spec`` (see :func:`restrict`)
+    to the child; :func:`parse` reads them back.
+    """
+    out = [f"--read={p}" for p in spec.get("read", ())]
+    out += [f"--write={p}" for p in spec.get("write", ())]
+    if spec.get("signals"):
+        out.append("--signals")
+    for key in ("connect", "bind"):
+        ports = spec.get(key)
+        if ports is not None:
+            out.append(f"--tcp-{key}=" + ",".join(str(p) for p in ports))
+    return out
+
+
+def parse(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """
+    The spec and the command (executable, argv0, arguments) of a child's
+    command line, ``argv`` without the script's own name.
+
+    :raises ValueError: an unknown option, or no command after ``--``.
+    """
+    spec: dict[str, Any] = {"read": [], "write": [], "signals": False}
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            command = list(argv[index + 1 :])
+            if len(command) < 2:
+                raise ValueError("no command after --")
+            return spec, command
+        name, _, value = arg.partition("=")
+        if name in ("--read", "--write"):
+            spec[name[2:]].append(value)
+        elif name == "--signals":
+            spec["signals"] = True
+        elif name in ("--tcp-connect", "--tcp-bind"):
+            spec[name[6:]] = [int(p) for p in value.split(",") if p]
+        else:
+            raise ValueError(f"unknown option {arg!r}")
+    raise ValueError("no command after --")
+
+
 def main(argv: Sequence[str]) -> int:
-    """``landlock.py SPEC EXECUTABLE ARGV0 ARGS...``: confine, then exec."""
-    if len(argv) < 4:
-        sys.stderr.write("usage: landlock.py SPEC EXECUTABLE ARGV0 [ARGS...]\n")
+    """``landlock.py OPTIONS -- EXECUTABLE ARGV0 ARGS...``: confine, then exec."""
+    try:
+        spec, (executable, *args) = parse(argv[1:])
+    except ValueError as e:
+        sys.stderr.write(
+            f"landlock.py: {e}\nusage: landlock.py [--read=DIR] [--write=DIR]"
+            " [--signals] [--tcp-connect=PORTS] [--tcp-bind=PORTS]"
+            " -- EXECUTABLE ARGV0 [ARGS...]\n"
+        )
         return 2
-    spec, executable, args = json.loads(argv[1]), argv[2], list(argv[3:])
     try:
         restrict(spec)
     except OSError as e:

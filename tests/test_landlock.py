@@ -5,7 +5,6 @@ script a confined child runs, run as a child of the test.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,15 @@ from sandboxd import landlock
 def run(spec: Any, *argv: str) -> subprocess.CompletedProcess[str]:
     """The script as the daemon starts it, confining ``argv``."""
     return subprocess.run(
-        [sys.executable, "-I", "-S", landlock.__file__, json.dumps(spec), *argv],
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            landlock.__file__,
+            *landlock.options(spec),
+            "--",
+            *argv,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -37,6 +44,40 @@ class RightsTests(SynchronousTestCase):
         self.assertEqual(landlock.fs_rights(3), (1 << 15) - 1)
         self.assertEqual(landlock.fs_rights(4), landlock.fs_rights(3))
         self.assertEqual(landlock.fs_rights(7), (1 << 16) - 1)
+
+
+class OptionsTests(SynchronousTestCase):
+    """A spec survives the trip through the child's command line."""
+
+    def test_round_trip(self) -> None:
+        """Paths with ``=`` and ``,``, no ports, some ports, and none at all."""
+        spec = {
+            "read": ["/", "/a=b,c"],
+            "write": ["/w"],
+            "signals": True,
+            "connect": [443, 80],
+            "bind": [],
+        }
+        options = landlock.options(spec)
+        self.assertEqual(
+            options,
+            [
+                "--read=/",
+                "--read=/a=b,c",
+                "--write=/w",
+                "--signals",
+                "--tcp-connect=443,80",
+                "--tcp-bind=",
+            ],
+        )
+        self.assertEqual(
+            landlock.parse([*options, "--", "/bin/x", "x", "--read=/etc"]),
+            (spec, ["/bin/x", "x", "--read=/etc"]),
+        )
+        self.assertEqual(
+            landlock.parse(["--", "/bin/x", "x"]),
+            ({"read": [], "write": [], "signals": False}, ["/bin/x", "x"]),
+        )
 
 
 class ScriptTests(SynchronousTestCase):

@@ -19,7 +19,6 @@ would be worse than none.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 
@@ -45,7 +44,8 @@ class Confinement:
     """
     One endpoint's confinement, its paths absolute.
 
-    :ivar spec: the JSON the child's ``landlock.py`` reads.
+    :ivar options: the command-line options of the child's
+        ``landlock.py`` (:func:`sandboxd.landlock.options`).
     """
 
     read: tuple[str, ...]
@@ -53,20 +53,20 @@ class Confinement:
     signals: bool
     tcp_connect: tuple[int, ...] | None
     tcp_bind: tuple[int, ...] | None
-    spec: str = attrs.field(init=False, eq=False)
+    options: tuple[str, ...] = attrs.field(init=False, eq=False)
 
-    @spec.default
-    def _spec(self) -> str:
-        return json.dumps(
-            {
-                "read": list(self.read),
-                "write": list(self.write),
-                "signals": self.signals,
-                "connect": None if self.tcp_connect is None else list(self.tcp_connect),
-                "bind": None if self.tcp_bind is None else list(self.tcp_bind),
-            },
-            separators=(",", ":"),
-        )
+    @options.default
+    def _options(self) -> tuple[str, ...]:
+        from sandboxd import landlock
+
+        spec = {
+            "read": self.read,
+            "write": self.write,
+            "signals": self.signals,
+            "connect": self.tcp_connect,
+            "bind": self.tcp_bind,
+        }
+        return tuple(landlock.options(spec))
 
 
 #: The endpoints whose children confine themselves.

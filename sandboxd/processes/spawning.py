@@ -257,7 +257,16 @@ def confined(
     python = sys.executable
     return (
         python,
-        [python, "-I", "-S", landlock.__file__, confine.spec, executable, *args],
+        [
+            python,
+            "-I",
+            "-S",
+            landlock.__file__,
+            *confine.options,
+            "--",
+            executable,
+            *args,
+        ],
         uid,
         gid,
     )

@@ -5,7 +5,6 @@ the refusal of a policy this kernel cannot enforce (in memory).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -54,8 +53,8 @@ class ConfinementOfTests(KernelCase):
         self.assertTrue(got.signals)
         self.assertIsNone(confinement_of(rules["shell_stream"]))
 
-    def test_spec_is_what_the_child_reads(self) -> None:
-        """The JSON handed to the child names every setting."""
+    def test_options_are_what_the_child_reads(self) -> None:
+        """The child's command line names every setting."""
         rules = compiled(
             {
                 "confine": True,
@@ -67,14 +66,16 @@ class ConfinementOfTests(KernelCase):
         got = confinement_of(rules["shell"])
         assert got is not None
         self.assertEqual(
-            json.loads(got.spec),
-            {
-                "read": ["/"],
-                "write": ["/srv/work", "/tmp", "/var/tmp", "/dev/shm"],
-                "signals": False,
-                "connect": [443],
-                "bind": [],
-            },
+            got.options,
+            (
+                "--read=/",
+                "--write=/srv/work",
+                "--write=/tmp",
+                "--write=/var/tmp",
+                "--write=/dev/shm",
+                "--tcp-connect=443",
+                "--tcp-bind=",
+            ),
         )
 
     def test_group_selector(self) -> None:
