@@ -371,12 +371,7 @@ class ClientDoorTests(ClientCase):
     def test_code_context(self) -> Any:
         """
         ``Sandbox.code.execute`` in a code context (a kernel) runs confined
-        when its endpoint's rule says ``confine``.
-
-        KNOWN HOLE: the kernel is spawned without the rule's confinement
-        (``sandboxd/kernels/contexts.py`` ``CodeContext._spawn`` and
-        ``_spawn_builtin`` call ``spawn`` with no ``confine``), yet the
-        policy loads without a word.
+        when ``code_context_create``'s rule says ``confine``.
         """
         need_ipykernel()
         attempt = Attempt.of(self, "client-kernel")
@@ -394,6 +389,3 @@ class ClientDoorTests(ClientCase):
         attempt.assert_held(self, code, done["stderr"])
 
     test_code_context.timeout = KERNEL_CASE_SECONDS  # type: ignore[attr-defined]
-    test_code_context.todo = (  # type: ignore[attr-defined]
-        "kernels are spawned unconfined: CodeContext._spawn passes no confine"
-    )
