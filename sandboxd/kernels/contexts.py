@@ -54,6 +54,7 @@ from sandboxd.kernels.jsontext import (
 )
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.child import Child, HeadTail, signal_child
 from sandboxd.processes.command import RunAs, find_executable
 from sandboxd.processes.run import spawn
@@ -329,6 +330,7 @@ class CodeContext:
         limits: Any,
         auto_restart: bool,
         name: str | None = None,
+        confine: Confinement | None = None,
     ) -> None:
         self.service = service
         self.reactor = service.reactor
@@ -383,6 +385,13 @@ class CodeContext:
         self.dir = tempfile.mkdtemp(prefix="sandboxd-code-")
         if run_as is not None and os.geteuid() == 0:
             os.chown(self.dir, run_as.uid, run_as.gid)
+        #: What the kernel is confined to (``params.confine``), its own
+        #: directory (its sockets, its connection file) writable too.
+        self.confine = (
+            None
+            if confine is None
+            else attrs.evolve(confine, write=(*confine.write, self.dir))
+        )
 
     # -- views --------------------------------------------------------------
 
@@ -472,6 +481,7 @@ class CodeContext:
                 env=env,
                 cwd=self.cwd,
                 run_as=self.run_as,
+                confine=self.confine,
             )
         except OSError as e:
             self._start_failed(
@@ -564,6 +574,7 @@ class CodeContext:
                 cwd=self.cwd,
                 run_as=self.run_as,
                 stdin_pipe=True,
+                confine=self.confine,
             )
         except OSError as e:
             self._start_failed(

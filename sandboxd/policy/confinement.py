@@ -70,12 +70,18 @@ class Confinement:
 
 
 #: The endpoints whose children confine themselves.
-CONFINED = ("shell", "shell_stream", "process_start", "pty_create_session", "code_run")
+CONFINED = (
+    "shell",
+    "shell_stream",
+    "process_start",
+    "pty_create_session",
+    "code_run",
+    "code_context_create",
+)
 
 #: Groups whose endpoints start children that ``confine`` does not reach
-#: (yet): a kernel hub, git, a coding agent, a language server, a browser.
+#: (yet): git, a coding agent, a language server, a browser.
 UNCONFINED_GROUPS = {
-    "code": "code contexts",
     "git": "git",
     "agents": "coding agents",
     "lsp": "language servers",

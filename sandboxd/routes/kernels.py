@@ -32,6 +32,7 @@ from sandboxd.kernels.kernelspecs import (
 )
 from sandboxd.kernels.service import CodeService
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import confinement_of
 from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
@@ -185,6 +186,7 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
         limits,
         rule.params.auto_restart,
         label,
+        confinement_of(rule),
     )
     svc.add(ctx)
     request.audit["kernel"] = spec.name

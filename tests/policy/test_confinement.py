@@ -155,7 +155,8 @@ class WarningTests(KernelCase):
     def test_defaults_warn_about_the_rest(self) -> None:
         """
         ``defaults.params.confine`` with git and code contexts on: a
-        warning names them; the process group alone earns none.
+        warning names git, whose children it does not reach; the process
+        group alone earns none.
         """
         policy = load_policy(
             builtin_table(),
@@ -170,8 +171,8 @@ class WarningTests(KernelCase):
         self.assertEqual(
             warning,
             "params.confine confines the commands of shell, shell_stream,"
-            " process_start, pty_create_session, code_run only; what code"
-            " contexts, git start is not confined",
+            " process_start, pty_create_session, code_run, code_context_create"
+            " only; what git start is not confined",
         )
         policy = load_policy(
             builtin_table(),
