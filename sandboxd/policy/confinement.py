@@ -113,6 +113,36 @@ def unconfined(table: RouteTable, rules: Mapping[str, EffectiveRule]) -> list[st
     ]
 
 
+def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
+    """
+    A warning for each of the daemon's own files (its audit log, token and
+    policy files, TLS keys) below a directory confined commands may write:
+    the path guard keeps calls away from them, the kernel would not keep
+    a command away.
+    """
+    out: dict[str, str] = {}
+    for rule in rules.values():
+        confine = confinement_of(rule)
+        if confine is None or not rule.enabled:
+            continue
+        for directory in confine.write:
+            real = os.path.realpath(directory)
+            for name in rule.daemon_files:
+                if name not in out and _below(name, real):
+                    where = rule.source("params.confine_write") or rule.source(
+                        "params.confine"
+                    )
+                    out[name] = (
+                        f"{where}: the daemon's own file {name} is below"
+                        f" confine_write {directory}: a confined command may change it"
+                    )
+    return list(out.values())
+
+
+def _below(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def _absolute(paths: tuple[str, ...], base_dir: str) -> tuple[str, ...]:
     return tuple(os.path.normpath(os.path.join(base_dir, p)) for p in paths)
 

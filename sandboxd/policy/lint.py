@@ -89,4 +89,5 @@ def warnings(
         + narrowed_tokens(doc)
         + anonymous_everything(doc)
         + confinement.unconfined(table, rules)
+        + confinement.exposed_files(rules)
     )

@@ -5,6 +5,7 @@ the refusal of a policy this kernel cannot enforce (in memory).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -181,3 +182,27 @@ class WarningTests(KernelCase):
             environ={},
         )
         self.assertEqual([w for w in policy.warnings if "params.confine" in w], [])
+
+    def test_daemon_files_below_confine_write(self) -> None:
+        """A token file below a directory confined commands may write is named."""
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(base)
+        token_file = os.path.join(base, ".token")
+        with open(token_file, "w") as f:
+            f.write("a-long-enough-token-for-the-test-0123456789")
+        policy = load_policy(
+            builtin_table(),
+            explicit={
+                "auth": {
+                    "tokens": [{"id": "ci", "token_file": token_file, "scopes": ["*"]}]
+                },
+                "endpoints": {"shell": {"params": {"confine": True}}},
+            },
+            base_dir=base,
+            environ={},
+        )
+        self.assertIn(
+            f"policy:endpoints.shell: the daemon's own file {token_file} is below"
+            f" confine_write {base}: a confined command may change it",
+            policy.warnings,
+        )
