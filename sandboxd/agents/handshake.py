@@ -13,6 +13,7 @@ from typing import Any
 from sandboxd.agents.state import IdleTimer, SessionState
 from sandboxd.errors import ApiError, agent_error, agent_timeout
 from sandboxd.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
+from sandboxd.policy.confinement import confinement_of
 
 CLIENT_INFO = {"name": "sandboxd", "title": "sandboxd", "version": "1"}
 PROTOCOL_VERSION = 1
@@ -40,7 +41,14 @@ class Handshake:
     def spawn(self, argv: list[str], executable: str) -> None:
         """Start the agent child."""
         s = self.session
-        s.process.spawn(executable, argv, s.env, s.cwd, s.run_as)
+        s.process.spawn(
+            executable,
+            argv,
+            s.env,
+            s.cwd,
+            s.run_as,
+            confinement_of(s.rule, s.env.get("HOME")),
+        )
         s.emit("session.state", state="starting", agent=s.entry.id, pid=s.process.pid)
 
     def client_capabilities(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 
+from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.priority import CHILD_PRIORITY
@@ -168,11 +169,13 @@ class AgentProcess:
         env: dict[str, str],
         cwd: str,
         run_as: RunAs | None,
+        confine: Confinement | None = None,
     ) -> None:
         """
         Start ``argv`` (``argv[0]`` resolved as ``executable``) with a stdin
         pipe, at the policy's ``agents_nice``: the user waits on the agent's
         every answer, so it does not queue behind the sandbox's own work.
+        Under ``confine``, the agent and every tool it runs are confined.
         """
         with CHILD_PRIORITY.awaited():
             spawn(
@@ -184,6 +187,7 @@ class AgentProcess:
                 cwd=cwd,
                 run_as=run_as,
                 stdin_pipe=True,
+                confine=confine,
             )
 
     @property

@@ -22,6 +22,7 @@ from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import confinement_of
 from sandboxd.processes.command import check_command_allowed, find_executable
 from sandboxd.processes.environment import child_environment
 
@@ -106,7 +107,9 @@ class TerminalRequests:
             self._exited,
         )
         try:
-            terminal.start(executable, env, s.run_as)
+            terminal.start(
+                executable, env, s.run_as, confinement_of(s.rule, env.get("HOME"))
+            )
         except OSError as e:
             raise RpcError(
                 INTERNAL_ERROR, f"cannot start {command}: {e.strerror}"

@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.process import AgentChild
 from sandboxd.eventlog import EventLog
+from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.child import STREAM_NAMES, signal_child
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
@@ -73,8 +74,14 @@ class AgentTerminal:
         self.child = AgentChild(reactor, self._output)
         self.child.ended.addCallback(self._finish)
 
-    def start(self, executable: str, env: dict[str, str], run_as: RunAs | None) -> None:
-        """Spawn it in its own session, stdin at ``/dev/null``."""
+    def start(
+        self,
+        executable: str,
+        env: dict[str, str],
+        run_as: RunAs | None,
+        confine: Confinement | None = None,
+    ) -> None:
+        """Spawn it in its own session, stdin at ``/dev/null``, under ``confine``."""
         argv = [executable, *self.args]
         spawn(
             self.reactor,
@@ -84,6 +91,7 @@ class AgentTerminal:
             env=env,
             cwd=self.cwd,
             run_as=run_as,
+            confine=confine,
         )
 
     @property

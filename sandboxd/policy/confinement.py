@@ -77,13 +77,13 @@ CONFINED = (
     "pty_create_session",
     "code_run",
     "code_context_create",
+    "agents_session_create",
 )
 
 #: Groups whose endpoints start children that ``confine`` does not reach
-#: (yet): git, a coding agent, a language server, a browser.
+#: (yet): git, a language server, a browser.
 UNCONFINED_GROUPS = {
     "git": "git",
-    "agents": "coding agents",
     "lsp": "language servers",
     "browser": "the browser",
 }
@@ -143,18 +143,32 @@ def _below(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def _absolute(paths: tuple[str, ...], base_dir: str) -> tuple[str, ...]:
-    return tuple(os.path.normpath(os.path.join(base_dir, p)) for p in paths)
+def _absolute(
+    paths: tuple[str, ...], base_dir: str, home: str | None
+) -> tuple[str, ...]:
+    out = []
+    for path in paths:
+        if path == "~" or path.startswith("~/"):
+            if not home:
+                continue  # no home known: nothing there to grant
+            path = home + path[1:]
+        out.append(os.path.normpath(os.path.join(base_dir, path)))
+    return tuple(out)
 
 
-def confinement_of(rule: EffectiveRule) -> Confinement | None:
-    """What ``rule`` confines its children to; None when it does not."""
+def confinement_of(rule: EffectiveRule, home: str | None = None) -> Confinement | None:
+    """
+    What ``rule`` confines its children to; None when it does not.
+
+    :param home: the child's ``HOME``, for paths written ``~`` or ``~/...``
+        (left out when None).
+    """
     params = rule.params
     if not params.confine:
         return None
     return Confinement(
-        read=_absolute(params.confine_read, rule.base_dir),
-        write=_absolute(params.confine_write, rule.base_dir),
+        read=_absolute(params.confine_read, rule.base_dir, home),
+        write=_absolute(params.confine_write, rule.base_dir, home),
         signals=params.confine_signals == "own",
         tcp_connect=params.confine_tcp_connect,
         tcp_bind=params.confine_tcp_bind,

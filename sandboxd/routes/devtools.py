@@ -145,7 +145,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             max_output_bytes=limit,
             idle_timeout=idle,
             run_as=run_as,
-            confine=confinement_of(rule),
+            confine=confinement_of(rule, env.get("HOME")),
         )
     except FileNotFoundError:
         raise internal(f"{language} runtime not found", "FileNotFoundError") from None

@@ -186,7 +186,7 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
         limits,
         rule.params.auto_restart,
         label,
-        confinement_of(rule),
+        confinement_of(rule, env.get("HOME")),
     )
     svc.add(ctx)
     request.audit["kernel"] = spec.name

@@ -139,7 +139,7 @@ def launch(request: ServerRequest) -> Launch:
         run_as,
         timeout,
         idle,
-        confinement_of(rule),
+        confinement_of(rule, env.get("HOME")),
     )
 
 

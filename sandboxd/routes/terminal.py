@@ -84,7 +84,14 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     name, path = choose_shell(body.get("shell"), env, rule)
     note_argv(request, [path], extra)
     spec = SpawnRequest(
-        path, [name], env, cwd, cols, rows, run_as, confinement_of(rule)
+        path,
+        [name],
+        env,
+        cwd,
+        cols,
+        rows,
+        run_as,
+        confinement_of(rule, env.get("HOME")),
     )
     session = open_session(request, spec)
     return {

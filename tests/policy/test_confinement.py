@@ -172,8 +172,8 @@ class WarningTests(KernelCase):
         self.assertEqual(
             warning,
             "params.confine confines the commands of shell, shell_stream,"
-            " process_start, pty_create_session, code_run, code_context_create"
-            " only; what git start is not confined",
+            " process_start, pty_create_session, code_run, code_context_create,"
+            " agents_session_create only; what git start is not confined",
         )
         policy = load_policy(
             builtin_table(),
