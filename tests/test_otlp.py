@@ -182,6 +182,7 @@ class TracedDaemon(DaemonTestCase):
 
     def start_traced(self, **otel: str) -> Any:
         environ = {
+            **(self.environ or {}),
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
             "OTEL_BSP_SCHEDULE_DELAY": "20",
             **self.otel,
