@@ -389,13 +389,6 @@ class PreviewWithoutAuditLineTests(PreviewTests):
             found[0], caller, endpoint="preview_proxy", door="preview", status=200
         )
 
-    test_page_joins_the_callers_trace.todo = (  # type: ignore[attr-defined]
-        "sandboxd/preview/door.py Exchange._audit returns before gate.audit"
-        " when the endpoint's audit mode records no line for the status, so"
-        " no span is sent for a successful preview call under the default"
-        " audit mode"
-    )
-
 
 class KepRestTests(DoorSpans, KepCase):
     """The KEP REST port (``/v1/files/...``), asked with httpx."""

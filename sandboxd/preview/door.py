@@ -1117,8 +1117,9 @@ class Exchange:
             self.exposure.bytes_in += self.bytes_in
             self.exposure.bytes_out += self.bytes_out
         rule = self.context.policy.rules["preview_proxy"]
-        if not should_record(rule.audit, status):
-            # Counted, as every exchange is; the record is not built.
+        if not should_record(rule.audit, status) and not self.context.tracer.exporting:
+            # Counted, as every exchange is; neither a record nor a span
+            # is built.
             self.context.metrics.request(
                 "preview_proxy",
                 _PREVIEW,
