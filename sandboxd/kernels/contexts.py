@@ -392,6 +392,11 @@ class CodeContext:
             if confine is None
             else attrs.evolve(confine, write=(*confine.write, self.dir))
         )
+        if confine is not None and not confine.may_write(env.get("HOME", "")):
+            # IPython makes ~/.ipython if access(2) says it may, which the
+            # kernel's confinement does not change, and dies when the
+            # kernel refuses: it gets a directory the kernel may write.
+            env.setdefault("IPYTHONDIR", os.path.join(self.dir, "ipython"))
 
     # -- views --------------------------------------------------------------
 

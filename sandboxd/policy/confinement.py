@@ -55,6 +55,10 @@ class Confinement:
     tcp_bind: tuple[int, ...] | None
     options: tuple[str, ...] = attrs.field(init=False, eq=False)
 
+    def may_write(self, path: str) -> bool:
+        """Whether ``path`` (absolute) is below a directory it may write."""
+        return bool(path) and any(_below(path, d) for d in self.write)
+
     @options.default
     def _options(self) -> tuple[str, ...]:
         from sandboxd import landlock

@@ -17,6 +17,7 @@ from twisted.internet.defer import inlineCallbacks
 
 from sandboxd import landlock
 from tests.helpers import DaemonTestCase
+from tests.kernels.test_contexts import CodeTestCase, code_policy
 from tests.routes.test_process import sleep_
 from tests.routes.test_terminal import TerminalCase, is_exited
 
@@ -309,3 +310,37 @@ class TerminalTests(TerminalCase):
         self.assertEqual(os.listdir(self.outside), [])
         with open(os.path.join(self.base_dir, "tty.txt")) as f:
             self.assertEqual(f.read(), "t\n")
+
+
+class KernelTests(CodeTestCase):
+    """A code context's kernel under ``confine``."""
+
+    policy = code_policy(params={"confine": True, "confine_write": ["."]})
+
+    def setUp(self) -> Any:
+        need_landlock()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_home_it_may_not_write(self) -> Any:
+        """
+        With a home the kernel may not write (and no ``~/.ipython`` yet),
+        IPython still starts, in a directory of the context's own, and
+        the kernel's code cannot write outside.
+        """
+        home = os.path.realpath(self.mktemp())
+        os.makedirs(home)
+        ctx = yield self.context(kernel="python3", env={"HOME": home})
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import IPython.paths\n"
+                "print(IPython.paths.get_ipython_dir())\n"
+                f"open({home + '/x'!r}, 'w')"
+            },
+        )
+        body = reply.json()
+        self.assertIn("PermissionError", json.dumps(body["error"]), body)
+        self.assertIn("/sandboxd-code-", body["stdout"])
+        self.assertEqual(os.listdir(home), [])
