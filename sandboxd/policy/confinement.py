@@ -24,19 +24,10 @@ from collections.abc import Mapping
 
 import attrs
 
+from sandboxd import landlock
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy.document import PolicyError
 from sandboxd.policy.rules import EffectiveRule, Params
-
-#: The keys that describe a confinement, for messages and discovery.
-KEYS = (
-    "confine",
-    "confine_read",
-    "confine_write",
-    "confine_signals",
-    "confine_tcp_connect",
-    "confine_tcp_bind",
-)
 
 
 @attrs.frozen
@@ -61,8 +52,6 @@ class Confinement:
 
     @options.default
     def _options(self) -> tuple[str, ...]:
-        from sandboxd import landlock
-
         spec = {
             "read": self.read,
             "write": self.write,
@@ -206,8 +195,6 @@ def check(rules: Mapping[str, EffectiveRule], abi: int | None = None) -> None:
                     where = rule.source(f"params.{key}") or rule.endpoint_id
                     raise PolicyError(f"{where}: {port} is not a TCP port (1-65535)")
         if abi is None:
-            from sandboxd import landlock
-
             abi = landlock.abi_version()
         needed, what = _needs(params)
         if abi >= needed:
