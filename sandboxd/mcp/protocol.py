@@ -36,6 +36,7 @@ from sandboxd.jsonrpc import (
 from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
 from sandboxd.mcp.collecting import Progress
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
+from sandboxd.policy.confinement import confinement_note
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
     MCP_PROGRESS_MESSAGE_CHARS,
@@ -106,6 +107,19 @@ class Methods:
             ),
         }
 
+    def _descriptor(self, name: str) -> dict[str, Any]:
+        """
+        A tool as listed: a tool whose commands the policy confines says
+        so, so that a model reads where they may write before a refusal
+        tells it.
+        """
+        descriptor = self.toolbox.tools[name].descriptor
+        rule = self.context.policy.rules.get(name)
+        note = confinement_note(rule) if rule is not None else None
+        if note is None:
+            return descriptor
+        return {**descriptor, "description": f"{descriptor['description']} {note}"}
+
     def visible(self, identity: Identity) -> list[str]:
         """
         The tools ``identity`` may call now (enabled and allowed) and that
@@ -150,7 +164,7 @@ class Methods:
         if method == "tools/list":
             names = self.visible(session.identity)
             session.listed = frozenset(names)
-            tools = [self.toolbox.tools[n].descriptor for n in names]
+            tools = [self._descriptor(n) for n in names]
             return result(rid, {"tools": tools})
         if method == "tools/call":
             return self._call(session, rid, params, caller, notify)

@@ -168,6 +168,39 @@ def confinement_of(rule: EffectiveRule, home: str | None = None) -> Confinement 
     )
 
 
+def confinement_note(rule: EffectiveRule) -> str | None:
+    """
+    One sentence for a model about the confinement of ``rule``'s
+    commands (None when they are not confined): where they may write,
+    whom they may signal, which ports they may use.
+    """
+    confine = confinement_of(rule)
+    if confine is None:
+        return None
+    shown = [
+        p
+        if p == "~" or p.startswith("~/")
+        else os.path.normpath(os.path.join(rule.base_dir, p))
+        for p in rule.params.confine_write
+    ]
+    parts = [
+        "Commands run confined by the kernel: they may write only below "
+        + (", ".join(shown) or "nothing")
+    ]
+    if confine.signals:
+        parts.append("signal only processes they started")
+    for verb, ports in (
+        ("connect to", confine.tcp_connect),
+        ("listen on", confine.tcp_bind),
+    ):
+        if ports is not None:
+            listed = ", ".join(map(str, ports))
+            parts.append(
+                f"{verb} TCP ports {listed} only" if ports else f"{verb} no TCP port"
+            )
+    return "; ".join(parts) + "."
+
+
 def _needs(params: Params) -> tuple[int, str]:
     """The Landlock ABI version ``params`` needs, and for what."""
     if params.confine_signals == "own":

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import landlock
 from sandboxd.policy import load_policy
-from sandboxd.policy.confinement import check, confinement_of
+from sandboxd.policy.confinement import check, confinement_note, confinement_of
 from sandboxd.policy.document import PolicyError
 from sandboxd.routes import builtin_table
 
@@ -84,6 +84,28 @@ class ConfinementOfTests(KernelCase):
         rules = compiled({"confine": True}, selector="group:process")
         for endpoint in ("shell", "shell_stream", "process_start"):
             self.assertIsNotNone(confinement_of(rules[endpoint]), endpoint)
+
+
+class NoteTests(KernelCase):
+    """The sentence a model reads about a confined tool."""
+
+    def test_sentence(self) -> None:
+        """Paths as the command sees them, ``~`` kept, signals and ports named."""
+        rules = compiled(
+            {
+                "confine": True,
+                "confine_write": [".", "out", "~/.cache"],
+                "confine_tcp_connect": [443, 80],
+                "confine_tcp_bind": [],
+            }
+        )
+        self.assertEqual(
+            confinement_note(rules["shell"]),
+            "Commands run confined by the kernel: they may write only below"
+            " /srv/work, /srv/work/out, ~/.cache; signal only processes they"
+            " started; connect to TCP ports 443, 80 only; listen on no TCP port.",
+        )
+        self.assertIsNone(confinement_note(rules["shell_stream"]))
 
 
 class PolicyCheckTests(KernelCase):

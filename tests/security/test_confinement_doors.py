@@ -266,6 +266,27 @@ class McpDoorTests(McpTestCase):
         answer = result.structured_content
         attempt.assert_held(self, answer["exit_code"], answer["stderr"])
 
+    @inlineCallbacks
+    def test_tools_say_so(self) -> Any:
+        """
+        ``tools/list`` tells a model where confined tools' commands may
+        write, before a refusal does; a tool that runs nothing says nothing.
+        """
+
+        async def body(client: Any) -> Any:
+            return {
+                tool.name: tool.description
+                for tool in (await client.list_tools()).tools
+            }
+
+        described = yield self.with_client(body)
+        note = (
+            "Commands run confined by the kernel: they may write only below"
+            f" {self.base_dir}; signal only processes they started."
+        )
+        self.assertTrue(described["shell"].endswith(" " + note), described["shell"])
+        self.assertNotIn("confined", described["files_list"])
+
 
 class KepDoorTests(KepCase):
     """
