@@ -184,6 +184,8 @@ class AgentManager(Service):
         from sandboxd.agents.session import AgentSession
 
         rule: EffectiveRule = request.rule
+        if rule.params.confine:
+            request.audit["confined"] = True
         guard = PathGuard(rule)
         cwd = guard.cwd(body.get("cwd"))
         extra_dirs = body.get("additional_directories")

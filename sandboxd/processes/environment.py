@@ -205,7 +205,8 @@ def note_argv(
 ) -> None:
     """
     Put what runs into the request's audit record (SPEC §20): the argv,
-    capped, without the values of secret and ``env_deny`` names.
+    capped, without the values of secret and ``env_deny`` names, and
+    ``confined`` when the rule confines it (``params.confine``).
 
     :param extra: the request's ``env``, whose values count as well.
     :param hidden: the request's :func:`secret_names`, when the caller has
@@ -218,6 +219,8 @@ def note_argv(
         environ = {**environ, **extra}
         names = names.union(n for n in extra if n.startswith(_SECRET_PREFIXES))
     request.audit["argv"] = audit_argv(argv, names, environ)
+    if request.rule.params.confine:
+        request.audit["confined"] = True
 
 
 def validate_env(value: Any) -> dict[str, str]:

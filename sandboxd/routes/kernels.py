@@ -190,6 +190,8 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
     )
     svc.add(ctx)
     request.audit["kernel"] = spec.name
+    if ctx.confine is not None:
+        request.audit["confined"] = True
     try:
         await ctx.start()
     except BaseException:
@@ -301,6 +303,8 @@ def new_execution(
     ).hexdigest()
     request.audit["code_head"] = _scrubbed_head(code, env)
     request.audit["context_id"] = ctx.id
+    if ctx.confine is not None:
+        request.audit["confined"] = True
     ctx.submit(x, flag(body.get("queue"), "queue", True))
     request.audit["execution_id"] = x.id
     return x

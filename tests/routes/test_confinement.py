@@ -48,10 +48,12 @@ class ConfinedCase(DaemonTestCase):
     """A daemon whose children may write only below its base dir."""
 
     params: dict[str, Any] = {}
+    #: Top-level policy keys beside the confined rules.
+    more_policy: dict[str, Any] = {}
 
     def setUp(self) -> Any:
         need_landlock()
-        self.policy = confined_policy(**self.params)
+        self.policy = {**confined_policy(**self.params), **self.more_policy}
         self.outside = os.path.realpath(self.mktemp())
         os.makedirs(self.outside)
         return super().setUp()
@@ -171,6 +173,23 @@ class FileTests(ConfinedCase):
         self.assertEqual(
             (os.path.basename(argv[0]), argv[1:3]), (b"sh", [b"-c", b"sleep 5"])
         )
+
+
+class AuditTests(ConfinedCase):
+    """The audit line of a confined call says so."""
+
+    audit = True
+    params = {"confine_signals": "any"}
+    more_policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_confined_in_the_audit_line(self) -> Any:
+        """``confined: true`` beside the argv; an unconfined endpoint's line has none."""
+        yield self.shell("true")
+        yield self.request("GET", "/files/list?path=.")
+        lines = {line["endpoint"]: line for line in self.audit_lines()}
+        self.assertIs(lines["shell"]["confined"], True, lines["shell"])
+        self.assertNotIn("confined", lines["files_list"])
 
 
 class SignalTests(ConfinedCase):
