@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from sandboxd import landlock
 from tests.helpers import DaemonTestCase
 from tests.kernels.test_contexts import CodeTestCase, code_policy
-from tests.routes.test_process import sleep_
+from tests.routes.test_process import sleep_, wait_exited
 from tests.routes.test_terminal import TerminalCase, is_exited
 
 
@@ -58,14 +58,8 @@ class ConfinedCase(DaemonTestCase):
         os.makedirs(self.outside)
         return super().setUp()
 
-    @inlineCallbacks
     def wait_exited(self, pid: int) -> Any:
-        for _ in range(200):
-            reply = yield self.request("GET", f"/process/{pid}")
-            if reply.json()["state"] == "exited":
-                return reply.json()
-            yield sleep_(0.05)
-        self.fail("process did not exit")
+        return wait_exited(self, pid)
 
     @inlineCallbacks
     def shell(self, script: str, **body: Any) -> Any:

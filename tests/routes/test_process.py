@@ -45,6 +45,17 @@ def sleep_(seconds: float = 0.05) -> Deferred[None]:
     return deferLater(reactor, seconds, lambda: None)
 
 
+@inlineCallbacks
+def wait_exited(case: DaemonTestCase, pid: int) -> Any:
+    """Poll ``/process/{pid}`` until it has exited; its last document."""
+    for _ in range(200):
+        reply = yield case.request("GET", f"/process/{pid}")
+        if reply.json()["state"] == "exited":
+            return reply.json()
+        yield sleep_(0.05)
+    case.fail("process did not exit")
+
+
 class ProcessCase(DaemonTestCase):
     """A daemon plus a per-test marker for the processes a test starts."""
 
@@ -595,14 +606,8 @@ class BackgroundTests(ProcessCase):
         except OSError:
             pass
 
-    @inlineCallbacks
     def wait_exited(self, pid: int) -> Any:
-        for _ in range(200):
-            reply = yield self.request("GET", f"/process/{pid}")
-            if reply.json()["state"] == "exited":
-                return reply.json()
-            yield sleep_(0.05)
-        self.fail("process did not exit")
+        return wait_exited(self, pid)
 
     @inlineCallbacks
     def test_start_list_get(self) -> Any:
