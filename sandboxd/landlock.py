@@ -12,7 +12,8 @@ in the child before the exec), so a confined child is started as this
 file, run by the daemon's own interpreter with ``-I -S``::
 
     python -I -S landlock.py --read=DIR --write=DIR [--signals]
-        [--tcp-connect=PORTS] [--tcp-bind=PORTS] -- EXECUTABLE ARGV0 ARGS...
+        [--tcp-connect=PORTS] [--tcp-bind=PORTS] [--setenv=NAME=VALUE]
+        [--unsetenv=NAME] -- EXECUTABLE ARGV0 ARGS...
 
 which builds the ruleset its options describe (:func:`options`), sets
 ``no_new_privs``, restricts itself and execs ``EXECUTABLE``.  The pid is
@@ -263,6 +264,10 @@ def parse(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             spec["signals"] = True
         elif name in ("--tcp-connect", "--tcp-bind"):
             spec[name[6:]] = [int(p) for p in value.split(",") if p]
+        elif name == "--setenv" and "=" in value:
+            spec.setdefault("setenv", []).append(value)
+        elif name == "--unsetenv" and value:
+            spec.setdefault("unsetenv", []).append(value)
         else:
             raise ValueError(f"unknown option {arg!r}")
     raise ValueError("no command after --")
@@ -276,6 +281,7 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(
             f"landlock.py: {e}\nusage: landlock.py [--read=DIR] [--write=DIR]"
             " [--signals] [--tcp-connect=PORTS] [--tcp-bind=PORTS]"
+            " [--setenv=NAME=VALUE] [--unsetenv=NAME]"
             " -- EXECUTABLE ARGV0 [ARGS...]\n"
         )
         return 2
@@ -284,6 +290,13 @@ def main(argv: Sequence[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"sandboxd: could not confine the command: {e.strerror}\n")
         return 126
+    # The command's own values of the loader's variables, which were kept
+    # from this interpreter's start (see sandboxd.processes.spawning).
+    for item in spec.get("setenv", ()):
+        name, _, value = item.partition("=")
+        os.environ[name] = value
+    for name in spec.get("unsetenv", ()):
+        os.environ.pop(name, None)
     try:
         os.execv(executable, args)
     except OSError as e:

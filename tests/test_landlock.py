@@ -139,6 +139,31 @@ class ScriptTests(SynchronousTestCase):
         with open(target) as f:
             self.assertEqual(f.read(), "ok\n")
 
+    def test_setenv_and_unsetenv(self) -> None:
+        """The command's environment gets back what was kept from the script's start."""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                landlock.__file__,
+                "--read=/",
+                "--setenv=LD_SANDBOXD_A=a=1",
+                "--unsetenv=LD_SANDBOXD_B",
+                "--",
+                "/bin/sh",
+                "sh",
+                "-c",
+                'echo "$LD_SANDBOXD_A/${LD_SANDBOXD_B-unset}"',
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LD_SANDBOXD_B": "b"},
+        )
+        self.assertEqual(
+            (done.returncode, done.stdout), (0, "a=1/unset\n"), done.stderr
+        )
+
     def test_devices_open(self) -> None:
         """``/dev/null`` stays writable with no write directory at all."""
         done = run(

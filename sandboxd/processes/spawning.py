@@ -228,14 +228,20 @@ def _as_user(
     return SETPRIV, wrapped
 
 
+def _read_by_the_loader(name: str) -> bool:
+    """Whether the dynamic loader acts on the variable ``name`` at a start."""
+    return name.startswith("LD_") or name == "GLIBC_TUNABLES"
+
+
 def confined(
     confine: Confinement | None,
     executable: str,
     args: list[str],
+    env: dict[str, str],
     uid: int | None,
     gid: int | None,
     forked: bool = False,
-) -> tuple[str, list[str], int | None, int | None]:
+) -> tuple[str, list[str], dict[str, str], int | None, int | None]:
     """
     What to spawn for a child under ``confine``: the daemon's interpreter
     running :mod:`sandboxd.landlock`, which confines itself and execs the
@@ -243,33 +249,33 @@ def confined(
     happens after the interpreter started as the daemon's user, who can
     always run it).  Unchanged when ``confine`` is None.
 
+    The variables the dynamic loader reads (``LD_PRELOAD``,
+    ``LD_LIBRARY_PATH``, ``LD_AUDIT``...) would load a caller's library
+    into the interpreter before it confines itself: the interpreter starts
+    with the daemon's own, and the command gets the child's back (set or
+    unset on the script's command line), so its environment is what it
+    would have been unconfined.
+
     :param forked: the child is forked by Twisted (a terminal), and lowers
         its own nice value before it execs.
-    :returns: executable, argv, and the uid and gid left for the spawn
-        itself to switch to (None once setpriv does it).
+    :returns: executable, argv, environment, and the uid and gid left for
+        the spawn itself to switch to (None once setpriv does it).
     """
     if confine is None:
-        return executable, args, uid, gid
+        return executable, args, env, uid, gid
     if uid is not None or gid is not None:
         wrapped = _as_user(executable, args, uid, gid, with_nice=not forked)
         if wrapped is not None:
             (executable, args), uid, gid = wrapped, None, None
+    own = {k: v for k, v in os.environ.items() if _read_by_the_loader(k)}
+    asked = {k: v for k, v in env.items() if _read_by_the_loader(k)}
+    handed = [f"--setenv={k}={v}" for k, v in asked.items() if own.get(k) != v]
+    handed += [f"--unsetenv={k}" for k in own if k not in asked]
+    if asked or own:
+        env = {k: v for k, v in env.items() if k not in asked} | own
     python = sys.executable
-    return (
-        python,
-        [
-            python,
-            "-I",
-            "-S",
-            landlock.__file__,
-            *confine.options,
-            "--",
-            executable,
-            *args,
-        ],
-        uid,
-        gid,
-    )
+    argv = [python, "-I", "-S", landlock.__file__, *confine.options, *handed]
+    return python, [*argv, "--", executable, *args], env, uid, gid
 
 
 def _nice_step(uid: int | None, gid: int | None) -> int | None:
@@ -942,7 +948,7 @@ def spawn_session_later(
     ``posix_spawn`` path applies; None when the caller should spawn at once.
     """
     lowers = _lowers_itself(uid, gid)
-    executable, args, uid, gid = confined(confine, executable, args, uid, gid)
+    executable, args, env, uid, gid = confined(confine, executable, args, env, uid, gid)
     program = _posix_spawn_program(executable, args, uid, gid)
     if not SPAWN_TIMES.slow or program is None:
         return None
@@ -984,8 +990,8 @@ def spawn_session(
     """
     fds = _standard_fds(child_fds)
     lowers = _lowers_itself(uid, gid)
-    executable, args, uid, gid = confined(
-        confine, executable, args, uid, gid, forked=not _spawn.AVAILABLE
+    executable, args, env, uid, gid = confined(
+        confine, executable, args, env, uid, gid, forked=not _spawn.AVAILABLE
     )
     program = _posix_spawn_program(executable, args, uid, gid)
     if program is not None:

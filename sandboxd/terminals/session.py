@@ -661,8 +661,14 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
         if spec.run_as is not None:
             uid, gid = spec.run_as.uid, spec.run_as.gid
             os.fchown(slave, uid, -1)
-        executable, argv, uid, gid = confined(
-            spec.confine, spec.executable, spec.argv, uid, gid, forked=True
+        executable, argv, env, uid, gid = confined(
+            spec.confine,
+            spec.executable,
+            spec.argv,
+            {**spec.env, TREE_MARKER: session.marker},
+            uid,
+            gid,
+            forked=True,
         )
         with CHILD_PRIORITY.spawning():
             # Twisted's PTY transport (reactor.spawnProcess with usePTY),
@@ -672,7 +678,7 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
                 reactor,
                 executable,
                 argv,
-                {**spec.env, TREE_MARKER: session.marker},
+                env,
                 spec.cwd,
                 session.protocol(),
                 uid,

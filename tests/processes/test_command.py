@@ -411,6 +411,7 @@ class EnvironmentSnapshotTests(SynchronousTestCase):
 class _Params:
     def __init__(self, env_deny: tuple[str, ...]) -> None:
         self.env_deny = env_deny
+        self.confine = False
 
 
 class _Rule:

@@ -186,6 +186,36 @@ class AuditTests(ConfinedCase):
         self.assertNotIn("confined", lines["files_list"])
 
 
+class LoaderTests(ConfinedCase):
+    """The dynamic loader's variables reach the command, not the confining step."""
+
+    params = {"env_deny": ["LD_SANDBOXD_DAEMONS"]}
+
+    @inlineCallbacks
+    def test_loader_variables(self) -> Any:
+        """
+        ``LD_DEBUG`` (as ``LD_PRELOAD`` would) acts on the command alone:
+        the interpreter that confines it starts before any of the caller's
+        libraries could load unconfined. The command's loader variables
+        are its own: set as asked, and one the daemon has but the rule
+        keeps from children stays unset.
+        """
+        self.patch(os, "environ", {**os.environ, "LD_SANDBOXD_DAEMONS": "daemon's"})
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "/bin/true", "env": {"LD_DEBUG": "libs"}},
+        )
+        stderr = reply.json()["stderr"]
+        self.assertIn("initialize program: /bin/true", stderr)
+        self.assertNotIn("python", stderr)
+        out = yield self.shell(
+            'echo "$LD_SANDBOXD_ASKED/${LD_SANDBOXD_DAEMONS-unset}"',
+            env={"LD_SANDBOXD_ASKED": "asked"},
+        )
+        self.assertEqual(out["stdout"], "asked/unset\n", out)
+
+
 class SignalTests(ConfinedCase):
     """``confine_signals: own`` keeps a command's signals to its own tree."""
 
