@@ -20,6 +20,7 @@ would be worse than none.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 import attrs
@@ -111,23 +112,31 @@ def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
     A warning for each of the daemon's own files (its audit log, token and
     policy files, TLS keys) below a directory confined commands may write:
     the path guard keeps calls away from them, the kernel would not keep
-    a command away.
+    a command away.  The interpreter and the script every confined
+    command starts through count too: a command that changed them would
+    leave the next ones unconfined.
     """
+    starters = {
+        os.path.realpath(sys.executable): "the interpreter confined commands start in",
+        os.path.realpath(landlock.__file__): "the script that confines commands",
+    }
     out: dict[str, str] = {}
     for rule in rules.values():
         confine = confinement_of(rule)
         if confine is None or not rule.enabled:
             continue
+        owned = {name: f"the daemon's own file {name}" for name in rule.daemon_files}
+        owned.update({name: f"{what}, {name}," for name, what in starters.items()})
         for directory in confine.write:
             real = os.path.realpath(directory)
-            for name in rule.daemon_files:
+            for name, what in owned.items():
                 if name not in out and _below(name, real):
                     where = rule.source("params.confine_write") or rule.source(
                         "params.confine"
                     )
                     out[name] = (
-                        f"{where}: the daemon's own file {name} is below"
-                        f" confine_write {directory}: a confined command may change it"
+                        f"{where}: {what} is below confine_write {directory}:"
+                        " a confined command may change it"
                     )
     return list(out.values())
 

@@ -228,3 +228,28 @@ class WarningTests(KernelCase):
             f" confine_write {base}: a confined command may change it",
             policy.warnings,
         )
+
+    def test_interpreter_below_confine_write(self) -> None:
+        """
+        A confine_write over the daemon's interpreter or its script is named:
+        a command that changed them would unconfine the next ones.
+        """
+        script_dir = os.path.dirname(os.path.realpath(landlock.__file__))
+        policy = load_policy(
+            builtin_table(),
+            explicit={
+                "endpoints": {
+                    "shell": {
+                        "params": {"confine": True, "confine_write": [script_dir]}
+                    }
+                }
+            },
+            base_dir="/srv/work",
+            environ={},
+        )
+        self.assertIn(
+            "policy:endpoints.shell: the script that confines commands,"
+            f" {os.path.realpath(landlock.__file__)}, is below confine_write"
+            f" {script_dir}: a confined command may change it",
+            policy.warnings,
+        )
