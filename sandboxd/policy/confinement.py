@@ -112,33 +112,54 @@ def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
     A warning for each of the daemon's own files (its audit log, token and
     policy files, TLS keys) below a directory confined commands may write:
     the path guard keeps calls away from them, the kernel would not keep
-    a command away.  The interpreter and the script every confined
-    command starts through count too: a command that changed them would
-    leave the next ones unconfined.
+    a command away.
     """
-    starters = {
-        os.path.realpath(sys.executable): "the interpreter confined commands start in",
-        os.path.realpath(landlock.__file__): "the script that confines commands",
-    }
     out: dict[str, str] = {}
     for rule in rules.values():
         confine = confinement_of(rule)
         if confine is None or not rule.enabled:
             continue
-        owned = {name: f"the daemon's own file {name}" for name in rule.daemon_files}
-        owned.update({name: f"{what}, {name}," for name, what in starters.items()})
         for directory in confine.write:
             real = os.path.realpath(directory)
-            for name, what in owned.items():
+            for name in rule.daemon_files:
                 if name not in out and _below(name, real):
                     where = rule.source("params.confine_write") or rule.source(
                         "params.confine"
                     )
                     out[name] = (
-                        f"{where}: {what} is below confine_write {directory}:"
-                        " a confined command may change it"
+                        f"{where}: the daemon's own file {name} is below"
+                        f" confine_write {directory}: a confined command may change it"
                     )
     return list(out.values())
+
+
+def _starters() -> dict[str, str]:
+    """What every confined command starts through, by real path."""
+    return {
+        os.path.realpath(sys.executable): "the interpreter confined commands start in",
+        os.path.realpath(landlock.__file__): "the script that confines commands",
+    }
+
+
+def _check_starters(rule: EffectiveRule, confine: Confinement) -> None:
+    """
+    Refuse a ``confine_write`` over the interpreter or the script every
+    confined command starts through: a command that changed them would
+    leave the next ones unconfined.
+    """
+    for directory in confine.write:
+        real = os.path.realpath(directory)
+        for name, what in _starters().items():
+            if _below(name, real):
+                where = rule.source("params.confine_write") or rule.source(
+                    "params.confine"
+                )
+                raise PolicyError(
+                    f"{where}: confine_write {directory} holds {what} ({name}):"
+                    " a confined command could change it and leave the next ones"
+                    " unconfined; install sandboxd outside the directories"
+                    " commands may write, or narrow confine_write"
+                )
 
 
 def _below(path: str, directory: str) -> bool:
@@ -236,6 +257,9 @@ def check(rules: Mapping[str, EffectiveRule], abi: int | None = None) -> None:
                 if not 0 < port < 65536:
                     where = rule.source(f"params.{key}") or rule.endpoint_id
                     raise PolicyError(f"{where}: {port} is not a TCP port (1-65535)")
+        confine = confinement_of(rule)
+        if confine is not None:
+            _check_starters(rule, confine)
         if abi is None:
             abi = landlock.abi_version()
         needed, what = _needs(params)

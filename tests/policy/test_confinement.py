@@ -6,12 +6,13 @@ the refusal of a policy this kernel cannot enforce (in memory).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import landlock
-from sandboxd.policy import load_policy
+from sandboxd.policy import confinement, load_policy
 from sandboxd.policy.confinement import check, confinement_note, confinement_of
 from sandboxd.policy.document import PolicyError
 from sandboxd.routes import builtin_table
@@ -25,11 +26,25 @@ def compiled(params: dict[str, Any], selector: str = "shell") -> Any:
     ).rules
 
 
+#: The daemon's own (unpatched) list of what confined commands start through.
+REAL_STARTERS = confinement._starters
+
+
 class KernelCase(SynchronousTestCase):
     """Policies loaded as on a kernel with every Landlock feature."""
 
     def setUp(self) -> None:
         self.patch(landlock, "abi_version", lambda: 7)
+        # Wherever this checkout lives (below /tmp, say), these policies'
+        # write directories never hold the daemon's interpreter.
+        self.patch(
+            confinement,
+            "_starters",
+            lambda: {
+                "/opt/sandboxd/bin/python": "the interpreter confined commands start in",
+                "/opt/sandboxd/lib/landlock.py": "the script that confines commands",
+            },
+        )
 
 
 class ConfinementOfTests(KernelCase):
@@ -231,25 +246,28 @@ class WarningTests(KernelCase):
 
     def test_interpreter_below_confine_write(self) -> None:
         """
-        A confine_write over the daemon's interpreter or its script is named:
-        a command that changed them would unconfine the next ones.
+        A confine_write over the daemon's interpreter or its script is
+        refused: a command that changed them would unconfine the next ones.
         """
-        script_dir = os.path.dirname(os.path.realpath(landlock.__file__))
-        policy = load_policy(
-            builtin_table(),
-            explicit={
-                "endpoints": {
-                    "shell": {
-                        "params": {"confine": True, "confine_write": [script_dir]}
-                    }
-                }
-            },
-            base_dir="/srv/work",
-            environ={},
+        with self.assertRaises(PolicyError) as caught:
+            compiled({"confine": True, "confine_write": ["/opt/sandboxd/lib"]})
+        self.assertEqual(
+            str(caught.exception),
+            "policy:endpoints.shell: confine_write /opt/sandboxd/lib holds the"
+            " script that confines commands (/opt/sandboxd/lib/landlock.py): a"
+            " confined command could change it and leave the next ones"
+            " unconfined; install sandboxd outside the directories commands may"
+            " write, or narrow confine_write",
         )
-        self.assertIn(
-            "policy:endpoints.shell: the script that confines commands,"
-            f" {os.path.realpath(landlock.__file__)}, is below confine_write"
-            f" {script_dir}: a confined command may change it",
-            policy.warnings,
+
+    def test_real_starters(self) -> None:
+        """What is checked is this daemon's own interpreter and script."""
+        self.assertEqual(
+            sorted(REAL_STARTERS()),
+            sorted(
+                [
+                    os.path.realpath(sys.executable),
+                    os.path.realpath(landlock.__file__),
+                ]
+            ),
         )
