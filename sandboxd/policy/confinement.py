@@ -134,11 +134,28 @@ def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
 
 
 def _starters() -> dict[str, str]:
-    """What every confined command starts through, by real path."""
-    return {
+    """
+    What every confined command starts through, by real path: the
+    interpreter, its standard library and extension modules (``-S``: no
+    site packages), the library directory it loads from, the script.
+    """
+    import _ctypes
+    import sysconfig
+
+    out = {
         os.path.realpath(sys.executable): "the interpreter confined commands start in",
+        os.path.realpath(
+            os.path.dirname(os.__file__)
+        ): "the interpreter's standard library",
+        os.path.realpath(
+            os.path.dirname(_ctypes.__file__)
+        ): "the interpreter's extension modules",
         os.path.realpath(landlock.__file__): "the script that confines commands",
     }
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if isinstance(libdir, str) and libdir:
+        out.setdefault(os.path.realpath(libdir), "the interpreter's library directory")
+    return out
 
 
 def _check_starters(rule: EffectiveRule, confine: Confinement) -> None:
