@@ -135,14 +135,16 @@ def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
 
 def _starters() -> dict[str, str]:
     """
-    What every confined command starts through, by real path: the
-    interpreter, its standard library and extension modules (``-S``: no
-    site packages), the library directory it loads from, the script.
+    What every confined command starts through: the interpreter (the
+    path spawned and its real one), its virtualenv's settings, its
+    standard library and extension modules (``-S``: no site packages),
+    the library directory it loads from, the script.
     """
     import _ctypes
     import sysconfig
 
     out = {
+        os.path.abspath(sys.executable): "the interpreter confined commands start in",
         os.path.realpath(sys.executable): "the interpreter confined commands start in",
         os.path.realpath(
             os.path.dirname(os.__file__)
@@ -152,6 +154,10 @@ def _starters() -> dict[str, str]:
         ): "the interpreter's extension modules",
         os.path.realpath(landlock.__file__): "the script that confines commands",
     }
+    venv = os.path.join(sys.prefix, "pyvenv.cfg")
+    if os.path.exists(venv):
+        # It names the interpreter's home, where the standard library is.
+        out[os.path.abspath(venv)] = "the interpreter's virtualenv settings"
     libdir = sysconfig.get_config_var("LIBDIR")
     if isinstance(libdir, str) and libdir:
         out.setdefault(os.path.realpath(libdir), "the interpreter's library directory")
