@@ -39,6 +39,7 @@ from sandboxd.jsonrpc import (
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.checks import EditorRules, Refusal
 from sandboxd.lsp.session import server_child
+from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
 
 log = Logger(namespace="sandboxd.lsp")
@@ -75,8 +76,10 @@ class EditorRelay:
         run_as: RunAs | None,
         limits: dict[str, Any],
         rules: EditorRules,
+        confine: Confinement | None = None,
     ) -> None:
         self.spec = spec
+        self.confine = confine
         self.owner = owner
         self.root = root
         self.run_as = run_as
@@ -103,7 +106,7 @@ class EditorRelay:
 
         :raises OSError: it could not be started.
         """
-        self.process.spawn(argv[0], argv, env, self.root, self.run_as)
+        self.process.spawn(argv[0], argv, env, self.root, self.run_as, self.confine)
         self.hold("opening")
 
     def attach(self, editor: Editor, reader: Any) -> None:

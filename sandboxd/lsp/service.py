@@ -21,6 +21,7 @@ from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.relay import GOING_AWAY, EditorRelay
 from sandboxd.lsp.session import LspSession
+from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import identity_cap
 from sandboxd.processes.command import RunAs
 
@@ -40,9 +41,17 @@ class LspService(Service):
         self._sweep: IDelayedCall | None = None
 
     def find(
-        self, owner: str, spec: ServerSpec, root: str, run_as: RunAs | None
+        self,
+        owner: str,
+        spec: ServerSpec,
+        root: str,
+        run_as: RunAs | None,
+        confine: Confinement | None = None,
     ) -> LspSession | None:
-        """The live session of this owner, server, root and user, if one runs."""
+        """
+        The live session of this owner, server, root, user and confinement,
+        if one runs.
+        """
         user = run_as.uid if run_as is not None else None
         for session in self.sessions.values():
             same_user = (session.run_as.uid if session.run_as else None) == user
@@ -51,6 +60,7 @@ class LspService(Service):
                 and session.spec.id == spec.id
                 and session.root == root
                 and same_user
+                and session.confine == confine
                 and session.state in ("starting", "ready")
             ):
                 return session
@@ -65,9 +75,11 @@ class LspService(Service):
         root: str,
         run_as: RunAs | None,
         limits: dict[str, Any],
+        confine: Confinement | None = None,
     ) -> LspSession:
         """
-        A new session, started now (wait on its ``ready()``).
+        A new session, started now (wait on its ``ready()``), under
+        ``confine``.
 
         :raises ApiError: 429 ``too_many_sessions`` at ``max_sessions`` or
             the identity's share of it.
@@ -78,7 +90,7 @@ class LspService(Service):
             self.reactor, self.context.children, spec, identity.id, root, run_as, limits
         )
         self.sessions[session.id] = session
-        session.start(argv, env).addErrback(lambda _: None)
+        session.start(argv, env, confine).addErrback(lambda _: None)
         self._arm_sweep()
         return session
 

@@ -41,6 +41,7 @@ from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.text import ENCODINGS
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
 from sandboxd.waiters import Waiters
 
@@ -139,6 +140,8 @@ class LspSession:
         self.root = root
         self.run_as = run_as
         self.limits = limits
+        #: What the server is confined to (``params.confine``), once started.
+        self.confine: Confinement | None = None
         self.state = "starting"
         self.created_at = time.time()
         #: When it answered ``initialize`` (monotonic).
@@ -160,14 +163,21 @@ class LspSession:
 
     # -- life ----------------------------------------------------------------
 
-    def start(self, argv: list[str], env: dict[str, str]) -> Deferred[None]:
+    def start(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        confine: Confinement | None = None,
+    ) -> Deferred[None]:
         """
-        Spawn the server and ``initialize`` it; fires once it answered, or
-        fails (504 ``timeout`` past ``start_timeout_seconds``, 502 when it
-        exits or refuses).  Every other caller waits on :meth:`ready`.
+        Spawn the server (under ``confine``) and ``initialize`` it; fires
+        once it answered, or fails (504 ``timeout`` past
+        ``start_timeout_seconds``, 502 when it exits or refuses).  Every
+        other caller waits on :meth:`ready`.
         """
+        self.confine = confine
         try:
-            self.process.spawn(argv[0], argv, env, self.root, self.run_as)
+            self.process.spawn(argv[0], argv, env, self.root, self.run_as, confine)
         except OSError as e:
             self._fail(f"could not start {argv[0]}: {e.strerror or e}")
             return self.ready()

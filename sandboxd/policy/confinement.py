@@ -72,13 +72,14 @@ CONFINED = (
     "code_run",
     "code_context_create",
     "agents_session_create",
+    "lsp_session_create",
+    "lsp_connect",
 )
 
 #: Groups whose endpoints start children that ``confine`` does not reach
-#: (yet): git, a language server, a browser.
+#: (yet): git, a browser.
 UNCONFINED_GROUPS = {
     "git": "git",
-    "lsp": "language servers",
     "browser": "the browser",
 }
 

@@ -47,6 +47,7 @@ from sandboxd.lsp.session import LspSession
 from sandboxd.lsp.sources import Source, placed, read_source
 from sandboxd.lsp.text import Text
 from sandboxd.policy import defaults
+from sandboxd.policy.confinement import confinement_of
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
 from sandboxd.processes.environment import child_environment
@@ -166,6 +167,7 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
         run_as,
         limits,
         rules,
+        confinement_of(rule, env.get("HOME")),
     )
     request.audit["server"] = spec.id
     return UpgradeResponse(
@@ -250,10 +252,17 @@ def server_environment(request: ServerRequest, run_as: RunAs | None) -> dict[str
 def running(
     request: ServerRequest, specs: list[ServerSpec], root: str, run_as: RunAs | None
 ) -> LspSession | None:
-    """The caller's running session of one of ``specs`` for ``root`` and ``run_as``."""
+    """
+    The caller's running session of one of ``specs`` for ``root`` and
+    ``run_as``, confined as the call's rule says.
+    """
     svc = service(request)
+    confine = None
+    if request.rule.params.confine:
+        home = server_environment(request, run_as).get("HOME")
+        confine = confinement_of(request.rule, home)
     for spec in specs:
-        session = svc.find(request.identity.id, spec, root, run_as)
+        session = svc.find(request.identity.id, spec, root, run_as, confine)
         if session is not None:
             return session
     return None
@@ -272,14 +281,16 @@ async def session_for(
     session = running(request, specs, root, run_as)
     if session is None:
         spec, argv = installed(request, specs)
+        env = server_environment(request, run_as)
         session = service(request).open(
             request.identity,
             spec,
             argv,
-            server_environment(request, run_as),
+            env,
             root,
             run_as,
             limits_of(request.rule),
+            confinement_of(request.rule, env.get("HOME")),
         )
     request.audit["server"] = session.spec.id
     await session.ready()

@@ -8,8 +8,10 @@ what comes back; bounds, failures and the end of every server's tree.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import sys
 from typing import Any
 
 from twisted.internet import reactor
@@ -18,6 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest
 
 from tests.helpers import DaemonTestCase, alive
+from tests.routes.test_confinement import need_landlock
 
 #: pylsp starts in about a second on a quiet machine; on two cores shared
 #: with the rest of the suite, at the children's nice value, much slower.
@@ -501,3 +504,38 @@ class ManyDiagnosticsTests(LspTestCase):
         out = yield self.ask("diagnostics", path="proj/many.py")
         self.assertEqual((len(out["diagnostics"]), out["truncated"]), (1000, True))
         self.assertEqual(out["counts"]["error"], 1000)
+
+
+class ConfinedServerTests(LspTestCase):
+    """A language server under ``params.confine`` (it may run a project's code)."""
+
+    policy = lsp_policy(params={"confine": True, "confine_write": ["."]})
+
+    def setUp(self) -> Any:
+        need_landlock()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        # A pylsp that writes on its own account first, then is pylsp.
+        self.bin = os.path.realpath(self.mktemp())
+        os.makedirs(self.bin)
+        with open(os.path.join(self.bin, "pylsp"), "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                f"echo x > {self.outside}/by-server 2>/dev/null\n"
+                "echo i > by-server\n"
+                f'exec {sys.executable} -m pylsp "$@"\n'
+            )
+        os.chmod(os.path.join(self.bin, "pylsp"), 0o755)
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = self.bin + os.pathsep + path
+        self.addCleanup(os.environ.__setitem__, "PATH", path)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_server_confined(self) -> Any:
+        """It still answers; what it wrote outside the base dir was refused."""
+        self.write("m.py", "import os\nx = undefined_name\n")
+        out = yield self.ask("diagnostics", path="m.py")
+        self.assertIn("undefined_name", json.dumps(out))
+        self.assertEqual(os.listdir(self.outside), [])
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "by-server")))

@@ -210,7 +210,8 @@ class WarningTests(KernelCase):
             warning,
             "params.confine confines the commands of shell, shell_stream,"
             " process_start, pty_create_session, code_run, code_context_create,"
-            " agents_session_create only; what git start is not confined",
+            " agents_session_create, lsp_session_create, lsp_connect only; what"
+            " git start is not confined",
         )
         policy = load_policy(
             builtin_table(),
