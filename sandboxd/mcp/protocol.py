@@ -36,7 +36,7 @@ from sandboxd.jsonrpc import (
 from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
 from sandboxd.mcp.collecting import Progress
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
-from sandboxd.policy.confinement import confinement_note
+from sandboxd.policy.confinement import CONFINED, confinement_note
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
     MCP_PROGRESS_MESSAGE_CHARS,
@@ -115,7 +115,9 @@ class Methods:
         """
         descriptor = self.toolbox.tools[name].descriptor
         rule = self.context.policy.rules.get(name)
-        note = confinement_note(rule) if rule is not None else None
+        if rule is None or name not in CONFINED:
+            return descriptor  # it starts no command (a file tool, a read)
+        note = confinement_note(rule)
         if note is None:
             return descriptor
         return {**descriptor, "description": f"{descriptor['description']} {note}"}

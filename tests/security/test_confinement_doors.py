@@ -246,7 +246,8 @@ class E2BDoorTests(E2BCase):
 class McpDoorTests(McpTestCase):
     """The MCP door, driven by the official ``mcp`` SDK."""
 
-    policy = CONFINED
+    # Confined by default too: a tool that starts no command must not say so.
+    policy = {**CONFINED, "defaults": {"params": CONFINE}}
 
     def setUp(self) -> Any:
         if MCP_MISSING is not None:
@@ -285,6 +286,7 @@ class McpDoorTests(McpTestCase):
             f" {self.base_dir}; signal only processes they started."
         )
         self.assertTrue(described["shell"].endswith(" " + note), described["shell"])
+        # A tool that starts no command says nothing, whatever its rule.
         self.assertNotIn("confined", described["files_list"])
 
 
