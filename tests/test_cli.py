@@ -351,9 +351,11 @@ class JsonLogTests(SynchronousTestCase):
         self.assertIn("capabilities", [a["endpoint"] for a in audits])
 
     def test_serve(self) -> None:
+        """``sandboxd serve --log-format json`` logs JSON lines."""
         self.check(self.run_daemon(serve_argv))
 
     def test_twistd(self) -> None:
+        """``twistd sandboxd --log-format json`` logs JSON lines."""
         self.check(self.run_daemon(twistd_argv))
 
 

@@ -361,6 +361,7 @@ class ExcludedTests(TracedDaemon):
 
     @inlineCallbacks
     def test_probe_excluded(self) -> Any:
+        """A path matching ``OTEL_PYTHON_EXCLUDED_URLS`` (the probe) sends no span; the next call does."""
         yield self.request("GET", "/health")
         yield self.request("GET", "/files/list", token="a")
         spans = yield self.spans(1)
@@ -379,6 +380,7 @@ class JsonTests(TracedDaemon):
 
     @inlineCallbacks
     def test_json_gzip_headers(self) -> Any:
+        """OTLP/JSON, gzipped, with the configured headers (percent-decoded) and the service name."""
         headers, caller = self.caller_headers()
         yield self.request("GET", "/files/list", headers=headers, token="a")
         [span] = yield self.spans()
@@ -466,6 +468,7 @@ class StalledCollectorTests(TracedDaemon):
 
     @inlineCallbacks
     def test_stalled_answer(self) -> Any:
+        """A collector that sends a head and stalls is cut at the timeout and the batch retried."""
         self.collector.stall = 1
         yield self.request("GET", "/health")
         spans = yield self.spans(2)
@@ -493,6 +496,7 @@ class UnreachableTests(TracedDaemon):
 
     @inlineCallbacks
     def test_calls_go_on(self) -> Any:
+        """Calls are answered while every export fails; the failures are counted."""
         for _ in range(3):
             reply = yield self.request("GET", "/health")
             self.assertEqual(reply.status, 200)
@@ -512,6 +516,7 @@ class McpTests(TracedDaemon):
 
     @inlineCallbacks
     def test_tool_call_joins_the_sdks_trace(self) -> Any:
+        """A tool's span is the child of the MCP SDK's own ``tools/call`` span."""
         CALLER_SPANS.clear()
         yield self.mcp_call("files_list", {})
         calls = [s for s in CALLER_SPANS.get_finished_spans() if "tools/call" in s.name]
@@ -553,6 +558,7 @@ class EncodingTests(DaemonTestCase):
         )
 
     def test_protobuf_and_json_say_the_same(self) -> None:
+        """The hand-written encoders give what opentelemetry-proto parses, alike in both forms."""
         resource = (("service.name", "sandboxd"), ("k8s.pod.name", "pod-ü"))
         root = Span(
             trace_id=bytes(range(16)),
@@ -601,6 +607,7 @@ class EncodingTests(DaemonTestCase):
         self.assertEqual(otlp.rejected(b"\xff\xff", False), (0, ""))
 
     def test_settings_without_endpoint_make_no_exporter(self) -> None:
+        """No endpoint, or an unreadable CA file: no exporter, and the problem said."""
         from sandboxd.daemon.server import build_tracer
 
         self.assertIsNone(build_tracer({}, reactor).exporter)
@@ -623,6 +630,7 @@ class KepGrpcTests(TracedDaemon, KepCase):
 
     @inlineCallbacks
     def test_execute_joins_the_callers_trace(self) -> Any:
+        """A gRPC ``Execute`` with the caller's context in its metadata joins its trace."""
         import grpc
 
         from tests.kep.test_process import stubs
@@ -664,6 +672,7 @@ class ClientTests(TracedDaemon):
 
     @inlineCallbacks
     def test_both_faces_send_the_context(self) -> Any:
+        """Both faces of the client send the program's current span with each call."""
         from sandboxd.client import AsyncSandbox, Sandbox
         from tests.mcp.helpers import CLIENT_TIMEOUT, in_thread
 
@@ -709,6 +718,7 @@ class ChildContextTests(TracedDaemon):
 
     @inlineCallbacks
     def test_child_parent_is_the_calls_span(self) -> Any:
+        """A child's ``TRACEPARENT`` names the span sent for its call; ``TRACESTATE`` is the caller's."""
         headers, caller = self.caller_headers()
         headers["tracestate"] = "vendor=v1"
         reply = yield self.request(
@@ -787,6 +797,7 @@ class ChildContextWithoutCollectorTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_passed_on(self) -> Any:
+        """With no collector, a caller's context reaches its child as it came; a call without one passes none."""
         value = f"00-{'c' * 32}-{'d' * 16}-01"
         reply = yield self.request(
             "POST",
