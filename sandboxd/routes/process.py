@@ -139,7 +139,9 @@ def launch(request: ServerRequest) -> Launch:
         run_as,
         timeout,
         idle,
-        confinement_of(rule, env.get("HOME")),
+        # ``~`` is the home of the user it runs as (``run_as`` is applied
+        # to the environment only at the spawn).
+        confinement_of(rule, run_as.home if run_as is not None else env.get("HOME")),
     )
 
 

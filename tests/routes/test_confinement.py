@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import tempfile
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd import landlock
+from sandboxd.access.auth import ANONYMOUS
+from sandboxd.routes.process import launch
+from sandboxd.testing import memory_context
+from sandboxd.web.messages import ServerRequest
 from tests.helpers import DaemonTestCase
 from tests.kernels.test_contexts import CodeTestCase, code_policy
 from tests.routes.test_process import sleep_, wait_exited
@@ -387,3 +393,45 @@ class KernelTests(CodeTestCase):
         self.assertIn("PermissionError", json.dumps(body["error"]), body)
         self.assertIn("/sandboxd-code-", body["stdout"])
         self.assertEqual(os.listdir(home), [])
+
+
+class HomeTests(SynchronousTestCase):
+    """``~`` in a confinement is the home of the user the command runs as."""
+
+    def test_home_of_the_user(self) -> None:
+        """As ``nobody``, ``~/w`` is below nobody's home, not the daemon's."""
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        context = memory_context(
+            {
+                "endpoints": {
+                    "shell": {"params": {"confine": True, "confine_write": ["~/w"]}}
+                }
+            },
+            environ={},
+        )
+        self.patch(landlock, "abi_version", lambda: 7)
+
+        def confined_as(user: str | None) -> Any:
+            body: dict[str, Any] = {"command": "true"}
+            if user is not None:
+                body["user"] = user
+            request = ServerRequest(
+                method="POST",
+                path="/shell",
+                query={},
+                headers={},
+                body=body,
+                path_params={},
+                identity=ANONYMOUS,
+                endpoint=context.table.get("shell"),
+                rule=context.policy.rule("shell"),
+                context=context,
+            )
+            confine = launch(request).confine
+            assert confine is not None
+            return confine.write
+
+        nobody = pwd.getpwnam("nobody").pw_dir
+        self.assertEqual(confined_as("nobody"), (os.path.join(nobody, "w"),))
+        self.assertNotEqual(confined_as(None), confined_as("nobody"))
