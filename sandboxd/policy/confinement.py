@@ -116,11 +116,16 @@ def exposed_files(rules: Mapping[str, EffectiveRule]) -> list[str]:
     a command away.
     """
     out: dict[str, str] = {}
+    seen: set[str] = set()
     for rule in rules.values():
         confine = confinement_of(rule)
         if confine is None or not rule.enabled:
             continue
         for directory in confine.write:
+            # Most rules share one list: each directory is resolved once.
+            if directory in seen:
+                continue
+            seen.add(directory)
             real = os.path.realpath(directory)
             for name in rule.daemon_files:
                 if name not in out and _below(name, real):
@@ -165,29 +170,33 @@ def _starters() -> dict[str, str]:
     return out
 
 
-def _check_starters(rule: EffectiveRule, confine: Confinement) -> None:
+def _check_starters(
+    rule: EffectiveRule, directory: str, starters: Mapping[str, str]
+) -> None:
     """
-    Refuse a ``confine_write`` over the interpreter or the script every
-    confined command starts through: a command that changed them would
-    leave the next ones unconfined.
+    Refuse a ``confine_write`` directory over the interpreter or the
+    script every confined command starts through (``starters``): a command
+    that changed them would leave the next ones unconfined.
     """
-    for directory in confine.write:
-        real = os.path.realpath(directory)
-        for name, what in _starters().items():
-            if _below(name, real):
-                where = rule.source("params.confine_write") or rule.source(
-                    "params.confine"
-                )
-                raise PolicyError(
-                    f"{where}: confine_write {directory} holds {what} ({name}):"
-                    " a confined command could change it and leave the next ones"
-                    " unconfined; install sandboxd outside the directories"
-                    " commands may write, or narrow confine_write"
-                )
+    real = os.path.realpath(directory)
+    for name, what in starters.items():
+        if _below(name, real):
+            where = rule.source("params.confine_write") or rule.source("params.confine")
+            raise PolicyError(
+                f"{where}: confine_write {directory} holds {what} ({name}):"
+                " a confined command could change it and leave the next ones"
+                " unconfined; install sandboxd outside the directories"
+                " commands may write, or narrow confine_write"
+            )
 
 
 def _below(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _in_home(path: str) -> bool:
+    """Whether a confinement path is written from the home (``~``, ``~/...``)."""
+    return path == "~" or path.startswith("~/")
 
 
 def _absolute(
@@ -195,7 +204,7 @@ def _absolute(
 ) -> tuple[str, ...]:
     out = []
     for path in paths:
-        if path == "~" or path.startswith("~/"):
+        if _in_home(path):
             if not home:
                 continue  # no home known: nothing there to grant
             path = home + path[1:]
@@ -210,9 +219,13 @@ def confinement_of(rule: EffectiveRule, home: str | None = None) -> Confinement 
     :param home: the child's ``HOME``, for paths written ``~`` or ``~/...``
         (left out when None).
     """
-    params = rule.params
-    if not params.confine:
+    if not rule.params.confine:
         return None
+    return _build(rule, home)
+
+
+def _build(rule: EffectiveRule, home: str | None) -> Confinement:
+    params = rule.params
     return Confinement(
         read=_absolute(params.confine_read, rule.base_dir, home),
         write=_absolute(params.confine_write, rule.base_dir, home),
@@ -232,9 +245,7 @@ def confinement_note(rule: EffectiveRule) -> str | None:
     if confine is None:
         return None
     shown = [
-        p
-        if p == "~" or p.startswith("~/")
-        else os.path.normpath(os.path.join(rule.base_dir, p))
+        p if _in_home(p) else os.path.normpath(os.path.join(rule.base_dir, p))
         for p in rule.params.confine_write
     ]
     parts = [
@@ -272,6 +283,8 @@ def check(rules: Mapping[str, EffectiveRule], abi: int | None = None) -> None:
     :param abi: the kernel's Landlock ABI version (default: asked).
     :raises PolicyError: naming the rule that asked and what is missing.
     """
+    starters: Mapping[str, str] | None = None
+    checked: set[str] = set()
     for rule in rules.values():
         params = rule.params
         if not params.confine:
@@ -281,9 +294,13 @@ def check(rules: Mapping[str, EffectiveRule], abi: int | None = None) -> None:
                 if not 0 < port < 65536:
                     where = rule.source(f"params.{key}") or rule.endpoint_id
                     raise PolicyError(f"{where}: {port} is not a TCP port (1-65535)")
-        confine = confinement_of(rule)
-        if confine is not None:
-            _check_starters(rule, confine)
+        for directory in _build(rule, None).write:
+            # Most rules share one list: each directory is looked at once.
+            if directory not in checked:
+                checked.add(directory)
+                if starters is None:
+                    starters = _starters()
+                _check_starters(rule, directory, starters)
         if abi is None:
             abi = landlock.abi_version()
         needed, what = _needs(params)
