@@ -382,6 +382,9 @@ class GroupWeightTests(SynchronousTestCase):
         """
         written = self.groups_written()
         prio = priority.ChildPriority()
+        # Its timers on a clock of its own, not the reactor a later test
+        # in the same process checks for leftovers.
+        prio.clock = Clock()
         prio.priorities = priorities_from({"children_group_after_ms": 0})
         prio._budget = priority.weight(-5)
         for pid in range(1000, 1028):
