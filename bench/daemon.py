@@ -54,10 +54,12 @@ def start_daemon(
         proc, port = _start_once(base, token, policy, args, env, prefix, wait_seconds)
         if _answers_with(port, token):
             return proc, port
-        # Another server holds the port picked for this one (a free port is
+        # Another server holds a port picked for this one (a free port is
         # free only until someone binds it), and ours could not bind it.
         stop(proc)
-    raise SystemExit(f"daemon did not start: its port was taken {START_TRIES} times")
+    raise SystemExit(
+        f"daemon did not start: a port of its was taken {START_TRIES} times"
+    )
 
 
 #: How many ports :func:`start_daemon` tries.
@@ -129,7 +131,9 @@ def _start_once(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    wait_healthy(proc, port, wait_seconds, "daemon")
+    # A daemon that could not bind one of its two ports exits at once: the
+    # caller tries other ports rather than wait out the deadline.
+    wait_healthy(proc, port, wait_seconds, "daemon", exited_ok=True)
     return proc, port
 
 
@@ -231,11 +235,21 @@ def e2b_sandbox(sandbox_class: Any, port: int, token: str) -> Any:
 
 
 def wait_healthy(
-    proc: subprocess.Popen[bytes], port: int, seconds: float, what: str
+    proc: subprocess.Popen[bytes],
+    port: int,
+    seconds: float,
+    what: str,
+    exited_ok: bool = False,
 ) -> None:
-    """Wait for ``200 /health`` on ``port``; kill ``proc`` and exit if it never comes."""
+    """
+    Wait for ``200 /health`` on ``port``; kill ``proc`` and exit if it never
+    comes.  With ``exited_ok``, a ``proc`` that has exited ends the wait
+    (the caller finds out whose server, if any, answers on ``port``).
+    """
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if exited_ok and proc.poll() is not None:
+            return
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", "/health")

@@ -6,7 +6,10 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
+import time
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -88,12 +91,7 @@ class TakenPortTests(SynchronousTestCase):
         it binds, the other one answers ``/health`` but refuses the token:
         a new port is tried, and the daemon returned is the one started.
         """
-        path = os.path.join(ROOT, "bench", "daemon.py")
-        spec = importlib.util.spec_from_file_location("bench_daemon", path)
-        assert spec is not None and spec.loader is not None
-        daemon = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(daemon)
-
+        daemon = self.bench_daemon()
         other, taken = daemon.start_daemon(self.mktemp_dir(), "other-token")
         self.addCleanup(daemon.stop, other)
         picks = iter([taken])
@@ -104,6 +102,38 @@ class TakenPortTests(SynchronousTestCase):
         self.assertNotEqual(port, taken)
         self.assertTrue(daemon._answers_with(port, "our-token"))
         self.assertFalse(daemon._answers_with(taken, "our-token"))
+
+    def test_a_taken_terminal_port_is_tried_again(self) -> None:
+        """
+        When the terminal port picked for a daemon is taken, the daemon
+        exits at once; other ports are tried without waiting out the
+        start's deadline.
+        """
+        daemon = self.bench_daemon()
+        holder = socket.socket()
+        self.addCleanup(holder.close)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        free_port = daemon.free_port
+        picks = iter([free_port(), taken])
+        self.patch(daemon, "free_port", lambda: next(picks, None) or free_port())
+        began = time.monotonic()
+        ours, port = daemon.start_daemon(
+            self.mktemp_dir(), "our-token", wait_seconds=30
+        )
+        self.addCleanup(daemon.stop, ours)
+        self.assertTrue(daemon._answers_with(port, "our-token"))
+        self.assertLess(time.monotonic() - began, 30)
+
+    def bench_daemon(self) -> Any:
+        """bench/daemon.py, imported as the harness imports it."""
+        path = os.path.join(ROOT, "bench", "daemon.py")
+        spec = importlib.util.spec_from_file_location("bench_daemon", path)
+        assert spec is not None and spec.loader is not None
+        daemon = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(daemon)
+        return daemon
 
     def mktemp_dir(self) -> str:
         path = os.path.realpath(self.mktemp())
