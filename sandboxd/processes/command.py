@@ -13,7 +13,7 @@ import re
 import shlex
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -37,6 +37,23 @@ def find_executable(name: str, env: Mapping[str, str]) -> str | None:
     if "/" in name:
         return name if _runnable(name) else None
     return EXECUTABLE_PATHS.find(name, env.get("PATH", os.defpath))
+
+
+def shell_allowed(shell: str, allowed: Sequence[str]) -> bool:
+    """
+    Whether a policy's ``shells`` allow ``shell``: an entry that is a name
+    (``bash``) allows that name by any path, an entry that is a path
+    (``/bin/bash``, as agent-sandbox-server's policies write them) that
+    path alone.
+    """
+    name = os.path.basename(shell)
+    for entry in allowed:
+        if "/" in entry:
+            if "/" in shell and os.path.normpath(entry) == os.path.normpath(shell):
+                return True
+        elif entry == name:
+            return True
+    return False
 
 
 def _runnable(path: str) -> bool:
@@ -194,7 +211,7 @@ def command_argv(
     if shell is not None and shell is not False:
         if not isinstance(shell, str) or not shell:
             raise bad_request("'shell' must be a shell name")
-        if os.path.basename(shell) not in rule.params.shells:
+        if not shell_allowed(shell, rule.params.shells):
             raise forbidden(
                 f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
                 Code.PARAM_NOT_ALLOWED,

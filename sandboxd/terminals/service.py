@@ -28,7 +28,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
-from sandboxd.processes.command import find_executable
+from sandboxd.processes.command import find_executable, shell_allowed
 from sandboxd.terminals.table import TerminalTable
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def choose_shell(
         if not isinstance(requested, str) or not requested or "\x00" in requested:
             raise bad_request("'shell' must be a shell name or path")
         name = os.path.basename(requested)
-        if name not in allowed:
+        if not shell_allowed(requested, allowed):
             raise forbidden(
                 f"the shell {requested!r} is not allowed (allowed: {', '.join(allowed)})",
                 Code.PARAM_NOT_ALLOWED,
@@ -181,7 +181,7 @@ def choose_shell(
         return name, path
     candidates = [env.get("SHELL", ""), "bash", "sh", *allowed]
     for candidate in candidates:
-        if candidate and os.path.basename(candidate) in allowed:
+        if candidate and shell_allowed(candidate, allowed):
             path = find_executable(candidate, env)
             if path is not None:
                 return os.path.basename(candidate), path

@@ -48,6 +48,7 @@ from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
     never_signalled,
+    signal_member,
     signal_tree,
 )
 
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
 
 log = Logger(namespace="sandboxd.terminals.session")
+
+#: How often a closing session hangs up again on a shell still there.
+HANG_UP_AGAIN_SECONDS = 0.25
 
 #: Signals a client may send to the terminal's foreground job (SPEC §8).
 CLIENT_SIGNALS = {
@@ -254,6 +258,7 @@ class PtySession:
     _waiters: list[Deferred[None]] = attrs.Factory(list)
     _idle_timer: Any = None
     _kill_timer: Any = None
+    _hangup_timer: Any = None
     _closing: bool = False
     _pending: list[bytes] = attrs.Factory(list)
     _pending_size: int = 0
@@ -575,6 +580,27 @@ class PtySession:
                 signal_tree(self.pid, sig, self.marker)
         if self._kill_timer is None:
             self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
+        if self.alive and self._hangup_timer is None:
+            self._hangup_timer = self.clock.callLater(
+                HANG_UP_AGAIN_SECONDS, self._hang_up_again
+            )
+
+    def _hang_up_again(self) -> None:
+        """
+        Hang up on a shell that is still there: bash can miss the first
+        hangup while it starts (its handler taken, the shell still
+        running), which would leave the session to the KILL's grace.  The
+        shell alone: its jobs had theirs, and a second hangup can cut an
+        editor's save short.
+        """
+        self._hangup_timer = None
+        if not self.alive or self.ended or not self.pid:
+            return
+        signal_member(self.pid, None, signal.SIGHUP)
+        if self._kill_timer is not None:
+            self._hangup_timer = self.clock.callLater(
+                HANG_UP_AGAIN_SECONDS, self._hang_up_again
+            )
 
     def _kill(self) -> None:
         self._kill_timer = None
@@ -608,10 +634,11 @@ class PtySession:
         self.emitted = self.scrollback.end
         if self.pid and descendants(self.pid, self.marker):
             signal_tree(self.pid, signal.SIGKILL, self.marker)
-        for timer in (self._kill_timer, self._idle_timer, *self._paused.values()):
+        timers = (self._kill_timer, self._hangup_timer, self._idle_timer)
+        for timer in (*timers, *self._paused.values()):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._kill_timer = self._idle_timer = None
+        self._kill_timer = self._hangup_timer = self._idle_timer = None
         self._paused.clear()
         frame = self._exited_frame()
         clients, self.clients = self.clients, []

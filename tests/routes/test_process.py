@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import time
@@ -334,6 +335,31 @@ class ShellTests(ProcessCase):
         self.assertEqual(
             (reply.status, reply.json()["code"]), (403, "command_not_allowed")
         )
+
+    @inlineCallbacks
+    def test_shells_by_path(self) -> Any:
+        """
+        A ``shells`` entry that is a path (as agent-sandbox-server's
+        policies write them) allows that path, not another program of the
+        same name, nor the name alone.
+        """
+        sh = shutil.which("sh")
+        assert sh is not None
+        impostor = os.path.join(self.base_dir, "sh")
+        os.symlink(sh, impostor)
+        yield self.daemon.stop()
+        yield self.start(policy={"endpoints": {"shell": {"params": {"shells": [sh]}}}})
+        reply = yield self.request(
+            "POST", "/shell", {"command": "echo $0", "shell": sh}
+        )
+        self.assertEqual((reply.status, reply.json()["stdout"]), (200, f"{sh}\n"))
+        for other in (impostor, "sh"):
+            reply = yield self.request(
+                "POST", "/shell", {"command": "true", "shell": other}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+            )
 
     @inlineCallbacks
     def test_program_below_proc_refused(self) -> Any:

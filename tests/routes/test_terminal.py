@@ -10,6 +10,8 @@ import json
 import os
 import secrets
 import signal
+import sys
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -409,6 +411,77 @@ class SessionTests(TerminalCase):
         self.assertEqual(code, 1001)
         gone = yield wait_until(lambda: not alive(created["pid"]))
         self.assertTrue(gone)
+
+
+#: A shell that misses the first hangup it is sent (as bash can while it
+#: starts: its handler is installed, the signal taken, the shell still
+#: there) and ignores TERM, as an interactive bash does.
+_MISSES_A_HANGUP = """\
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, lambda *_: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+while True:
+    time.sleep(60)
+"""
+
+
+class LostHangupTests(TerminalCase):
+    """A shell that missed its hangup is not left to the KILL's grace."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.shell = os.path.join(self.base_dir, "misses-a-hangup")
+        with open(self.shell, "w") as f:
+            f.write(f"#!{sys.executable}\n{_MISSES_A_HANGUP}")
+        os.chmod(self.shell, 0o755)
+        yield self.start(
+            policy={
+                "endpoints": {
+                    "pty_create_session": {"params": {"shells": [self.shell]}}
+                }
+            }
+        )
+
+    @inlineCallbacks
+    def test_shells_by_path(self) -> Any:
+        """
+        A ``shells`` entry that is a path allows that path, is the shell
+        when none is asked for, and allows no other program of its name.
+        """
+        created = yield self.create({"shell": None})
+        client = yield self.attach(created["session_id"])
+        yield client.wait_output("ready")
+        impostor = os.path.join(self.base_dir, "elsewhere", "misses-a-hangup")
+        os.makedirs(os.path.dirname(impostor))
+        os.symlink(self.shell, impostor)
+        for other in (impostor, "misses-a-hangup"):
+            reply = yield self.request("POST", "/pty/sessions", {"shell": other})
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+            )
+
+    @inlineCallbacks
+    def test_delete_is_prompt(self) -> Any:
+        """
+        DELETE answers within a second, the shell gone, though the first
+        hangup did not end it (the KILL comes only after five seconds).
+        """
+        created = yield self.create({"shell": self.shell})
+        client = yield self.attach(created["session_id"])
+        yield client.wait_output("ready")
+        started = time.monotonic()
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        took = time.monotonic() - started
+        self.assertEqual(reply.status, 200)
+        self.assertFalse(alive(created["pid"]))
+        self.assertLess(took, 1.0)
+        exited = yield client.wait_for(is_exited)
+        self.assertEqual(exited["exit_code"], -signal.SIGHUP)
 
 
 class AttendedLevelTests(TerminalCase):
