@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 log = Logger(namespace="sandboxd.terminals.session")
 
 #: How often a closing session hangs up again on a shell still there.
-HANG_UP_AGAIN_SECONDS = 0.25
+HANG_UP_AGAIN_SECONDS = 0.1
 
 #: Signals a client may send to the terminal's foreground job (SPEC §8).
 CLIENT_SIGNALS = {
