@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -118,3 +118,37 @@ class EventLog:
                 self._listeners.remove(listener)
 
         return unsubscribe
+
+
+_Holder = TypeVar("_Holder")
+
+
+def forget_closed(
+    table: Mapping[str, _Holder],
+    log_of: Callable[[_Holder], EventLog],
+    forget: Callable[[str], None],
+    max_items: int,
+    max_bytes: int,
+) -> None:
+    """
+    Forget what ``table`` holds whose log is closed, oldest first, while it
+    holds more than ``max_items`` or the closed logs more than ``max_bytes``.
+
+    A count alone is no bound on memory: each closed session may keep a log
+    as large as a live one's.  The newest closed one always stays, so its
+    caller can still read how it ended; what is still open is never
+    forgotten here.
+    """
+    closed = [
+        (key, log_of(held).retained_bytes)
+        for key, held in table.items()
+        if log_of(held).closed
+    ]
+    count = len(table)
+    weight = sum(size for _, size in closed)
+    for key, size in closed[:-1]:
+        if count <= max_items and weight <= max_bytes:
+            break
+        forget(key)
+        count -= 1
+        weight -= size

@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.eventlog import EventLog
+from sandboxd.eventlog import EventLog, forget_closed
 from sandboxd.web.sse import Follower, resume_point
 
 
@@ -178,3 +178,42 @@ class FollowerTests(SynchronousTestCase):
             callback()
         log.append("stdout", {"i": 1})
         self.assertEqual(channel.frames, [])
+
+
+def _logs(*sizes: int | None) -> dict[str, EventLog]:
+    """Logs named a, b, c ... holding one event of each size; None: still open."""
+    table = {}
+    for name, size in zip("abcdefgh", sizes, strict=False):
+        log = EventLog(1000)
+        log.append("x", None, size=size or 1)
+        if size is not None:
+            log.close()
+        table[name] = log
+    return table
+
+
+class ForgetClosedTests(SynchronousTestCase):
+    """What is kept of closed logs is bounded by count and by bytes."""
+
+    def forget(self, table: dict[str, EventLog], items: int, size: int) -> list[str]:
+        forget_closed(table, lambda log: log, lambda k: table.pop(k), items, size)
+        return sorted(table)
+
+    def test_within_both_bounds(self) -> None:
+        """Nothing is forgotten within both bounds."""
+        self.assertEqual(self.forget(_logs(10, 10, 10), 3, 30), ["a", "b", "c"])
+
+    def test_past_the_count(self) -> None:
+        """Past the count, the oldest closed go first; open ones stay."""
+        self.assertEqual(
+            self.forget(_logs(None, 10, 10, None), 3, 100), ["a", "c", "d"]
+        )
+
+    def test_past_the_bytes(self) -> None:
+        """Past the bytes, the oldest closed go until the rest fit."""
+        self.assertEqual(self.forget(_logs(50, 30, 20, None), 100, 60), ["b", "c", "d"])
+        self.assertEqual(self.forget(_logs(50, 30, 20), 100, 20), ["c"])
+
+    def test_newest_closed_stays(self) -> None:
+        """The newest closed log stays, whatever it weighs."""
+        self.assertEqual(self.forget(_logs(10, 500, None), 1, 100), ["b", "c"])

@@ -44,6 +44,7 @@ from sandboxd.errors import (
     payload_too_large,
     policy_rule,
 )
+from sandboxd.eventlog import forget_closed
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
@@ -166,9 +167,13 @@ class AgentManager(Service):
     def session_ended(self, session: AgentSession) -> None:
         """Called once a session's agent is gone."""
         self._transient.discard(session)
-        closed = [sid for sid, s in self.sessions.items() if s.log.closed]
-        while len(self.sessions) > defaults.AGENT_KEPT_ITEMS and closed:
-            self.sessions.pop(closed.pop(0), None)
+        forget_closed(
+            self.sessions,
+            lambda s: s.log,
+            lambda sid: self.sessions.pop(sid, None),
+            defaults.AGENT_KEPT_ITEMS,
+            defaults.AGENT_KEPT_CLOSED_BYTES,
+        )
 
     # -- creating --------------------------------------------------------------
 

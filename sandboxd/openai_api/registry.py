@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import bad_request, not_found, unavailable
+from sandboxd.eventlog import forget_closed
 from sandboxd.openai_api.envelope import LOCAL_HEADER
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace
 from sandboxd.policy import defaults
@@ -137,9 +138,13 @@ class Registry:
             self.store.watch(face)
         if not face.hidden:
             follow_session(self.deliveries, face)
-        closed = [fid for fid, f in self.faces.items() if f.log.closed]
-        while len(self.faces) > defaults.AGENT_KEPT_ITEMS and closed:
-            self.forget(closed.pop(0))
+        forget_closed(
+            self.faces,
+            lambda f: f.log,
+            self.forget,
+            defaults.AGENT_KEPT_ITEMS,
+            defaults.AGENT_KEPT_CLOSED_BYTES,
+        )
 
     def forget(self, face_id: str) -> None:
         """A session is gone for good (deleted, or beyond the bound)."""

@@ -216,6 +216,11 @@ AGENT_STOP_GRACE_SECONDS = 2.0
 #: and closed sessions kept listed.
 AGENT_KEPT_ITEMS = 1000
 
+#: Agents: the bytes the event logs of closed sessions kept listed may hold
+#: together (the oldest closed sessions are forgotten past it, as past
+#: :data:`AGENT_KEPT_ITEMS`); each may hold as much as a live one.
+AGENT_KEPT_CLOSED_BYTES = 64 * MIB
+
 #: Agents: default permission_mode when the policy sets none (SPEC §15.3).
 AGENT_PERMISSION_MODE = {"read": "auto", "search": "auto", "think": "auto", "*": "ask"}
 

@@ -27,6 +27,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.agents.process import is_alive
 from sandboxd.jsonrpc import LineFramer
+from sandboxd.policy import defaults
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase, marked_pids
 
@@ -1365,6 +1366,35 @@ class IdleTests(AgentsTestCase):
         sid = yield self.session()
         state = yield self.wait_state(sid, ("closed",))
         self.assertFalse(is_alive(state["process"]["pid"]))
+
+
+class KeptClosedTests(AgentsTestCase):
+    """Closed sessions stay listed within a count and a byte budget."""
+
+    @inlineCallbacks
+    def test_oldest_closed_forgotten_past_the_bytes(self) -> Any:
+        """
+        Past the bytes their logs may hold together, the oldest closed
+        sessions are forgotten (404, not listed); the newest closed one and
+        the live one stay (the count, far from its bound, forgets none).
+        """
+        sids = []
+        for n in range(3):
+            reply = yield self.create(prompt=f"hello {n}")
+            self.assertEqual(reply.status, 201, reply.body)
+            sids.append(reply.json()["session_id"])
+            yield self.wait_state(sids[-1], ("idle",))
+        live = yield self.session()
+        # No room at all: only the newest closed session may stay.
+        self.patch(defaults, "AGENT_KEPT_CLOSED_BYTES", 1)
+        for sid in sids:
+            reply = yield self.request("DELETE", f"/agents/sessions/{sid}")
+            self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/agents/sessions")
+        listed = {s["session_id"] for s in reply.json()["sessions"]}
+        self.assertEqual(listed, {sids[2], live})
+        reply = yield self.request("GET", f"/agents/sessions/{sids[0]}")
+        self.assertEqual(reply.status, 404)
 
 
 class RealAgentTests(AgentsTestCase):

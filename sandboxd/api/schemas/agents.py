@@ -190,6 +190,11 @@ SCHEMAS: dict[str, Schema] = {
                 items="object",
             ),
         ),
+        notes=(
+            "Closed sessions stay listed until the oldest must go: past 1000"
+            " sessions in all, or past 64 MiB in the closed ones' event logs"
+            " together (the most recently closed one always stays)."
+        ),
     ),
     "agents_session_get": Schema(
         response=(
