@@ -126,7 +126,7 @@ _Holder = TypeVar("_Holder")
 def forget_closed(
     table: Mapping[str, _Holder],
     log_of: Callable[[_Holder], EventLog],
-    forget: Callable[[str], None],
+    forget: Callable[[str], object],
     max_items: int,
     max_bytes: int,
 ) -> None:
