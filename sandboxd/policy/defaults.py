@@ -947,8 +947,10 @@ CGROUP_STOP_SECONDS = 1.0
 V1_ARTIFACT_BYTES = 10 * MIB
 #: Files copied per completed turn.
 V1_ARTIFACTS_PER_TURN = 100
-#: Artifacts kept per session (the oldest copy goes beyond).
+#: Artifacts kept per session, and the bytes of their copies (the oldest
+#: copy goes beyond either; the newest always stays).
 V1_ARTIFACTS_KEPT = 1000
+V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 
 # -- the agent-sandbox door's gRPC transport (sandboxd.kep.grpc) -------------
 #: The largest request message, and the largest response the door sends
