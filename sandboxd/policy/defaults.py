@@ -557,6 +557,10 @@ MAX_WATCHES = 64
 
 #: process: exited background processes kept listed (the most recent).
 PROCESS_HISTORY = 100
+#: ... and the bytes their output logs may hold together (the oldest go
+#: first; the most recent always stays): each may hold its caller's
+#: ``max_output_bytes``.
+PROCESS_HISTORY_BYTES = 64 * MIB
 
 #: process: after the command exits, how long its pipes may stay quiet
 #: before they are closed (a grandchild holding them must not hang a call),
