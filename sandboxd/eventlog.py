@@ -120,13 +120,14 @@ class EventLog:
         return unsubscribe
 
 
+_Key = TypeVar("_Key")
 _Holder = TypeVar("_Holder")
 
 
 def forget_closed(
-    table: Mapping[str, _Holder],
+    table: Mapping[_Key, _Holder],
     log_of: Callable[[_Holder], EventLog],
-    forget: Callable[[str], object],
+    forget: Callable[[_Key], object],
     max_items: int,
     max_bytes: int,
 ) -> None:

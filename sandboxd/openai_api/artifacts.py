@@ -128,8 +128,13 @@ class Shelf:
         for path, copy, size in copied:
             artifact = Artifact(new_id("artifact_"), turn.id, path, size, now, copy)
             self.items[artifact.id] = artifact
-        while len(self.items) > defaults.V1_ARTIFACTS_KEPT:
+        kept = sum(a.size for a in self.items.values())
+        while len(self.items) > 1 and (
+            len(self.items) > defaults.V1_ARTIFACTS_KEPT
+            or kept > defaults.V1_ARTIFACTS_KEPT_BYTES
+        ):
             _, oldest = self.items.popitem(last=False)
+            kept -= oldest.size
             _unlink(oldest.copy)
 
     def find(self, artifact_id: str) -> Artifact:

@@ -557,6 +557,10 @@ MAX_WATCHES = 64
 
 #: process: exited background processes kept listed (the most recent).
 PROCESS_HISTORY = 100
+#: ... and the bytes their output logs may hold together (the oldest go
+#: first; the most recent always stays): each may hold its caller's
+#: ``max_output_bytes``.
+PROCESS_HISTORY_BYTES = 64 * MIB
 
 #: process: after the command exits, how long its pipes may stay quiet
 #: before they are closed (a grandchild holding them must not hang a call),
@@ -947,8 +951,10 @@ CGROUP_STOP_SECONDS = 1.0
 V1_ARTIFACT_BYTES = 10 * MIB
 #: Files copied per completed turn.
 V1_ARTIFACTS_PER_TURN = 100
-#: Artifacts kept per session (the oldest copy goes beyond).
+#: Artifacts kept per session, and the bytes of their copies (the oldest
+#: copy goes beyond either; the newest always stays).
 V1_ARTIFACTS_KEPT = 1000
+V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 
 # -- the agent-sandbox door's gRPC transport (sandboxd.kep.grpc) -------------
 #: The largest request message, and the largest response the door sends

@@ -22,8 +22,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.errors import Code, limit_exceeded, limit_rule
+from sandboxd.eventlog import forget_closed
 from sandboxd.policy.confinement import Confinement
-from sandboxd.policy.defaults import KILL_GRACE_SECONDS, PROCESS_HISTORY
+from sandboxd.policy.defaults import (
+    KILL_GRACE_SECONDS,
+    PROCESS_HISTORY,
+    PROCESS_HISTORY_BYTES,
+)
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes import reaping
 from sandboxd.processes.command import RunAs
@@ -49,7 +54,8 @@ class ProcessService(Service):
     child's tree.
 
     Running processes are capped by the caller (``max_processes``); exited
-    ones stay listed, the :data:`PROCESS_HISTORY` most recent.  Stopping
+    ones stay listed, the :data:`PROCESS_HISTORY` most recent whose output
+    logs hold :data:`PROCESS_HISTORY_BYTES` together.  Stopping
     the service ends every live child's tree (background, shell, code runs)
     and every adopted orphan, within the kill grace.
     """
@@ -190,12 +196,18 @@ class ProcessService(Service):
         self.table.pop(child.pid, None)  # a pid reused after an old entry exited
         self.table[child.pid] = managed
         child.ended.addCallback(managed.on_ended)
-        child.exited.addCallback(lambda _: self._prune())
+        # Once its log is closed: what it weighs is known.
+        child.ended.addCallback(lambda _: self._prune())
 
     def _prune(self) -> None:
-        exited = [pid for pid, m in self.table.items() if not m.running]
-        for pid in exited[: max(0, len(exited) - PROCESS_HISTORY)]:
-            del self.table[pid]
+        exited = {pid: m for pid, m in self.table.items() if not m.running}
+        forget_closed(
+            exited,
+            lambda m: m.log,
+            self.table.pop,
+            PROCESS_HISTORY,
+            PROCESS_HISTORY_BYTES,
+        )
 
     def get(self, pid: int) -> Managed | None:
         """A managed process by pid."""

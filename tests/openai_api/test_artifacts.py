@@ -11,6 +11,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from sandboxd.policy import defaults
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
@@ -106,6 +107,29 @@ class ArtifactTests(OpenAICase):
             self.assertEqual(f.read(), "x")  # written, not copied
         self.assertEqual(filtered, [])
         self.assertEqual(foreign.status_code, 404)
+
+    @inlineCallbacks
+    def test_copies_bounded_by_bytes(self) -> Any:
+        """
+        Past the bytes a session's copies may hold, the oldest copy goes
+        first; the newest stays whatever it weighs, its bytes intact.
+        """
+        self.patch(defaults, "V1_ARTIFACTS_KEPT_BYTES", 20)
+        client = self.client()
+        artifacts = client.beta.agents.sessions.artifacts
+
+        def run() -> Any:
+            session = client.beta.agents.sessions.create(**self.session_body())
+            for name, text in (("a", "x" * 8), ("b", "y" * 8), ("c", "z" * 30)):
+                path = os.path.join(self.base_dir, name)
+                run_turn(client, session.id, f"write {path} {text}")
+                kept = [a.path for a in artifacts.list(session.id)]  # newest first
+                yield [os.path.basename(p) for p in kept]
+            newest = next(iter(artifacts.list(session.id)))
+            yield artifacts.content(newest.id, session_id=session.id).read()
+
+        seen = yield self.sdk(lambda: list(run()))
+        self.assertEqual(seen, [["a"], ["b", "a"], ["c"], b"z" * 30])
 
 
 class AuditedArtifactTests(OpenAICase):

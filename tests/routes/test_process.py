@@ -23,7 +23,9 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
+from sandboxd.policy import defaults
 from sandboxd.processes import posix_spawn as spawn_module
+from sandboxd.processes import service as service_module
 from sandboxd.processes import spawning
 from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import (
@@ -654,6 +656,31 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(info["exit_code"], -15)
         reply = yield self.request("GET", "/process/list")
         self.assertIn(pid, [p["pid"] for p in reply.json()["processes"]])
+
+    @inlineCallbacks
+    def test_exited_kept_within_their_bytes(self) -> Any:
+        """
+        Exited processes stay listed while their output fits the bytes
+        kept for them all; past it the oldest go first, and the most
+        recent stays with its whole output.
+        """
+        self.patch(defaults, "PROCESS_HISTORY_BYTES", 1500)
+        self.patch(service_module, "PROCESS_HISTORY_BYTES", 1500)
+        pids = []
+        for size in (600, 600, 2000):
+            started = yield self.start_process(
+                f"head -c {size} /dev/zero | tr '\\0' a", capture_output=True
+            )
+            pids.append(started["pid"])
+            yield self.wait_exited(pids[-1])
+            reply = yield self.request("GET", "/process/list")
+            listed = [p["pid"] for p in reply.json()["processes"]]
+            self.assertEqual(listed, pids if size < 1000 else pids[-1:])
+        reply = yield self.request("GET", f"/process/{pids[-1]}/output?after=0")
+        output = "".join(e["data"] for e in reply.json()["events"])
+        self.assertEqual(output, "a" * 2000)
+        reply = yield self.request("GET", f"/process/{pids[0]}")
+        self.assertEqual(reply.status, 404)
 
     @inlineCallbacks
     def test_get_errors(self) -> Any:

@@ -169,7 +169,10 @@ SCHEMAS: dict[str, Schema] = {
                 items="object",
             ),
         ),
-        notes="Exited processes stay listed (the 100 most recent).",
+        notes=(
+            "Exited processes stay listed: the 100 most recent whose output"
+            " holds 64 MiB together (the most recent always)."
+        ),
     ),
     "process_detail": Schema(
         response=_PROC_FIELDS,
