@@ -165,6 +165,7 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "process_start": "Start a command in the background; returns its pid. Then "
     "process_output reads its output, process_stdin writes to it (start with "
     "stdin: true), process_signal stops it.",
+    "process_list": "List background processes, running and recently exited.",
     "process_output": "Output of a background process after seq `after`; "
     "follow: true waits until it exits.",
     "process_stdin": "Write text to a background process started with stdin: true; "
