@@ -817,6 +817,10 @@ WALK_DEPTH = 64
 AUDIT_ROTATE_BYTES = 10 * MIB
 AUDIT_KEEP_FILES = 5
 
+#: The same for the daemon's own log file (``--logfile``).
+LOG_ROTATE_BYTES = 10 * MIB
+LOG_KEEP_FILES = 5
+
 #: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
 PRE_IMAGE_BYTES = 10**6
 
