@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from typing import Any
 
 from twisted.application import app
@@ -19,6 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.daemon import log_observer
 from sandboxd.daemon.log_observer import RefusedConnectionFilter
+from sandboxd.policy import defaults
 
 
 def port_line(fmt: str, **fields: Any) -> dict[str, Any]:
@@ -107,6 +109,28 @@ class TwistdTests(SynchronousTestCase):
         self.assertIsNot(config["logger"], log_observer.twistd_observer)
         config = self.parsed("-n", "--syslog")
         self.assertIsNone(config["logger"])
+
+
+class LogFileTests(SynchronousTestCase):
+    """``--logfile FILE``: rotated by size, the newest rotations kept."""
+
+    def test_old_rotations_removed(self) -> None:
+        """However much is logged, the file and five rotations are all there is."""
+        self.addCleanup(log_observer._TWISTD.clear)
+        self.addCleanup(signal.signal, signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+        self.patch(defaults, "LOG_ROTATE_BYTES", 200)
+        folder = self.mktemp()
+        os.makedirs(folder)
+        log_observer._TWISTD.update(logfile=f"{folder}/sandboxd.log", nodaemon=True)
+        observer = log_observer.twistd_observer()
+        for n in range(100):
+            observer({"log_format": "line {n} " + "x" * 50, "n": n, "log_time": 0.0})
+        self.assertEqual(
+            sorted(os.listdir(folder)),
+            ["sandboxd.log", *(f"sandboxd.log.{i}" for i in range(1, 6))],
+        )
+        with open(f"{folder}/sandboxd.log") as f:
+            self.assertIn("line 99", f.read())
 
 
 class JsonLinesTests(SynchronousTestCase):

@@ -45,6 +45,7 @@ from twisted.python import usage
 from twisted.python.logfile import LogFile
 from zope.interface import implementer
 
+from sandboxd.policy import defaults
 from sandboxd.policy.defaults import CAP_WARNING_INTERVAL_SECONDS
 
 #: What a Twisted listening port logs for a connection it closes at once at
@@ -202,7 +203,8 @@ def twistd_observer() -> ILogObserver:
     """
     The observer twistd would make from ``--logfile`` (stdout for ``-``
     or in the foreground without one, else the file, rotated by size and
-    on ``SIGUSR1``), behind :class:`RefusedConnectionFilter`.
+    on ``SIGUSR1``, the newest rotations kept), behind
+    :class:`RefusedConnectionFilter`.
     """
     name = _TWISTD.get("logfile", "")
     nodaemon = _TWISTD.get("nodaemon", False)
@@ -211,7 +213,13 @@ def twistd_observer() -> ILogObserver:
         sys.exit("Daemons cannot log to stdout, exiting!")
     if name == "-" or (nodaemon and not name):
         return observer_for(sys.stdout, log_format)
-    log_file = LogFile.fromFullPath(name or "twistd.log")
+    # twistd's own default keeps every rotated file: a daemon that runs for
+    # weeks would fill its disk with them.
+    log_file = LogFile.fromFullPath(
+        name or "twistd.log",
+        rotateLength=defaults.LOG_ROTATE_BYTES,
+        maxRotatedFiles=defaults.LOG_KEEP_FILES,
+    )
     if not signal.getsignal(signal.SIGUSR1):
 
         def rotate(signum: int, frame: Any) -> None:

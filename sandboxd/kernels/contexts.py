@@ -1046,6 +1046,7 @@ class CodeContext:
             x.emit("context.restarted", reason="died", exit_code=code, restarted=False)
             self._end(x, "lost", reason="died")
         self.state = "dead"
+        self.touch()  # the idle timeout counts from its death
         for q in list(self.queue):
             self._end(q, "lost", reason="died")
         self.queue.clear()
@@ -1089,6 +1090,7 @@ class CodeContext:
         self.queue.clear()
         self._ready.fail(unavailable(f"the kernel hub failed: {reason}"))
         self.state = "dead"
+        self.touch()
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             kernel.kill("killed")

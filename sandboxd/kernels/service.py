@@ -307,10 +307,14 @@ class CodeService(Service):
         now = time.monotonic()
         for ctx in list(self.contexts.values()):
             # Only a context waiting for work is idle (not one starting,
-            # restarting or running).
+            # restarting or running); a dead one nobody restarts would
+            # hold its slot and its outputs for good.
             waiting = ctx.state == "idle" and ctx.current is None and not ctx.queue
+            waiting = waiting or ctx.state == "dead"
             if waiting and now - ctx.last_activity > ctx.idle_timeout:
-                log.info("code context {id} idle: closed", id=ctx.id)
+                log.info(
+                    "code context {id} {state}: closed", id=ctx.id, state=ctx.state
+                )
                 self.remove(ctx)
         if self.contexts:
             self._arm_sweep()

@@ -813,6 +813,8 @@ class SessionFace:
             item["output"] = text
         else:
             item["error"] = text or "the tool call failed"
+        # Done: nothing more of it is taken (the turn's items keep it).
+        self._tools.pop(item["_tool_call_id"], None)
         self._emit(
             "agent.session.turn.item.done",
             session_id=self.id,
@@ -981,6 +983,10 @@ class SessionFace:
         self._emit_session("agent.session.idle")
 
     def _finish(self, turn: WireTurn, status: str, usage: Any) -> None:
+        # Its tool calls the agent never said were done are done with it.
+        for tool_call_id, item in list(self._tools.items()):
+            if item["turn_id"] == turn.id:
+                del self._tools[tool_call_id]
         turn.status = status
         turn.completed_at = int(time.time())
         self.last_active_at = turn.completed_at

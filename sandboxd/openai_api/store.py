@@ -19,7 +19,8 @@ they are: the 0600 mode, the daemon's user and the 0700 directory are what
 protect them; they are never logged.  Each file is bounded: the event log's newest
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_EVENT_BYTES`, the whole file
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_FILE_BYTES`; at most
-:data:`~sandboxd.policy.defaults.OPENAI_STATE_SESSIONS` files are kept.
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_SESSIONS` files are kept,
+those of the sessions that changed last.
 
 When the daemon stops, the state is written as it stands before the
 agents are ended, and nothing after: the agents' ends are the daemon's
@@ -322,10 +323,7 @@ class SessionStore:
         """
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        names = sorted(self._files(), key=lambda entry: entry[1])
-        for stale, _ in names[: -defaults.OPENAI_STATE_SESSIONS or None]:
-            remove_if_there(stale)
-        names = names[-defaults.OPENAI_STATE_SESSIONS :]
+        names = self._newest_files()
         faces = []
         for path, _ in names:
             try:
@@ -405,6 +403,26 @@ class SessionStore:
         path = os.path.join(self.root, "webhooks.json")
         self._after_writes("webhooks", write_private, path, data, retry=retry)
 
+    def _newest_files(self) -> list[tuple[str, float]]:
+        """
+        The newest :data:`OPENAI_STATE_SESSIONS` session files, oldest
+        first; older ones are removed (blocking).
+        """
+        names = sorted(self._files(), key=lambda entry: entry[1])
+        for stale, _ in names[: -defaults.OPENAI_STATE_SESSIONS or None]:
+            remove_if_there(stale)
+        return names[-defaults.OPENAI_STATE_SESSIONS :]
+
+    def _write_session(self, path: str, data: bytes) -> None:
+        """
+        One session's file, and no more files than a start reads back: a
+        daemon that keeps many sessions in memory keeps the files of the
+        most recently changed (a session that changes again is written
+        again).  Blocking.
+        """
+        write_private(path, data)
+        self._newest_files()
+
     def _files(self) -> Iterator[tuple[str, float]]:
         with os.scandir(self.directory) as entries:
             for entry in entries:
@@ -457,7 +475,7 @@ class SessionStore:
             return succeed(None)
         return self._after_writes(
             face.id,
-            write_private,
+            self._write_session,
             self.path(face.id),
             data,
             retry=lambda: self.changed(face),

@@ -813,9 +813,17 @@ ARCHIVE_MAX_NAME_BYTES = 4096
 #: Depth bound for unbounded walks (search, archive): open fds stay below it.
 WALK_DEPTH = 64
 
+#: Rate limits: past this many buckets, the ones unused for a minute (full
+#: again, as a new one is) are dropped.
+RATE_BUCKETS_PRUNED_PAST = 1024
+
 #: Rotate the audit file at this size; keep this many old files.
 AUDIT_ROTATE_BYTES = 10 * MIB
 AUDIT_KEEP_FILES = 5
+
+#: The same for the daemon's own log file (``--logfile``).
+LOG_ROTATE_BYTES = 10 * MIB
+LOG_KEEP_FILES = 5
 
 #: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
 PRE_IMAGE_BYTES = 10**6

@@ -3,9 +3,11 @@
 Rate and concurrency limits (SPEC §5.5).
 
 Rates are token buckets per (identity, endpoint) that refill over a minute;
-concurrency counts requests and streams in flight per endpoint.  Both tables
-are bounded by the number of identities and endpoints, which are fixed by
-the policy.
+concurrency counts requests and streams in flight per endpoint.  The
+endpoints are fixed by the policy, and so are its tokens; but every
+capability link is an identity of its own, so the buckets of the callers
+of the last minute are kept, no more: a bucket unused for a minute is full
+again, and a full bucket is what a new one is.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from twisted.internet.interfaces import IReactorTime
 
 from sandboxd.errors import Code, limit_exceeded, rate_limited
+from sandboxd.policy.defaults import RATE_BUCKETS_PRUNED_PAST
 
 
 class RateLimiter:
@@ -23,6 +26,7 @@ class RateLimiter:
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
+        self._prune_at = RATE_BUCKETS_PRUNED_PAST
 
     def take(self, identity: str, endpoint: str, per_minute: int) -> None:
         """
@@ -46,6 +50,23 @@ class RateLimiter:
                 limit=per_minute,
             )
         self._buckets[(identity, endpoint)] = (tokens - 1.0, now)
+        if len(self._buckets) > self._prune_at:
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        """Drop the buckets refilled to the full (unused for a minute)."""
+        self._buckets = {
+            key: (tokens, stamp)
+            for key, (tokens, stamp) in self._buckets.items()
+            if now - stamp < 60.0
+        }
+        # Scanned again only once the table has doubled: a minute's callers
+        # are not looked at on each call.
+        self._prune_at = max(RATE_BUCKETS_PRUNED_PAST, 2 * len(self._buckets))
+
+    def __len__(self) -> int:
+        """The buckets kept."""
+        return len(self._buckets)
 
     def forget(self) -> None:
         """Drop every bucket (policy reload)."""

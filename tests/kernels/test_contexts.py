@@ -973,6 +973,39 @@ class NoRestartTests(CodeTestCase):
         self.assertEqual(ok["results"][0]["data"]["text/plain"], "3")
 
 
+class DeadIdleTests(CodeTestCase):
+    """A dead context nobody restarts gives its slot back after the idle timeout."""
+
+    policy = code_policy(
+        params={"auto_restart": False},
+        limits={"idle_timeout_seconds": 1, "max_contexts_per_identity": 1},
+    )
+
+    @inlineCallbacks
+    def test_dead_context_closed(self) -> Any:
+        """
+        Dead, the context stays readable for the idle timeout (counted from
+        its death), then is closed: a new one may start in its place.
+        """
+        ctx = yield self.context()
+        os.kill(ctx["pid"], signal.SIGKILL)
+        for _ in range(100):
+            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if got.json()["state"] == "dead":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(got.json()["state"], "dead")
+        refused = yield self.request("POST", "/code/contexts", {"language": "python"})
+        self.assertEqual(refused.status, 429)
+        for _ in range(100):
+            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if got.status == 404:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(got.status, 404)
+        yield self.context()
+
+
 def runnable_by_others(path: str) -> bool:
     """Whether a user other than the owner may run ``path`` (every directory on the way searchable)."""
     import stat

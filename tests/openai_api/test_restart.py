@@ -13,8 +13,9 @@ import os
 import stat
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, inlineCallbacks, succeed
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.store import SessionStore
@@ -237,6 +238,39 @@ class RestartTests(RestartCase):
         after = self.client()
         listed = yield self.sdk(lambda: list(after.beta.agents.sessions.list()))
         self.assertEqual(listed, [])
+
+
+class KeptFilesTests(RestartCase):
+    """No more session files are written than a start reads back."""
+
+    @inlineCallbacks
+    def test_files_of_the_last_changed(self) -> Any:
+        """
+        Past the files kept, the oldest are removed as the newer are
+        written, and a session that changes again is written again.
+        """
+        self.patch(defaults, "OPENAI_STATE_SESSIONS", 2)
+        sessions = self.client().beta.agents.sessions
+        folder = os.path.join(self.state_dir, "openai", "sessions")
+
+        def files() -> set[str]:
+            return {name.removesuffix(".json") for name in os.listdir(folder)}
+
+        made = []
+        for _ in range(3):
+            session = yield self.sdk(lambda: sessions.create(**self.session_body()))
+            made.append(session.id)
+            for _ in range(100):
+                if session.id in files():
+                    break
+                yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(files(), set(made[1:]))
+        yield self.sdk(lambda: sessions.update(made[0], metadata={"again": "yes"}))
+        for _ in range(100):
+            if made[0] in files():
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(files(), {made[0], made[2]})
 
 
 class WriteOrderTests(SynchronousTestCase):

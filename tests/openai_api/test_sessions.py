@@ -14,6 +14,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.openai_api.registry import registry
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
@@ -329,6 +330,31 @@ class RedactionTests(OpenAICase):
         self.assertEqual(
             (command.command, command.output), ("printf [redacted]", "[redacted]")
         )
+
+
+class ToolTableTests(OpenAICase):
+    """What a session keeps to follow its tool calls."""
+
+    @inlineCallbacks
+    def test_done_tool_calls_let_go(self) -> Any:
+        """
+        A tool call done is no longer followed (its item stays listed): a
+        session that runs for days does not keep every call it ever made.
+        """
+        sessions = self.client().beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            for prompt in ("terminal printf one", "terminal printf two"):
+                with sessions.stream(session.id, input=prompt) as stream:
+                    list(stream)
+            return session.id, list(sessions.items.list(session.id, order="asc"))
+
+        sid, items = yield self.sdk(run)
+        commands = [i.output for i in items if i.type == "command_execution"]
+        self.assertEqual(commands, ["one", "two"])
+        face = registry(self.daemon.context.agents.get()).faces[sid]
+        self.assertEqual(face._tools, {})
 
 
 class DoorTests(OpenAICase):

@@ -49,6 +49,24 @@ class RateLimiterTests(SynchronousTestCase):
         with self.assertRaises(ApiError):
             limiter.take("ci", "shell", 2)
 
+    def test_buckets_of_past_callers_dropped(self) -> None:
+        """
+        Callers come and go (every capability link is one): the buckets
+        of those gone for a minute are dropped, and one that comes back
+        starts full, as its bucket would have been; a recent caller's
+        spent bucket is kept.
+        """
+        clock = Clock()
+        limiter = RateLimiter(clock)
+        for n in range(2000):
+            limiter.take(f"link:{n}", "shell", 1)
+            clock.advance(0.1)
+            # Twice a minute's callers (600) at most, and a few.
+            self.assertLessEqual(len(limiter), 1210)
+        limiter.take("link:0", "shell", 1)
+        with self.assertRaises(ApiError):
+            limiter.take("link:1999", "shell", 1)
+
 
 class ConcurrencyGateTests(SynchronousTestCase):
     """Slots per endpoint."""
