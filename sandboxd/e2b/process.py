@@ -59,6 +59,7 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
+from sandboxd.policy.defaults import E2B_CONFIGS_BYTES, E2B_CONFIGS_KEPT
 from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
 from sandboxd.processes.service import ProcessService
@@ -93,6 +94,15 @@ class Config:
     cwd: str | None
     owner: str | None = None
 
+    def weight(self) -> int:
+        """About the bytes it holds (a command's arguments and environment)."""
+        return (
+            len(self.cmd)
+            + sum(map(len, self.args))
+            + sum(len(k) + len(v) for k, v in self.envs.items())
+            + len(self.cwd or "")
+        )
+
     def as_json(self, viewer: Identity, hidden: frozenset[str]) -> dict[str, Any]:
         """
         The ``ProcessConfig`` message as ``viewer`` may see it: no more than
@@ -118,6 +128,8 @@ class ProcessDoor:
     """The door's own memory of what it started (configs, for ``List``)."""
 
     configs: dict[int, Config] = attrs.Factory(dict)
+    #: What :attr:`configs` weigh together.
+    config_bytes: int = 0
     #: Terminal id -> the timer of its deadline.
     deadlines: dict[str, Any] = attrs.Factory(dict)
 
@@ -142,11 +154,22 @@ class ProcessDoor:
             self.forget_deadline(session_id)
 
     def remember(self, pid: int, config: Config) -> None:
-        """Keep ``config`` while the process is known (bounded by the table)."""
+        """
+        Keep ``config`` for ``List``: the most recent
+        :data:`E2B_CONFIGS_KEPT`, holding :data:`E2B_CONFIGS_BYTES`
+        together (a command's arguments and environment may be as large
+        as a request), the oldest going first.
+        """
+        old = self.configs.pop(pid, None)
+        if old is not None:
+            self.config_bytes -= old.weight()
         self.configs[pid] = config
-        if len(self.configs) > 4 * 128:
-            for old in list(self.configs)[: len(self.configs) // 2]:
-                del self.configs[old]
+        self.config_bytes += config.weight()
+        while len(self.configs) > 1 and (
+            len(self.configs) > E2B_CONFIGS_KEPT
+            or self.config_bytes > E2B_CONFIGS_BYTES
+        ):
+            self.config_bytes -= self.configs.pop(next(iter(self.configs))).weight()
 
 
 # -- helpers ---------------------------------------------------------------------

@@ -850,10 +850,14 @@ MAX_DIMENSION = 65535
 #: E2B door: one Connect message (a request's JSON, base64 stdin included).
 E2B_MAX_MESSAGE_BYTES = 4 * MIB
 
-#: E2B door: watchers made with ``CreateWatcher`` alive at once, and the
-#: events one keeps until ``GetWatcherEvents`` takes them.
+#: E2B door: watchers made with ``CreateWatcher`` alive at once (the events
+#: one keeps until ``GetWatcherEvents`` takes them are its watch's log's).
 E2B_MAX_WATCHERS = 64
-E2B_WATCHER_EVENTS = 10000
+
+#: E2B door: the configs of the commands it started, kept for ``List``
+#: (the oldest go first past either).
+E2B_CONFIGS_KEPT = 512
+E2B_CONFIGS_BYTES = 16 * MIB
 
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0

@@ -21,6 +21,7 @@ from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 from twisted.web.test.requesthelper import DummyChannel
 
+from sandboxd.e2b import process as process_module
 from sandboxd.e2b.door import E2BRequest
 from sandboxd.policy.defaults import MIB
 from sandboxd.testing import BodyProducer
@@ -558,3 +559,26 @@ class FullSpoolTests(SynchronousTestCase):
         self.assertTrue(request.no_space)
         self.assertTrue(spool.closed)
         self.assertEqual(processed, [True])
+
+
+class ConfigsKeptTests(SynchronousTestCase):
+    """What the door keeps of the commands it started, for ``List``."""
+
+    def test_bounded_by_count_and_bytes(self) -> None:
+        """
+        Past the count or the bytes kept, the oldest configs go first; the
+        newest stays whatever it weighs; the tally follows what is kept.
+        """
+        from sandboxd.e2b.process import Config, ProcessDoor
+
+        door = ProcessDoor()
+        self.patch(process_module, "E2B_CONFIGS_KEPT", 3)
+        self.patch(process_module, "E2B_CONFIGS_BYTES", 100)
+        for pid in range(1, 6):
+            door.remember(pid, Config("sh", ["-c", "true"], {}, "/w"))
+        self.assertEqual(list(door.configs), [3, 4, 5])
+        door.remember(6, Config("sh", ["x" * 80], {}, None))
+        self.assertEqual(list(door.configs), [5, 6])
+        door.remember(7, Config("sh", [], {"BIG": "y" * 500}, None))
+        self.assertEqual(list(door.configs), [7])
+        self.assertEqual(door.config_bytes, door.configs[7].weight())
