@@ -943,6 +943,19 @@ class IdleTests(CodeTestCase):
         self.assertFalse(alive(ctx["pid"]))
 
 
+@inlineCallbacks
+def killed(case: CodeTestCase, ctx: dict[str, Any]) -> Any:
+    """Kill a context's kernel (not restarted); its document once it says ``dead``."""
+    os.kill(ctx["pid"], signal.SIGKILL)
+    for _ in range(100):
+        got = yield case.request("GET", f"/code/contexts/{ctx['id']}")
+        if got.json()["state"] == "dead":
+            break
+        yield deferLater(reactor, 0.1, lambda: None)
+    case.assertEqual(got.json()["state"], "dead")
+    return got
+
+
 class NoRestartTests(CodeTestCase):
     """``params.auto_restart: false``: a dead kernel leaves a dead context."""
 
@@ -952,13 +965,7 @@ class NoRestartTests(CodeTestCase):
     def test_dead_context(self) -> Any:
         """The kernel killed: 409 context_dead until restarted; the restart serves again."""
         ctx = yield self.context()
-        os.kill(ctx["pid"], signal.SIGKILL)
-        for _ in range(100):
-            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
-            if got.json()["state"] == "dead":
-                break
-            yield deferLater(reactor, 0.1, lambda: None)
-        self.assertEqual(got.json()["state"], "dead")
+        got = yield killed(self, ctx)
         self.assertEqual(got.json()["exit_code"], -9)
         reply = yield self.request(
             "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1"}
@@ -988,13 +995,7 @@ class DeadIdleTests(CodeTestCase):
         its death), then is closed: a new one may start in its place.
         """
         ctx = yield self.context()
-        os.kill(ctx["pid"], signal.SIGKILL)
-        for _ in range(100):
-            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
-            if got.json()["state"] == "dead":
-                break
-            yield deferLater(reactor, 0.1, lambda: None)
-        self.assertEqual(got.json()["state"], "dead")
+        got = yield killed(self, ctx)
         refused = yield self.request("POST", "/code/contexts", {"language": "python"})
         self.assertEqual(refused.status, 429)
         for _ in range(100):
