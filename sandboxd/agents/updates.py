@@ -13,6 +13,18 @@ from sandboxd.agents.filechanges import FileChanges, unified_diff
 from sandboxd.agents.state import UNFINISHED, SessionState, bounded_put
 from sandboxd.policy import defaults
 
+#: A message's key for the chunks of its last text block not yet joined.
+PIECES = "_pieces"
+
+
+def settled(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with its last text block whole (its chunks joined)."""
+    pieces = message.pop(PIECES, None)
+    if pieces is not None:
+        blocks = message["content"]
+        blocks[-1] = {**blocks[-1], "text": "".join(pieces)}
+    return message
+
 
 class UpdateFolding:
     """
@@ -152,11 +164,15 @@ class UpdateFolding:
             and blocks
             and blocks[-1].get("type") == "text"
         ):
-            blocks[-1] = {
-                **blocks[-1],
-                "text": str(blocks[-1].get("text", "")) + str(content.get("text", "")),
-            }
+            # The chunks of a streamed text are joined when it is read
+            # (:func:`settled`), not once per chunk: a long answer in small
+            # chunks would copy its whole text each time.
+            pieces = target.get(PIECES)
+            if pieces is None:
+                pieces = target[PIECES] = [str(blocks[-1].get("text", ""))]
+            pieces.append(str(content.get("text", "")))
         elif isinstance(content, dict):
+            settled(target)
             blocks.append(dict(content))
 
     def tool_call(self, update: dict[str, Any], raw: Any, new: bool) -> None:

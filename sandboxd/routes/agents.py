@@ -18,6 +18,7 @@ from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.agents.permissions import REQUEST_STATES
 from sandboxd.agents.state import SESSION_STATES
+from sandboxd.agents.updates import settled
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     Code,
@@ -359,7 +360,7 @@ def agents_messages(request: ServerRequest) -> dict[str, Any]:
     after = integer(request.query.get("after"), "after", 0, low=0)
     limit = integer(request.query.get("limit"), "limit", 100, low=0) or 100
     selected = [
-        m
+        settled(m)
         for m in session.messages
         if m["seq_to"] > after and (turn_id is None or m["turn_id"] == turn_id)
     ][:limit]
