@@ -418,10 +418,13 @@ class SessionStore:
         One session's file, and no more files than a start reads back: a
         daemon that keeps many sessions in memory keeps the files of the
         most recently changed (a session that changes again is written
-        again).  Blocking.
+        again).  Only a new file can take the count past it, so only then
+        is the directory looked at.  Blocking.
         """
+        new = not os.path.exists(path)
         write_private(path, data)
-        self._newest_files()
+        if new:
+            self._newest_files()
 
     def _files(self) -> Iterator[tuple[str, float]]:
         with os.scandir(self.directory) as entries:
