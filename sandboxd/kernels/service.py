@@ -309,9 +309,9 @@ class CodeService(Service):
             # Only a context waiting for work is idle (not one starting,
             # restarting or running); a dead one nobody restarts would
             # hold its slot and its outputs for good.
-            waiting = ctx.state == "idle" and ctx.current is None and not ctx.queue
-            waiting = waiting or ctx.state == "dead"
-            if waiting and now - ctx.last_activity > ctx.idle_timeout:
+            idle = ctx.state == "idle" and ctx.current is None and not ctx.queue
+            closable = idle or ctx.state == "dead"
+            if closable and now - ctx.last_activity > ctx.idle_timeout:
                 log.info(
                     "code context {id} {state}: closed", id=ctx.id, state=ctx.state
                 )
