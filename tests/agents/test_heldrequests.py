@@ -63,30 +63,40 @@ class Peer:
         raise AssertionError(reason)
 
 
+def running_session(
+    base: str, clock: Clock, limits: Limits | None = None, params: Params | None = None
+) -> SessionState:
+    """An agent session's state in memory, a turn running, under a rule of its own."""
+    rule = EffectiveRule(
+        endpoint_id="agents_session_create",
+        enabled=True,
+        enabled_by="test",
+        scopes=(),
+        audit="off",
+        limits=limits or Limits(),
+        paths=PathRule(),
+        params=params or Params(),
+        base_dir=base,
+    )
+    entry = CatalogEntry("fake", "Fake", ("fake-agent",))
+    session = SessionState(clock, None, "as_test", entry, rule, base, {}, None, [])
+    session.state = "running"
+    session.current = Turn("turn_1", 0.0, 1)
+    return session
+
+
 class HeldRequestsTests(SynchronousTestCase):
     """Permission requests held, answered by a human, the clock or withdrawn."""
 
     def held_requests(self, **params: Any) -> HeldRequests:
         """A running turn's session with ``params`` and a 5 s permission timeout."""
-        base = self.mktemp()
-        rule = EffectiveRule(
-            endpoint_id="agents_session_create",
-            enabled=True,
-            enabled_by="test",
-            scopes=(),
-            audit="off",
-            limits=Limits(permission_timeout_seconds=5),
-            paths=PathRule(),
-            params=Params(**params),
-            base_dir=base,
-        )
         self.clock = Clock()
-        entry = CatalogEntry("fake", "Fake", ("fake-agent",))
-        self.session = SessionState(
-            self.clock, None, "as_test", entry, rule, base, {}, None, []
+        self.session = running_session(
+            self.mktemp(),
+            self.clock,
+            Limits(permission_timeout_seconds=5),
+            Params(**params),
         )
-        self.session.state = "running"
-        self.session.current = Turn("turn_1", 0.0, 1)
         self.host = Host()
         updates = UpdateFolding(self.session, FileChanges(self.session))
         held = HeldRequests(self.session, updates, self.host)

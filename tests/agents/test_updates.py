@@ -11,34 +11,16 @@ import time
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.filechanges import FileChanges
-from sandboxd.agents.state import SessionState, Turn
 from sandboxd.agents.updates import UpdateFolding, settled
-from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
+from tests.agents.test_heldrequests import running_session
 
 
 class FoldMessageTests(SynchronousTestCase):
     """``UpdateFolding.fold_message`` and :func:`settled`."""
 
     def setUp(self) -> None:
-        base = self.mktemp()
-        rule = EffectiveRule(
-            endpoint_id="agents_session_create",
-            enabled=True,
-            enabled_by="test",
-            scopes=(),
-            audit="off",
-            limits=Limits(),
-            paths=PathRule(),
-            params=Params(),
-            base_dir=base,
-        )
-        entry = CatalogEntry("fake", "Fake", ("fake-agent",))
-        self.session = SessionState(
-            Clock(), None, "as_test", entry, rule, base, {}, None, []
-        )
-        self.session.current = Turn("turn_1", 0.0, 1)
+        self.session = running_session(self.mktemp(), Clock())
         self.updates = UpdateFolding(self.session, FileChanges(self.session))
 
     def chunk(self, text: str, seq: int, message_id: str = "m1") -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.processes.tree import descendants
-from tests.helpers import tcp_rows
+from tests.helpers import fd_targets, tcp_rows
 from tests.kernels.test_contexts import need_ipykernel
 from tests.security.test_full_sandbox import BoxedDaemon, e2b_sandbox
 
@@ -59,11 +59,7 @@ def held(pid: int, directories: list[str]) -> dict[str, Any]:
     """What the daemon ``pid`` holds: descriptors by kind, child processes, files."""
     kinds: collections.Counter[str] = collections.Counter()
     in_use = client_held()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
+    for _, target in fd_targets(pid):
         if target.startswith("socket:[") and target[8:-1] in in_use:
             continue
         # "socket:[123]" and "pipe:[45]" by kind; files by name.
