@@ -212,7 +212,10 @@ class WireTurn:
         self.error: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
         self.engine_id: str | None = None
-        self.items: list[dict[str, Any]] = []
+        self._items: list[dict[str, Any]] = []
+        #: The open message or reasoning item whose streamed pieces are not
+        #: yet in its text, and those pieces.
+        self._growing: tuple[dict[str, Any], list[str]] | None = None
         self.waiters: Waiters[None] = Waiters()
         self.announced = False
 
@@ -220,6 +223,45 @@ class WireTurn:
     def ended(self) -> bool:
         """Whether the turn is over."""
         return self.status in ("completed", "failed", "cancelled")
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The turn's items, an open one's text whole."""
+        self.settle()
+        return self._items
+
+    def index_of(self, item: dict[str, Any]) -> int:
+        """
+        Where ``item`` is among the turn's items (its ``output_index``),
+        without joining an open item's text: asked for every streamed piece.
+        """
+        return self._items.index(item)
+
+    def holds(self, item: dict[str, Any]) -> bool:
+        """Whether ``item`` is one of the turn's, without joining any text."""
+        return any(kept is item for kept in self._items)
+
+    def grow(self, item: dict[str, Any], text: str) -> None:
+        """
+        Add streamed ``text`` to a message's or reasoning item's text.
+
+        The pieces are joined when the items are read: adding each to the
+        text would copy the whole text once per piece, a long answer in
+        small pieces costing the square of its length.
+        """
+        if self._growing is None or self._growing[0] is not item:
+            self.settle()
+            self._growing = (item, [])
+        self._growing[1].append(text)
+
+    def settle(self) -> None:
+        """Join the open item's streamed pieces into its text."""
+        if self._growing is None:
+            return
+        item, pieces = self._growing
+        self._growing = None
+        part = item["content"][0] if item["type"] == "message" else item["summary"][0]
+        part["text"] += "".join(pieces)
 
     def describe(self) -> dict[str, Any]:
         """The ``agent.session.turn`` object."""
@@ -604,8 +646,8 @@ class SessionFace:
         if not text:
             return
         common = self._item_ref(turn, item)
+        turn.grow(item, text)
         if item["type"] == "message":
-            item["content"][0]["text"] += text
             self._emit(
                 "agent.session.turn.output_text.delta",
                 content_index=0,
@@ -613,7 +655,6 @@ class SessionFace:
                 **common,
             )
         else:
-            item["summary"][0]["text"] += text
             self._emit(
                 "agent.session.turn.reasoning_summary_text.delta",
                 summary_index=0,
@@ -676,7 +717,7 @@ class SessionFace:
             "session_id": self.id,
             "turn_id": turn.id,
             "item_id": item["id"],
-            "output_index": turn.items.index(item),
+            "output_index": turn.index_of(item),
         }
 
     def _close_open(self, phase: str) -> None:
@@ -685,6 +726,7 @@ class SessionFace:
         if item is None or turn is None:
             return
         self._delta(turn, item, item["_stream"].flush())
+        turn.settle()
         item["status"] = "completed"
         common = self._item_ref(turn, item)
         if item["type"] == "message":
@@ -870,14 +912,14 @@ class SessionFace:
     def _output_delta(self, item: dict[str, Any], text: str) -> None:
         """A command's output as it is read (already redacted)."""
         turn = self.current
-        if not text or turn is None or item not in turn.items:
+        if not text or turn is None or not turn.holds(item):
             return
         self._emit(
             "agent.output.command_execution_output.delta",
             session_id=self.id,
             turn_id=turn.id,
             item_id=item["id"],
-            output_index=turn.items.index(item),
+            output_index=turn.index_of(item),
             delta=text,
         )
 

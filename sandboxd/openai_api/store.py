@@ -188,7 +188,7 @@ def restore(record: dict[str, Any]) -> SessionFace:
         turn.completed_at = saved["completed_at"]
         turn.error = saved["error"]
         turn.usage = saved["usage"]
-        turn.items = saved["items"]
+        turn.items.extend(saved["items"])
         turn.announced = True
         face.turns[turn.id] = turn
     face.end_restored(INTERRUPTED)

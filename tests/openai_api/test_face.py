@@ -1,16 +1,20 @@
 """
-The ``Idempotency-Key`` book of the ``/v1`` door, in memory: how long a key
-answers its first result again.
+The ``/v1`` door's session face, in memory: how long an ``Idempotency-Key``
+answers its first result again, and a streamed answer folded into its item.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.openai_api.face import IdempotencyBook
+from sandboxd.openai_api.face import IdempotencyBook, SessionFace, WireTurn
 from sandboxd.policy.defaults import OPENAI_IDEMPOTENCY_SECONDS
+from tests.agents.test_heldrequests import running_session
 
 BODY = {"input": "hi"}
 
@@ -75,3 +79,73 @@ class IdempotencyWindowTests(SynchronousTestCase):
         for key in ("a", "b", "c"):
             book.store(key, BODY, key)
         self.assertEqual([e[0] for e in book.entries()], ["b", "c"])
+
+
+class StreamedTextTests(SynchronousTestCase):
+    """
+    An agent's streamed answer and thoughts become a turn's message and
+    reasoning items: whole whenever read, in time linear in their length.
+    """
+
+    def setUp(self) -> None:
+        self.engine = running_session(self.mktemp(), Clock())
+        agent = {"id": "agent_1", "runtime": "fake", "model": "fake-model"}
+        self.face = SessionFace(self.engine, "owner", agent, {"id": "env_1"}, {})
+        self.engine.emit("turn.started")
+        [self.turn] = self.face.turns.values()
+
+    def chunk(self, text: str, role: str = "agent", message_id: str = "m1") -> None:
+        self.engine.emit(
+            "message.delta",
+            role=role,
+            message_id=message_id,
+            content={"type": "text", "text": text},
+        )
+
+    def texts(self, turn: WireTurn) -> list[tuple[str, str]]:
+        def text(item: dict[str, Any]) -> str:
+            parts = item["content"] if item["type"] == "message" else item["summary"]
+            return str(parts[0]["text"])
+
+        return [(item["type"], text(item)) for item in turn.items]
+
+    def test_whole_when_read_midway(self) -> None:
+        """
+        Read while the answer streams, through the turn, the session and the
+        ``item.done`` event, the text is everything streamed so far.
+        """
+        self.chunk("Let me ", role="thought", message_id="t1")
+        self.chunk("think.", role="thought", message_id="t1")
+        self.chunk("Hel")
+        self.chunk("lo, ")
+        self.assertEqual(
+            self.texts(self.turn),
+            [("reasoning", "Let me think."), ("message", "Hello, ")],
+        )
+        self.chunk("world")
+        self.assertEqual(self.face.items()[1]["content"][0]["text"], "Hello, world")
+        self.chunk("!")
+        self.engine.emit("turn.ended", stop_reason="end_turn")
+        self.assertEqual(
+            self.texts(self.turn),
+            [("reasoning", "Let me think."), ("message", "Hello, world!")],
+        )
+        _, events = self.face.log.since(0)
+        done = [e.data["text"] for e in events if e.event.endswith("text.done")]
+        self.assertEqual(done, ["Let me think.", "Hello, world!"])
+        deltas = [
+            e.data["delta"] for e in events if e.event.endswith("output_text.delta")
+        ]
+        self.assertEqual("".join(deltas), "Hello, world!")
+
+    def test_long_answer_in_small_chunks(self) -> None:
+        """
+        A 1 MB answer in 4-byte chunks is folded in seconds, not the tens
+        of seconds of the reactor's time a copy of the text per chunk took.
+        """
+        started = time.perf_counter()
+        for _ in range(250_000):
+            self.chunk("abcd")
+        took = time.perf_counter() - started
+        self.assertEqual(self.texts(self.turn), [("message", "abcd" * 250_000)])
+        self.assertLess(took, 12.0)
