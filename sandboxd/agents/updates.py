@@ -11,10 +11,14 @@ from typing import Any
 
 from sandboxd.agents.filechanges import FileChanges, unified_diff
 from sandboxd.agents.state import UNFINISHED, SessionState, bounded_put
+from sandboxd.eventlog import json_size
 from sandboxd.policy import defaults
 
 #: A message's key for the chunks of its last text block not yet joined.
 PIECES = "_pieces"
+
+#: A message's key for the bytes of its content kept so far.
+KEPT_BYTES = "_bytes"
 
 
 def settled(message: dict[str, Any]) -> dict[str, Any]:
@@ -157,13 +161,23 @@ class UpdateFolding:
             if len(s.messages) > defaults.AGENT_KEPT_ITEMS:
                 del s.messages[0]
         target["seq_to"] = seq
+        if not isinstance(content, dict):
+            return
+        is_text = content.get("type") == "text"
+        size = (
+            len(str(content.get("text", "")).encode())
+            if is_text
+            else json_size(content)
+        )
+        kept = target.get(KEPT_BYTES, 0) + size
+        if kept > s.max_message_bytes:
+            # The events still carry every chunk; the folded message keeps
+            # what one line from the agent may hold, and says it was cut.
+            target["truncated"] = True
+            return
+        target[KEPT_BYTES] = kept
         blocks = target["content"]
-        if (
-            isinstance(content, dict)
-            and content.get("type") == "text"
-            and blocks
-            and blocks[-1].get("type") == "text"
-        ):
+        if is_text and blocks and blocks[-1].get("type") == "text":
             # The chunks of a streamed text are joined when it is read
             # (:func:`settled`), not once per chunk: a long answer in small
             # chunks would copy its whole text each time.
@@ -171,7 +185,7 @@ class UpdateFolding:
             if pieces is None:
                 pieces = target[PIECES] = [str(blocks[-1].get("text", ""))]
             pieces.append(str(content.get("text", "")))
-        elif isinstance(content, dict):
+        else:
             settled(target)
             blocks.append(dict(content))
 

@@ -645,6 +645,13 @@ class SessionFace:
         """Append (already redacted) text to an open message or reasoning item."""
         if not text:
             return
+        kept = item.get("_bytes", 0) + len(text.encode())
+        if kept > self.engine.max_message_bytes:
+            # What one line from the agent may hold is what an item keeps;
+            # past it the item ends ``incomplete``, as a cut-off answer.
+            item["_cut"] = True
+            return
+        item["_bytes"] = kept
         common = self._item_ref(turn, item)
         turn.grow(item, text)
         if item["type"] == "message":
@@ -727,7 +734,7 @@ class SessionFace:
             return
         self._delta(turn, item, item["_stream"].flush())
         turn.settle()
-        item["status"] = "completed"
+        item["status"] = "incomplete" if item.get("_cut") else "completed"
         common = self._item_ref(turn, item)
         if item["type"] == "message":
             item["phase"] = phase

@@ -360,7 +360,7 @@ def agents_messages(request: ServerRequest) -> dict[str, Any]:
     after = integer(request.query.get("after"), "after", 0, low=0)
     limit = integer(request.query.get("limit"), "limit", 100, low=0) or 100
     selected = [
-        settled(m)
+        {k: v for k, v in settled(m).items() if not k.startswith("_")}
         for m in session.messages
         if m["seq_to"] > after and (turn_id is None or m["turn_id"] == turn_id)
     ][:limit]

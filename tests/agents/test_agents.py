@@ -265,7 +265,7 @@ class SessionTests(AgentsTestCase):
 
     @inlineCallbacks
     def test_create_and_echo(self) -> Any:
-        """Create answers 201 with the agent's modes and config; a prompt within wait answers 200 with the text."""
+        """Create answers 201 with the agent's modes and config; a prompt within wait answers 200 with the text; its messages show their documented fields only."""
         reply = yield self.create(title="first")
         self.assertEqual(reply.status, 201, reply.body)
         body = reply.json()
@@ -287,6 +287,11 @@ class SessionTests(AgentsTestCase):
         self.assertEqual([m["role"] for m in messages], ["user", "agent"])
         self.assertEqual(
             messages[1]["content"], [{"type": "text", "text": "hello world"}]
+        )
+        self.assertEqual(
+            set(messages[1]),
+            {"message_id", "turn_id", "role", "content", "tool_call_ids"}
+            | {"seq_from", "seq_to"},
         )
         reply = yield self.request("GET", f"/agents/sessions/{sid}")
         self.assertEqual(reply.json()["title"], "first")

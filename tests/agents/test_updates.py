@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.updates import UpdateFolding, settled
+from sandboxd.policy.rules import Limits
 from tests.agents.test_heldrequests import running_session
 
 
@@ -62,3 +63,22 @@ class FoldMessageTests(SynchronousTestCase):
         [message] = self.session.messages
         self.assertEqual(len(settled(message)["content"][0]["text"]), 1_000_000)
         self.assertLess(took, 5.0)
+
+    def test_message_kept_to_max_message_bytes(self) -> None:
+        """
+        A message's content keeps what one line from the agent may hold
+        (``max_message_bytes``): past it the chunks are not kept (their
+        events still carry them) and the message says it was cut.
+        """
+        self.session = running_session(
+            self.mktemp(), Clock(), Limits(max_message_bytes=100)
+        )
+        self.updates = UpdateFolding(self.session, FileChanges(self.session))
+        for seq in range(1, 31):
+            self.chunk("abcd", seq)
+        [message] = self.session.messages
+        self.assertEqual(settled(message)["content"][0]["text"], "abcd" * 25)
+        self.assertIs(message["truncated"], True)
+        self.assertEqual(message["seq_to"], 30)
+        self.chunk("more", 31, message_id="m2")
+        self.assertNotIn("truncated", self.session.messages[1])

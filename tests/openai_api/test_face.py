@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.errors import ApiError
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace, WireTurn
 from sandboxd.policy.defaults import OPENAI_IDEMPOTENCY_SECONDS
+from sandboxd.policy.rules import Limits
 from tests.agents.test_heldrequests import running_session
 
 BODY = {"input": "hi"}
@@ -88,7 +89,11 @@ class StreamedTextTests(SynchronousTestCase):
     """
 
     def setUp(self) -> None:
-        self.engine = running_session(self.mktemp(), Clock())
+        self.start()
+
+    def start(self, limits: Limits | None = None) -> None:
+        """A face on a running engine session, its turn started."""
+        self.engine = running_session(self.mktemp(), Clock(), limits)
         agent = {"id": "agent_1", "runtime": "fake", "model": "fake-model"}
         self.face = SessionFace(self.engine, "owner", agent, {"id": "env_1"}, {})
         self.engine.emit("turn.started")
@@ -149,3 +154,29 @@ class StreamedTextTests(SynchronousTestCase):
         took = time.perf_counter() - started
         self.assertEqual(self.texts(self.turn), [("message", "abcd" * 250_000)])
         self.assertLess(took, 12.0)
+
+    def test_item_kept_to_max_message_bytes(self) -> None:
+        """
+        A message item keeps what one line from the agent may hold; past it
+        no more deltas are sent and the item ends ``incomplete``, as an
+        answer cut short does. The next message is whole again.
+        """
+        self.start(Limits(max_message_bytes=100))
+        for _ in range(30):
+            self.chunk("abcd")
+        self.chunk("next", message_id="m2")
+        self.engine.emit("turn.ended", stop_reason="end_turn")
+        [cut, whole] = self.turn.items
+        self.assertEqual(
+            (cut["status"], cut["content"][0]["text"]), ("incomplete", "abcd" * 25)
+        )
+        self.assertEqual(
+            (whole["status"], whole["content"][0]["text"]), ("completed", "next")
+        )
+        _, events = self.face.log.since(0)
+        deltas = [
+            e.data["delta"]
+            for e in events
+            if e.event.endswith("output_text.delta") and e.data["item_id"] == cut["id"]
+        ]
+        self.assertEqual("".join(deltas), "abcd" * 25)

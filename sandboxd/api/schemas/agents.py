@@ -321,7 +321,9 @@ SCHEMAS: dict[str, Schema] = {
                 "messages",
                 "array",
                 "[{message_id, turn_id, role, content, "
-                "tool_call_ids, seq_from, seq_to}]",
+                "tool_call_ids, seq_from, seq_to}]; a message whose content "
+                "passed max_message_bytes keeps what fit and has truncated: "
+                "true (its events carry every chunk)",
                 items="object",
             ),
             F("next", "integer"),
