@@ -335,7 +335,25 @@ class SessionStore:
             except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
                 log.warning("set aside %s: it cannot be restored (%s)", path, e)
                 os.replace(path, path + ".bad")
+        self._forget_set_aside()
         return faces
+
+    def _forget_set_aside(self) -> None:
+        """
+        Keep the newest :data:`OPENAI_STATE_SET_ASIDE` files set aside:
+        each start may set aside new ones, and a state dir restored again
+        and again must not fill the disk with them (blocking).
+        """
+        with os.scandir(self.directory) as entries:
+            kept = [
+                (entry.stat(follow_symlinks=False).st_mtime, entry.path)
+                for entry in entries
+                if entry.name.endswith(".json.bad")
+                and entry.is_file(follow_symlinks=False)
+            ]
+        kept.sort()
+        for _, stale in kept[: -defaults.OPENAI_STATE_SET_ASIDE or None]:
+            remove_if_there(stale)
 
     def load_webhooks(self) -> list[dict[str, Any]]:
         """The webhook endpoints kept (an unreadable file is set aside)."""

@@ -298,6 +298,9 @@ OPENAI_STATE_SESSIONS = 100
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
 OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0
+#: Session files that could not be read back, kept set aside (``.bad``)
+#: for an operator to look at: the newest this many.
+OPENAI_STATE_SET_ASIDE = 16
 #: How soon a state file whose write failed (a full disk) is written again.
 OPENAI_STATE_RETRY_SECONDS = 10.0
 #: The /v1 door's vaults, credentials, templates, definitions and

@@ -356,3 +356,33 @@ class FailedWriteTests(SynchronousTestCase):
         self.assertIn("webhooks is kept again", messages[3])
         self.assertEqual(store._failing, set())
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class SetAsideTests(SynchronousTestCase):
+    """Session files that cannot be read back are set aside, and not without end."""
+
+    def test_newest_set_aside_kept(self) -> None:
+        """
+        A session file that does not parse is set aside as ``.bad`` at the
+        start and the others are read; of the files set aside over many
+        starts, the newest :data:`OPENAI_STATE_SET_ASIDE` stay.
+        """
+        self.patch(defaults, "OPENAI_STATE_SET_ASIDE", 3)
+        store = SessionStore(None, self.mktemp())  # type: ignore[arg-type]
+        store.load()
+
+        def unreadable(name: str, mtime: int) -> None:
+            path = store.path(name)
+            with open(path, "w") as f:
+                f.write('{"version": 1, "turns": [')
+            os.utime(path, (mtime, mtime))
+
+        for n in range(4):
+            unreadable(f"agsess_old{n}", 1_000 + n)
+        self.assertEqual(store.load(), [])
+        unreadable("agsess_new", 2_000)
+        store.load()
+        self.assertEqual(
+            sorted(os.listdir(store.directory)),
+            ["agsess_new.json.bad", "agsess_old2.json.bad", "agsess_old3.json.bad"],
+        )
