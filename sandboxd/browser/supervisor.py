@@ -19,7 +19,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 from typing import Any
 
 from twisted.application.service import Service
@@ -261,7 +260,7 @@ class BrowserSupervisor(Service):
             "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
         }
         if self.workdir is None or not os.path.isdir(self.workdir):
-            self.workdir = tempfile.mkdtemp(prefix="sandboxd-browser-")
+            self.workdir = self.context.scratch.mkdtemp("sandboxd-browser-")
         env = child_environment(self.context, None, base=BOOT_ENVIRON)
         # Playwright's driver and Chromium write caches under HOME and TMPDIR.
         env["TMPDIR"] = self.workdir

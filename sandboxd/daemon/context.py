@@ -26,6 +26,7 @@ from sandboxd.access.metrics import Metrics
 from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
+from sandboxd.daemon.scratch import Scratch
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
@@ -132,6 +133,8 @@ class Context:
     #: The preview door's service (``sandboxd.preview.service.PreviewService``),
     #: when ``--preview-port`` is given.
     preview: Any = attrs.field(default=None, init=False)
+    #: The daemon's own directory in the temporary directory.
+    scratch: Scratch = attrs.field(factory=Scratch, init=False)
     #: What ``GET /metrics`` reports (counted as requests are answered).
     metrics: Metrics = attrs.field(factory=Metrics, init=False)
     #: Each call's span and trace ids (sends nothing unless the daemon is

@@ -25,6 +25,7 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -36,6 +37,7 @@ from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
 from sandboxd.daemon.context import Context, as_clock
 from sandboxd.daemon.readiness import ListenAfter, Listener, all_listening
+from sandboxd.daemon.scratch import sweep
 from sandboxd.daemon.services import setup_services
 from sandboxd.daemon.startup import (
     StartRefused,
@@ -350,8 +352,25 @@ class DaemonService(MultiService):
             self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
+        self._sweep_scratch()
         self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, self._settle)
         self.heap_sweep.start(HEAP_TRIM_QUIET_SECONDS, now=False)
+
+    def _sweep_scratch(self) -> None:
+        """
+        Remove, in a thread, what daemons killed outright left in the
+        temporary directory (:mod:`sandboxd.daemon.scratch`); a reactor
+        with no threads (a test's, in memory) leaves it.
+        """
+        if not IReactorThreads.providedBy(self.context.reactor):
+            return
+        self.context.in_thread(sweep).addCallbacks(
+            _swept,
+            lambda f: log.warn(
+                "sandboxd: what stopped daemons left was not cleaned up: {f}",
+                f=f.getErrorMessage(),
+            ),
+        )
 
     def _settle(self) -> None:
         """
@@ -552,6 +571,7 @@ class DaemonService(MultiService):
 
         def flush(_: Any) -> None:
             self.context.audit.flush()
+            self.context.scratch.close()
             CHILD_CGROUPS.restore()
             # twistd re-raises the stopping signal at exit so the status
             # reads "killed by SIGTERM"; after a graceful stop SPEC §1 wants
@@ -673,6 +693,15 @@ def listeners_of(
     http = listen_string(settings.port, host)
     pty = settings.pty_port or environ.get("ABX_PTY_PORT") or default_pty_port(http)
     return http, listen_string(pty, interface_of(http))
+
+
+def _swept(removed: list[str]) -> None:
+    for path in removed:
+        log.info(
+            "sandboxd: removed {path}, left by a daemon that stopped without "
+            "cleaning up",
+            path=path,
+        )
 
 
 def check_start(

@@ -177,11 +177,20 @@ class AskpassSession:
         message; never holds the secret).
     """
 
-    def __init__(self, reactor: Any, secret: Secret, uid: int, gid: int) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        secret: Secret,
+        uid: int,
+        gid: int,
+        parent: str | None = None,
+    ) -> None:
         self.reactor = reactor
         self._secret: Secret | None = secret
         self.uid = uid
         self.gid = gid
+        #: Where its directory is made (the daemon's scratch directory).
+        self.parent = parent
         self.nonce = secrets.token_urlsafe(24)
         self.git_pid: int | None = None
         self.asked: set[str] = set()
@@ -194,7 +203,7 @@ class AskpassSession:
         Make the directory, the helper and the socket; the environment
         variables git needs to use them.
         """
-        self.directory = tempfile.mkdtemp(prefix="sandboxd-askpass-")
+        self.directory = tempfile.mkdtemp(prefix="sandboxd-askpass-", dir=self.parent)
         client = os.path.join(self.directory, "askpass.py")
         here = os.path.dirname(os.path.abspath(__file__))
         shutil.copyfile(os.path.join(here, "askpass_client.py"), client)

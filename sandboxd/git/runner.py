@@ -274,7 +274,13 @@ class GitCall:
             session: AskpassSession | None = None
             if secret is not None:
                 uid, gid = self.uid_gid
-                session = AskpassSession(self.context.reactor, secret, uid, gid)
+                session = AskpassSession(
+                    self.context.reactor,
+                    secret,
+                    uid,
+                    gid,
+                    self.context.scratch.directory(),
+                )
                 env.update(session.start())
 
             def spawned(child: Any) -> None:

@@ -24,7 +24,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import OrderedDict, deque
 from typing import Any, Protocol
@@ -74,6 +73,8 @@ class Host(Protocol):
 
     reactor: Any
     children: Any
+    #: The daemon's :class:`~sandboxd.daemon.context.Context`.
+    context: Any
 
     def hub(self, run_as: RunAs | None = None) -> Any:
         """The hub of ``run_as``'s kernels, started if none runs."""
@@ -382,7 +383,7 @@ class CodeContext:
         self._opened_on: tuple[Any, int] | None = None
         self._grace_timer: IDelayedCall | None = None
         self._pending_epilogue: str | None = None
-        self.dir = tempfile.mkdtemp(prefix="sandboxd-code-")
+        self.dir = service.context.scratch.mkdtemp("sandboxd-code-")
         if run_as is not None and os.geteuid() == 0:
             os.chown(self.dir, run_as.uid, run_as.gid)
         #: What the kernel is confined to (``params.confine``), its own

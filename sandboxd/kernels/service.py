@@ -16,7 +16,6 @@ import hashlib
 import os
 import secrets
 import shutil
-import tempfile
 from typing import Any
 
 from twisted.application.service import Service
@@ -250,7 +249,7 @@ class CodeService(Service):
         oid = "o_" + secrets.token_hex(8)
         if self.spill_dir is None:
             try:
-                self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
+                self.spill_dir = self.context.scratch.mkdtemp("sandboxd-code-out-")
             except OSError:
                 return None
         path = os.path.join(self.spill_dir, oid)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import tempfile
 import time
 import weakref
 from collections import OrderedDict
@@ -117,7 +116,9 @@ class Shelf:
     def _ensure_dir(self) -> str:
         """The private directory (made in the copying thread, once)."""
         if self.directory is None:
-            self.directory = tempfile.mkdtemp(prefix="sandboxd-artifacts-")
+            self.directory = self.face.engine.context.scratch.mkdtemp(
+                "sandboxd-artifacts-"
+            )
             # Kept alive by the weakref module until it runs, at the
             # latest when the interpreter exits.
             weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)

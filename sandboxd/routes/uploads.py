@@ -13,6 +13,7 @@ stands and ``DELETE`` drops it.  The upload table is
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -91,6 +92,12 @@ def files_uploads_create(request: ServerRequest) -> Any:
     )
     idle = rule.limits.idle_timeout_seconds or _DEFAULTS["idle_timeout_seconds"]
     writer = atomic_writer(request, path, overwrite, mode, if_match_of(request))
+    if writer.named:
+        # A file system without unnamed files: the staging file has its name
+        # from the start, and a crash would leave it beside the target.
+        request.context.scratch.staging(
+            os.path.join(os.path.dirname(writer.path), writer.tmp_name)
+        )
     upload = table.create(_owner(request), writer, size, path, float(idle))
     request.audit["upload_id"] = upload.id
     return ServerResponse(status=201, body=upload.record())

@@ -9,7 +9,8 @@ call a few times to warm it, notes what the daemon holds (its open
 descriptors by kind, the processes below it, the files in its base and
 temporary directories), makes the same call many more times through the
 client its users run, and checks that once the calls are over the daemon
-holds what it held before.  Threads are not compared: the daemon's pool
+holds what it held before (and what a daemon killed outright left, the
+next start removes).  Threads are not compared: the daemon's pool
 keeps idle threads for the next call; nor are connections a client keeps
 open for its next call.
 """
@@ -21,6 +22,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import socket
 import time
 import urllib.request
@@ -271,3 +273,31 @@ class LongLivedTests(SynchronousTestCase):
             self.delete(f"/code/contexts/{created['id']}")
 
         self.assert_gives_back(call)
+
+    def test_start_removes_what_a_killed_daemon_left(self) -> None:
+        """
+        A daemon SIGKILLed with a code context open (the OOM killer's way)
+        leaves the context's directory in the temporary directory; the
+        daemon a supervisor starts next removes it, and says so in its log.
+        """
+        need_ipykernel()
+        created = self.post("/code/contexts", {"language": "python"})
+        self.post(f"/code/contexts/{created['id']}/execute", {"code": "x = 1"})
+        [left] = os.listdir(self.tmp)
+        self.assertTrue(left.startswith("sandboxd-run-"))
+        self.assertTrue(
+            any(
+                n.startswith("sandboxd-code-") for n in os.listdir(f"{self.tmp}/{left}")
+            )
+        )
+        os.killpg(self.box.proc.pid, signal.SIGKILL)
+        self.box.proc.wait()
+        self.assertEqual(os.listdir(self.tmp), [left])
+        self.box.output.close()
+        self.box.spawn()
+        self.box.wait_healthy()
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while left in os.listdir(self.tmp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertNotIn(left, os.listdir(self.tmp))
+        self.assertIn(f"removed {self.tmp}/{left}, left by a daemon", self.box.log())
