@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +26,7 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IReactorThreads
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -358,19 +359,34 @@ class DaemonService(MultiService):
 
     def _sweep_scratch(self) -> None:
         """
-        Remove, in a thread, what daemons killed outright left in the
-        temporary directory (:mod:`sandboxd.daemon.scratch`); a reactor
-        with no threads (a test's, in memory) leaves it.
+        Remove what daemons killed outright left in the temporary directory
+        (:mod:`sandboxd.daemon.scratch`), on a thread of its own that ends
+        with the sweep: the pool's threads, once started, stay, and a fresh
+        daemon starts none until a call needs one.  A reactor that takes
+        nothing from threads (a test's, in memory) leaves it.
         """
-        if not IReactorThreads.providedBy(self.context.reactor):
+        reactor: Any = self.context.reactor
+        if not IReactorFromThreads.providedBy(reactor):
             return
-        self.context.in_thread(sweep).addCallbacks(
-            _swept,
-            lambda f: log.warn(
-                "sandboxd: what stopped daemons left was not cleaned up: {f}",
-                f=f.getErrorMessage(),
-            ),
-        )
+
+        def work() -> None:
+            try:
+                removed = sweep()
+            except Exception as e:  # reported; the daemon goes on
+                reactor.callFromThread(
+                    log.warn,
+                    "sandboxd: what stopped daemons left was not cleaned up: {e}",
+                    e=e,
+                )
+            else:
+                reactor.callFromThread(_swept, removed)
+
+        try:
+            threading.Thread(target=work, name="sandboxd-sweep", daemon=True).start()
+        except RuntimeError as e:
+            log.warn(
+                "sandboxd: no thread to clean up what stopped daemons left: {e}", e=e
+            )
 
     def _settle(self) -> None:
         """
