@@ -779,10 +779,16 @@ class ResponseStream(Follower):
         super().__init__(response.face.log, channel, response.log_from, self._translate)
 
     def _snapshot(self) -> dict[str, Any]:
-        """The response as it was when its turn began."""
+        """
+        The response as it was when its turn began: no output yet, even
+        when some is there already (a stream followed again, the call an
+        approval let run). The events that follow add each item, and the
+        SDK's stream helper refuses an item added twice.
+        """
         shown = self.response.describe()
         if shown["status"] not in ("queued", "in_progress"):
-            shown.update(status="in_progress", output=[], usage=None, completed_at=None)
+            shown["status"] = "in_progress"
+        shown.update(output=[], usage=None, completed_at=None)
         return shown
 
     def send_event(self, type: str, **fields: Any) -> bytes:

@@ -91,6 +91,38 @@ class ResponseTests(OpenAICase):
         self.assertEqual(seen[-1].response.status, "cancelled")
 
     @inlineCallbacks
+    def test_stream_helper_follows_a_running_response(self) -> Any:
+        """
+        The SDK's ``responses.stream(response_id=...)`` follows a background
+        response that has output already: the stream begins with none and
+        adds each item once, then ends as the cancel ends it.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            started = client.responses.create(
+                model="fake", input="slow", background=True
+            )
+            for _ in range(100):
+                if client.responses.retrieve(started.id).output:
+                    break
+                time.sleep(0.1)
+            seen = []
+            with client.responses.stream(response_id=started.id) as stream:
+                for event in stream:
+                    seen.append(event)
+                    if event.type == "response.output_text.delta":
+                        client.responses.cancel(started.id)
+            return seen
+
+        seen = yield self.sdk(run)
+        self.assertEqual(seen[0].response.output, [])
+        added = [e.output_index for e in seen if e.type == "response.output_item.added"]
+        self.assertEqual(added, [0])
+        self.assertEqual(seen[-1].type, "response.incomplete")
+        self.assertEqual(seen[-1].response.status, "cancelled")
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
