@@ -936,11 +936,14 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
             param="response_id",
         )
     response.face.cancel_turn(turn)
-    await _within(
-        request.context.reactor,
-        turn.waiters.wait(),
-        defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS + 1,
-    )
+    if not turn.ended:
+        # A queued turn ended at once; a running one ends once its agent
+        # has stopped (its waiters fire then, and only then).
+        await _within(
+            request.context.reactor,
+            turn.waiters.wait(),
+            defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS + 1,
+        )
     return response.describe()
 
 

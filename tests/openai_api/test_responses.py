@@ -123,6 +123,46 @@ class ResponseTests(OpenAICase):
         self.assertEqual(seen[-1].response.status, "cancelled")
 
     @inlineCallbacks
+    def test_cancel_queued(self) -> Any:
+        """
+        A queued response's cancel answers at once, ``cancelled``; the
+        one after it in the queue still runs once the running one ends.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            running = client.responses.create(
+                model="fake", input="slow", background=True
+            )
+            queued = client.responses.create(
+                model="fake",
+                input="echo never",
+                previous_response_id=running.id,
+                background=True,
+            )
+            after = client.responses.create(
+                model="fake",
+                input="echo after",
+                previous_response_id=queued.id,
+                background=True,
+            )
+            started = time.monotonic()
+            cancelled = client.responses.cancel(queued.id)
+            took = time.monotonic() - started
+            client.responses.cancel(running.id)
+            for _ in range(100):
+                done = client.responses.retrieve(after.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return cancelled, took, done
+
+        cancelled, took, done = yield self.sdk(run)
+        self.assertEqual(cancelled.status, "cancelled")
+        self.assertLess(took, 3.0)
+        self.assertEqual(done.output_text, "after")
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
