@@ -711,7 +711,7 @@ def _bound(request: ServerRequest) -> None:
         weight -= gone.weight
         reg.responses.pop(gone.id, None)
         reg.changed(gone.face)
-        _close_if_unused(request, gone.face)
+        _after_forgetting(request, gone.face)
 
 
 def _materialize(reg: Registry) -> None:
@@ -742,12 +742,21 @@ def _release(request: ServerRequest, response: WireResponse) -> None:
     """``store: false``: the response is forgotten once its turn is over."""
     reg = door(request)
     reg.responses.pop(response.id, None)
-    _close_if_unused(request, response.face)
+    _after_forgetting(request, response.face)
 
 
-def _close_if_unused(request: ServerRequest, face: SessionFace) -> None:
+def _after_forgetting(request: ServerRequest, face: SessionFace) -> None:
+    """
+    A response of ``face`` was forgotten (deleted, not stored, or the
+    oldest past the caller's bound): when it was the latest, the newest one
+    left is the one to continue from again, as agent-sandbox-server has it;
+    with none left, a response's conversation ends.
+    """
     reg = door(request)
-    if face.hidden and not any(r.face is face for r in reg.responses.values()):
+    left = [r for r in reg.responses.values() if r.face is face]
+    if left and face.last_response_id not in {r.id for r in left}:
+        face.last_response_id = left[-1].id
+    if face.hidden and not left:
         reg.forget(face.id)
         Deferred.fromCoroutine(face.engine.close(reason="released"))
 
@@ -955,7 +964,7 @@ def agents_responses_delete(request: ServerRequest) -> dict[str, Any]:
     reg.changed(response.face)
     if not response.turn.ended:
         response.face.cancel_turn(response.turn)
-    _close_if_unused(request, response.face)
+    _after_forgetting(request, response.face)
     return {"id": response.id, "object": "response", "deleted": True}
 
 

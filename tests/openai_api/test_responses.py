@@ -163,6 +163,46 @@ class ResponseTests(OpenAICase):
         self.assertEqual(done.output_text, "after")
 
     @inlineCallbacks
+    def test_latest_forgotten(self) -> Any:
+        """
+        Once a conversation's latest response is deleted, or was not
+        stored, the newest one left is the one to continue from again.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            second = client.responses.create(
+                model="fake", input="echo two", previous_response_id=first.id
+            )
+            client.responses.delete(second.id)
+            third = client.responses.create(
+                model="fake", input="echo three", previous_response_id=first.id
+            )
+            unstored = client.responses.create(
+                model="fake",
+                input="echo four",
+                previous_response_id=third.id,
+                store=False,
+            )
+            for _ in range(100):
+                fifth = caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo five", previous_response_id=third.id
+                    )
+                )
+                if not isinstance(fifth, Exception):
+                    break
+                time.sleep(0.05)
+            return third, unstored, fifth
+
+        third, unstored, fifth = yield self.sdk(run)
+        self.assertEqual(third.output_text, "three")
+        self.assertEqual(unstored.output_text, "four")
+        self.assertEqual(fifth.output_text, "five")
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
