@@ -472,6 +472,19 @@ def _check(body: dict[str, Any]) -> list[str]:
             )
     if body.get("background") is True and body.get("store") is False:
         raise bad_request("background responses must be stored", param="background")
+    if body.get("service_tier") not in (None, "auto", "default"):
+        raise bad_request("service_tier: only auto and default", param="service_tier")
+    text = body.get("text") or {}
+    form = text.get("format")
+    if form is not None and not (isinstance(form, dict) and form.get("type") == "text"):
+        # The agent answers in its own words: a schema it was asked to
+        # follow would be a promise nothing here keeps.
+        raise bad_request(
+            "text.format: only text; an agent's answer follows no schema",
+            param="text.format",
+        )
+    if text.get("verbosity") is not None:
+        ignored.append("text.verbosity")
     return ignored
 
 

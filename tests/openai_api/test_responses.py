@@ -203,6 +203,63 @@ class ResponseTests(OpenAICase):
         self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
 
     @inlineCallbacks
+    def test_what_cannot_be_honoured(self) -> Any:
+        """
+        A structured output format is refused (an agent's answer follows no
+        schema), as is a service tier there is none of and a sampling
+        parameter of the wrong type; one of the right type, and a text
+        verbosity, are answered and named as ignored.
+        """
+        client = self.client()
+        schema = {
+            "type": "json_schema",
+            "name": "answer",
+            "schema": {"type": "object"},
+            "strict": True,
+        }
+
+        def run() -> Any:
+            refused = [
+                caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo x", **kwargs
+                    )
+                )
+                for kwargs in (
+                    {"text": {"format": schema}},
+                    {"text": {"format": {"type": "json_object"}}},
+                    {"service_tier": "flex"},
+                    {"temperature": "hot"},
+                    {"max_output_tokens": "many"},
+                    {"user": 5},
+                )
+            ]
+            raw = client.responses.with_raw_response.create(
+                model="fake",
+                input="echo fine",
+                temperature=0.2,
+                text={"format": {"type": "text"}, "verbosity": "low"},
+            )
+            return refused, raw.headers, raw.parse()
+
+        refused, headers, fine = yield self.sdk(run)
+        self.assertEqual(
+            [(e.status_code, e.body["param"]) for e in refused],
+            [
+                (400, "text.format"),
+                (400, "text.format"),
+                (400, "service_tier"),
+                (400, "temperature"),
+                (400, "max_output_tokens"),
+                (400, "user"),
+            ],
+        )
+        self.assertEqual(fine.output_text, "fine")
+        self.assertEqual(
+            headers["x-agent-sandbox-ignored-params"], "temperature,text.verbosity"
+        )
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
