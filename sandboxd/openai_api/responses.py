@@ -472,6 +472,19 @@ def _check(body: dict[str, Any]) -> list[str]:
             )
     if body.get("background") is True and body.get("store") is False:
         raise bad_request("background responses must be stored", param="background")
+    if body.get("service_tier") not in (None, "auto", "default"):
+        raise bad_request("service_tier: only auto and default", param="service_tier")
+    text = body.get("text") or {}
+    form = text.get("format")
+    if form is not None and not (isinstance(form, dict) and form.get("type") == "text"):
+        # The agent answers in its own words: a schema it was asked to
+        # follow would be a promise nothing here keeps.
+        raise bad_request(
+            "text.format: only text; an agent's answer follows no schema",
+            param="text.format",
+        )
+    if text.get("verbosity") is not None:
+        ignored.append("text.verbosity")
     return ignored
 
 
@@ -711,7 +724,7 @@ def _bound(request: ServerRequest) -> None:
         weight -= gone.weight
         reg.responses.pop(gone.id, None)
         reg.changed(gone.face)
-        _close_if_unused(request, gone.face)
+        _after_forgetting(request, gone.face)
 
 
 def _materialize(reg: Registry) -> None:
@@ -742,12 +755,21 @@ def _release(request: ServerRequest, response: WireResponse) -> None:
     """``store: false``: the response is forgotten once its turn is over."""
     reg = door(request)
     reg.responses.pop(response.id, None)
-    _close_if_unused(request, response.face)
+    _after_forgetting(request, response.face)
 
 
-def _close_if_unused(request: ServerRequest, face: SessionFace) -> None:
+def _after_forgetting(request: ServerRequest, face: SessionFace) -> None:
+    """
+    A response of ``face`` was forgotten (deleted, not stored, or the
+    oldest past the caller's bound): when it was the latest, the newest one
+    left is the one to continue from again, as agent-sandbox-server has it;
+    with none left, a response's conversation ends.
+    """
     reg = door(request)
-    if face.hidden and not any(r.face is face for r in reg.responses.values()):
+    left = [r for r in reg.responses.values() if r.face is face]
+    if left and face.last_response_id not in {r.id for r in left}:
+        face.last_response_id = left[-1].id
+    if face.hidden and not left:
         reg.forget(face.id)
         Deferred.fromCoroutine(face.engine.close(reason="released"))
 
@@ -779,10 +801,16 @@ class ResponseStream(Follower):
         super().__init__(response.face.log, channel, response.log_from, self._translate)
 
     def _snapshot(self) -> dict[str, Any]:
-        """The response as it was when its turn began."""
+        """
+        The response as it was when its turn began: no output yet, even
+        when some is there already (a stream followed again, the call an
+        approval let run). The events that follow add each item, and the
+        SDK's stream helper refuses an item added twice.
+        """
         shown = self.response.describe()
         if shown["status"] not in ("queued", "in_progress"):
-            shown.update(status="in_progress", output=[], usage=None, completed_at=None)
+            shown["status"] = "in_progress"
+        shown.update(output=[], usage=None, completed_at=None)
         return shown
 
     def send_event(self, type: str, **fields: Any) -> bytes:
@@ -930,11 +958,14 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
             param="response_id",
         )
     response.face.cancel_turn(turn)
-    await _within(
-        request.context.reactor,
-        turn.waiters.wait(),
-        defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS + 1,
-    )
+    if not turn.ended:
+        # A queued turn ended at once; a running one ends once its agent
+        # has stopped (its waiters fire then, and only then).
+        await _within(
+            request.context.reactor,
+            turn.waiters.wait(),
+            defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS + 1,
+        )
     return response.describe()
 
 
@@ -946,7 +977,7 @@ def agents_responses_delete(request: ServerRequest) -> dict[str, Any]:
     reg.changed(response.face)
     if not response.turn.ended:
         response.face.cancel_turn(response.turn)
-    _close_if_unused(request, response.face)
+    _after_forgetting(request, response.face)
     return {"id": response.id, "object": "response", "deleted": True}
 
 

@@ -226,6 +226,40 @@ class ResponseApprovalTests(OpenAICase):
             self.assertEqual(f.read(), "old\n")
 
     @inlineCallbacks
+    def test_approve_with_the_stream_helper(self) -> Any:
+        """
+        The SDK's ``responses.stream`` helper answers the approval: the call
+        it lets run was begun before this response, and is added once.
+        """
+        path = self.notes()
+        client = self.client()
+
+        def run() -> Any:
+            asked = client.responses.create(model="fake", input=f"edit {path} new text")
+            [request] = [i for i in asked.output if i.type == "mcp_approval_request"]
+            with client.responses.stream(
+                model="fake",
+                previous_response_id=asked.id,
+                input=[
+                    {
+                        "type": "mcp_approval_response",
+                        "approval_request_id": request.id,
+                        "approve": True,
+                    }
+                ],
+            ) as stream:
+                events = list(stream)
+                return events, stream.get_final_response()
+
+        events, final = yield self.sdk(run)
+        added = [
+            e.output_index for e in events if e.type == "response.output_item.added"
+        ]
+        self.assertEqual(added, [0, 1])
+        self.assertEqual([i.type for i in final.output], ["tool_call", "message"])
+        self.assertEqual(final.output_text, "edited notes.txt (allow)")
+
+    @inlineCallbacks
     def test_refusals(self) -> Any:
         """
         While a response waits for approval, a plain message to its

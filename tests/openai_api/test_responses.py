@@ -91,6 +91,175 @@ class ResponseTests(OpenAICase):
         self.assertEqual(seen[-1].response.status, "cancelled")
 
     @inlineCallbacks
+    def test_stream_helper_follows_a_running_response(self) -> Any:
+        """
+        The SDK's ``responses.stream(response_id=...)`` follows a background
+        response that has output already: the stream begins with none and
+        adds each item once, then ends as the cancel ends it.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            started = client.responses.create(
+                model="fake", input="slow", background=True
+            )
+            for _ in range(100):
+                if client.responses.retrieve(started.id).output:
+                    break
+                time.sleep(0.1)
+            seen = []
+            with client.responses.stream(response_id=started.id) as stream:
+                for event in stream:
+                    seen.append(event)
+                    if event.type == "response.output_text.delta":
+                        client.responses.cancel(started.id)
+            return seen
+
+        seen = yield self.sdk(run)
+        self.assertEqual(seen[0].response.output, [])
+        added = [e.output_index for e in seen if e.type == "response.output_item.added"]
+        self.assertEqual(added, [0])
+        self.assertEqual(seen[-1].type, "response.incomplete")
+        self.assertEqual(seen[-1].response.status, "cancelled")
+
+    @inlineCallbacks
+    def test_cancel_queued(self) -> Any:
+        """
+        A queued response's cancel answers at once, ``cancelled``; the
+        one after it in the queue still runs once the running one ends.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            running = client.responses.create(
+                model="fake", input="slow", background=True
+            )
+            queued = client.responses.create(
+                model="fake",
+                input="echo never",
+                previous_response_id=running.id,
+                background=True,
+            )
+            after = client.responses.create(
+                model="fake",
+                input="echo after",
+                previous_response_id=queued.id,
+                background=True,
+            )
+            started = time.monotonic()
+            cancelled = client.responses.cancel(queued.id)
+            took = time.monotonic() - started
+            client.responses.cancel(running.id)
+            for _ in range(100):
+                done = client.responses.retrieve(after.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return cancelled, took, done
+
+        cancelled, took, done = yield self.sdk(run)
+        self.assertEqual(cancelled.status, "cancelled")
+        self.assertLess(took, 3.0)
+        self.assertEqual(done.output_text, "after")
+
+    @inlineCallbacks
+    def test_latest_forgotten(self) -> Any:
+        """
+        Once a conversation's latest response is deleted, or was not
+        stored, the newest one left is the one to continue from again.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            second = client.responses.create(
+                model="fake", input="echo two", previous_response_id=first.id
+            )
+            client.responses.delete(second.id)
+            third = client.responses.create(
+                model="fake", input="echo three", previous_response_id=first.id
+            )
+            unstored = client.responses.create(
+                model="fake",
+                input="echo four",
+                previous_response_id=third.id,
+                store=False,
+            )
+            for _ in range(100):
+                fifth = caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo five", previous_response_id=third.id
+                    )
+                )
+                if not isinstance(fifth, Exception):
+                    break
+                time.sleep(0.05)
+            return third, unstored, fifth
+
+        third, unstored, fifth = yield self.sdk(run)
+        self.assertEqual(third.output_text, "three")
+        self.assertEqual(unstored.output_text, "four")
+        self.assertEqual(fifth.output_text, "five")
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
+    def test_what_cannot_be_honoured(self) -> Any:
+        """
+        A structured output format is refused (an agent's answer follows no
+        schema), as is a service tier there is none of and a sampling
+        parameter of the wrong type; one of the right type, and a text
+        verbosity, are answered and named as ignored.
+        """
+        client = self.client()
+        schema = {
+            "type": "json_schema",
+            "name": "answer",
+            "schema": {"type": "object"},
+            "strict": True,
+        }
+
+        def run() -> Any:
+            refused = [
+                caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo x", **kwargs
+                    )
+                )
+                for kwargs in (
+                    {"text": {"format": schema}},
+                    {"text": {"format": {"type": "json_object"}}},
+                    {"service_tier": "flex"},
+                    {"temperature": "hot"},
+                    {"max_output_tokens": "many"},
+                    {"user": 5},
+                )
+            ]
+            raw = client.responses.with_raw_response.create(
+                model="fake",
+                input="echo fine",
+                temperature=0.2,
+                text={"format": {"type": "text"}, "verbosity": "low"},
+            )
+            return refused, raw.headers, raw.parse()
+
+        refused, headers, fine = yield self.sdk(run)
+        self.assertEqual(
+            [(e.status_code, e.body["param"]) for e in refused],
+            [
+                (400, "text.format"),
+                (400, "text.format"),
+                (400, "service_tier"),
+                (400, "temperature"),
+                (400, "max_output_tokens"),
+                (400, "user"),
+            ],
+        )
+        self.assertEqual(fine.output_text, "fine")
+        self.assertEqual(
+            headers["x-agent-sandbox-ignored-params"], "temperature,text.verbosity"
+        )
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
