@@ -2,9 +2,9 @@
 """
 The service that owns every agent session (``context.agents``).
 
-It creates sessions under the caller's rule (catalogue entry allowed, a
-free slot of ``max_sessions``, guarded cwd, scrubbed environment, the
-right user, no forbidden mode or MCP server), keeps the index of held
+It creates sessions under the caller's rule (catalogue entry allowed,
+guarded cwd, scrubbed environment, the right user, no forbidden mode or
+MCP server, then a free slot of ``max_sessions``), keeps the index of held
 permission requests and questions across sessions, runs the short-lived
 agent processes behind ``probe`` and ``session/list``, and on stop ends
 every agent's whole tree within a bound.
@@ -248,15 +248,6 @@ class AgentManager(Service):
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
-        limit = rule.limits.max_sessions or 4
-        if len(self.live()) >= limit:
-            raise limit_exceeded(
-                429,
-                f"too many agent sessions (limit {limit})",
-                Code.TOO_MANY_SESSIONS,
-                rule=limit_rule(rule, "max_sessions"),
-                limit=limit,
-            )
         if load is None:
             check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
@@ -268,6 +259,17 @@ class AgentManager(Service):
         session, (argv, executable) = self._new_session(
             request, entry, body, handed=handed
         )
+        # Checked once the request is known to be good: a bad one is its
+        # own error, whatever runs.
+        limit = rule.limits.max_sessions or 4
+        if len(self.live()) >= limit:
+            raise limit_exceeded(
+                429,
+                f"too many agent sessions (limit {limit})",
+                Code.TOO_MANY_SESSIONS,
+                rule=limit_rule(rule, "max_sessions"),
+                limit=limit,
+            )
         self.sessions[session.session_id] = session
         try:
             session.handshake.spawn(argv, executable)
