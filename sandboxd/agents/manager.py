@@ -2,9 +2,10 @@
 """
 The service that owns every agent session (``context.agents``).
 
-It creates sessions under the caller's rule (catalogue entry allowed, a
-free slot of ``max_sessions``, guarded cwd, scrubbed environment, the
-right user, no forbidden mode or MCP server), keeps the index of held
+It creates sessions under the caller's rule (catalogue entry allowed,
+guarded cwd, scrubbed environment, the right user, no forbidden mode or
+MCP server, then a free slot of ``max_sessions``, which an idle agent kept
+only for reuse gives up when none is free), keeps the index of held
 permission requests and questions across sessions, runs the short-lived
 agent processes behind ``probe`` and ``session/list``, and on stop ends
 every agent's whole tree within a bound.
@@ -141,6 +142,10 @@ class AgentManager(Service):
         #: Called first when the daemon stops, while every agent still runs
         #: (the ``/v1`` door keeps its sessions as they stand).
         self.before_stop: list[Callable[[], Deferred[Any] | None]] = []
+        #: Asked, in turn, for a slot when ``max_sessions`` agents run: each
+        #: ends an idle agent it keeps only to reuse it (the Deferred fires
+        #: once it is gone), or answers None when it has none.
+        self.room_makers: list[Callable[[], Deferred[Any] | None]] = []
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -248,15 +253,6 @@ class AgentManager(Service):
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
-        limit = rule.limits.max_sessions or 4
-        if len(self.live()) >= limit:
-            raise limit_exceeded(
-                429,
-                f"too many agent sessions (limit {limit})",
-                Code.TOO_MANY_SESSIONS,
-                rule=limit_rule(rule, "max_sessions"),
-                limit=limit,
-            )
         if load is None:
             check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
@@ -268,6 +264,9 @@ class AgentManager(Service):
         session, (argv, executable) = self._new_session(
             request, entry, body, handed=handed
         )
+        # Checked once the request is known to be good: a bad one is its
+        # own error, and no idle agent gives its slot up for it.
+        await self._free_slot(rule)
         self.sessions[session.session_id] = session
         try:
             session.handshake.spawn(argv, executable)
@@ -307,6 +306,27 @@ class AgentManager(Service):
                 raise
             out["turn_id"] = session.turn_control.start(blocks).turn_id
         return out
+
+    async def _free_slot(self, rule: EffectiveRule) -> None:
+        """
+        A slot of ``max_sessions`` for one more agent: at the limit, idle
+        agents kept only to be reused (:attr:`room_makers`) give theirs up,
+        one at a time, until one is free; else 429.
+        """
+        limit = rule.limits.max_sessions or 4
+        while len(self.live()) >= limit:
+            freed = next(
+                (d for room in self.room_makers if (d := room()) is not None), None
+            )
+            if freed is None:
+                raise limit_exceeded(
+                    429,
+                    f"too many agent sessions (limit {limit})",
+                    Code.TOO_MANY_SESSIONS,
+                    rule=limit_rule(rule, "max_sessions"),
+                    limit=limit,
+                )
+            await freed
 
     async def _withdraw(self, session: AgentSession, reason: str) -> None:
         """

@@ -407,12 +407,44 @@ class SessionFace:
 
     @property
     def dormant(self) -> bool:
-        """Whether this is a restored session whose agent has not run since."""
+        """
+        Whether no agent runs behind the session: it was restored after a
+        restart, or put to sleep (:meth:`sleep`), and has had no input since.
+        """
         return isinstance(self.engine, Dormant)
+
+    @property
+    def can_sleep(self) -> bool:
+        """
+        Whether the session's agent could give its slot up now: it runs,
+        waits for nothing and holds no turn, so only its warm state is lost.
+        """
+        return (
+            not self.dormant
+            and not self.busy
+            and not self.failed
+            and not self.log.closed
+            and self.engine.state == "idle"
+        )
+
+    def sleep(self) -> AgentSession:
+        """
+        Stop following the agent's session, so that its end is not the
+        face's: the face stands on a :class:`Dormant` stand-in as after a
+        restart (its turns, items, log and responses kept, nothing shown to
+        its clients), and new input starts its agent again (:meth:`revive`).
+
+        :return: the engine session, which the caller closes.
+        """
+        engine = self.engine
+        self._unsubscribe()
+        self._unsubscribe = _nothing
+        self.engine = cast("AgentSession", Dormant(engine.cwd, engine.acp_session_id))
+        return engine
 
     def revive(self, engine: AgentSession) -> None:
         """
-        A restored session's agent runs again (new input came): the face
+        A dormant session's agent runs again (new input came): the face
         follows the new engine session; its log goes on (a client that
         follows it sees the new turn).
         """
@@ -1105,7 +1137,7 @@ class SessionFace:
 
 
 class Dormant:
-    """The engine of a restored session: closed, holding nothing."""
+    """The engine of a dormant session: closed, holding nothing."""
 
     state = "closed"
     error = None

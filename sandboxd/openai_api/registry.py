@@ -152,6 +152,24 @@ class Registry:
         if self.store is not None:
             self.store.forget(face_id)
 
+    def make_room(self) -> Deferred[Any] | None:
+        """
+        An agent slot is wanted at ``max_sessions``: the least recently
+        active idle conversation behind responses, of any identity, gives
+        its agent up (it goes to sleep, :meth:`.SessionFace.sleep`, and is
+        continued as after a restart); None when none can.  Idle agents of
+        conversations are a cache, not a reservation; the caller's own
+        sessions (``beta.agents.sessions``) are never taken.
+
+        The conversation goes to sleep at once, so a concurrent caller
+        picks another; the slot is free once the Deferred fires.
+        """
+        idle = [f for f in self.faces.values() if f.hidden and f.can_sleep]
+        if not idle:
+            return None
+        oldest = min(idle, key=lambda f: f.last_active_at)
+        return Deferred.fromCoroutine(oldest.sleep().close(reason="evicted"))
+
     def changed(self, face: SessionFace) -> None:
         """A session changed without an event (its metadata): keep the change."""
         if self.store is not None:
@@ -342,6 +360,7 @@ def _made(manager: AgentManager) -> Registry:
         manager.before_stop.append(made.flush_records)
         manager.before_stop.append(store.freeze)
     manager.before_stop.append(made.deliveries.stop)
+    manager.room_makers.append(made.make_room)
     return made
 
 

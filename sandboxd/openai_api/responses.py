@@ -13,7 +13,9 @@ in its conversation's session file (:mod:`.store`), so it is read back
 with the turns it shows.  After a restart its owner retrieves it, lists
 its input items and continues it with ``previous_response_id`` (the
 conversation's agent starts again); a response whose turn the restart cut
-is ``failed``.  Each identity keeps at most
+is ``failed``.  A conversation whose idle agent gave its slot up to a new
+agent at ``max_sessions`` (:meth:`.Registry.make_room`) is continued the
+same way, with or without a state dir.  Each identity keeps at most
 :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY` responses
 (the oldest is forgotten); a conversation's file is bounded as every
 session's.
@@ -44,7 +46,6 @@ from sandboxd.openai_api.inputs import (
 from sandboxd.openai_api.registry import (
     Registry,
     door,
-    manager,
     page,
     restored_first,
 )
@@ -529,18 +530,17 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             )
         if face.log.closed:
             raise bad_request(
-                "this conversation's agent has ended (closed to make room for "
-                "another, or gone); start a new response",
+                "this conversation's agent has ended (it idled out, or is gone); "
+                "start a new response",
                 param="previous_response_id",
             )
         if face.dormant:
-            # Read back after a restart: its agent starts again.
-            await _make_room(request)
+            # Read back after a restart, or its agent gave its slot up to
+            # another: its agent starts again.
             await revive(request, face)
         face.require_live()
     else:
         agent = _agent(request, body)
-        await _make_room(request)
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
         )
@@ -677,29 +677,6 @@ async def wait_for_turn(request: ServerRequest, waited: Deferred[Any]) -> None:
         waited,
         limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
     )
-
-
-async def _make_room(request: ServerRequest) -> None:
-    """
-    A new conversation at ``max_sessions``: the caller's least recently
-    used idle conversation gives its agent up (as the seed evicts idle
-    sessions), so stored responses do not hold agents forever.  Its
-    responses stay readable; continuing it is refused.
-    """
-    limit = request.rule.limits.max_sessions or 4
-    if len(manager(request).live()) < limit:
-        return
-    idle = [
-        f
-        for f in door(request).faces.values()
-        if f.hidden
-        and f.owner == request.identity.id
-        and not f.busy
-        and not f.log.closed
-    ]
-    if idle:
-        oldest = min(idle, key=lambda f: f.last_active_at)
-        await oldest.engine.close(reason="evicted")
 
 
 def _bound(request: ServerRequest) -> None:

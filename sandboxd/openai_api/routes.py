@@ -281,8 +281,9 @@ async def open_session(
 
 async def revive(request: ServerRequest, face: SessionFace) -> None:
     """
-    New input for a session restored after a restart: its agent starts
-    again in the same directory, resuming the agent's own session
+    New input for a dormant session (restored after a restart, or whose
+    idle agent gave its slot up to another): its agent starts again in the
+    same directory, resuming the agent's own session
     (``session/load``) when the agent can, else as a fresh one, with its
     stored environment's variables and its MCP tools bound to its vaults'
     credentials again (their secrets masked in its output, as before).

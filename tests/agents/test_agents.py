@@ -547,10 +547,15 @@ class SessionTests(AgentsTestCase):
 
     @inlineCallbacks
     def test_too_many_sessions(self) -> Any:
-        """max_sessions bounds live sessions: 429 too_many_sessions."""
+        """
+        max_sessions bounds live sessions: 429 too_many_sessions, once the
+        request is known to be good (a missing cwd is still its 400).
+        """
         yield self.daemon.stop()
         yield self.start(policy=agents_policy(limits={"max_sessions": 1}))
         yield self.session()
+        bad = yield self.create(cwd=os.path.join(self.base_dir, "no-such-dir"))
+        self.assertEqual((bad.status, bad.json()["code"]), (400, "invalid_param"))
         reply = yield self.create()
         self.assertEqual(reply.status, 429)
         self.assertEqual(reply.json()["code"], "too_many_sessions")

@@ -5,10 +5,11 @@ response is one turn of the fake ACP agent, streamed live.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
@@ -218,13 +219,14 @@ class ResponseTests(OpenAICase):
             "strict": True,
         }
 
+        def create(kwargs: dict[str, Any]) -> Any:
+            return caught(
+                lambda: client.responses.create(model="fake", input="echo x", **kwargs)
+            )
+
         def run() -> Any:
             refused = [
-                caught(
-                    lambda: client.responses.create(
-                        model="fake", input="echo x", **kwargs
-                    )
-                )
+                create(kwargs)
                 for kwargs in (
                     {"text": {"format": schema}},
                     {"text": {"format": {"type": "json_object"}}},
@@ -335,44 +337,152 @@ class ResponseTests(OpenAICase):
         self.assertEqual((tools.status_code, tools.body["param"]), (400, "tools"))
 
 
-class EvictionTests(OpenAICase):
-    """Stored responses do not hold agents past ``max_sessions``."""
+class SlotTests(OpenAICase):
+    """
+    Idle conversations behind responses keep their agents only until a new
+    agent needs the slot, whoever asks: then the least recently active one
+    goes to sleep, and continuing it starts its agent again.
+    """
 
     policy = openai_policy(limits={"max_sessions": 2})
 
+    def live(self) -> list[Any]:
+        """The agents running now."""
+        return list(self.daemon.context.agents.get().live())
+
+    def acp_session_of(self, response_id: str) -> Any:
+        """The agent's own session id behind a response's conversation."""
+        from sandboxd.openai_api.registry import registry
+
+        reg = registry(self.daemon.context.agents.get())
+        return reg.responses[response_id].face.engine.acp_session_id
+
     @inlineCallbacks
-    def test_oldest_idle_conversation_gives_way(self) -> Any:
+    def test_another_identity_takes_an_idle_slot(self) -> Any:
         """
-        A third conversation under ``max_sessions: 2`` ends the oldest idle
-        one's agent: its response still reads back, continuing it is 400.
+        With ``user``'s two idle conversations at ``max_sessions: 2``,
+        ``other``'s response runs: ``user``'s least recently active
+        conversation gives its agent up.  ``user`` then continues it,
+        streamed: its agent starts again, resuming its own session, and
+        answers; the conversation's first response still reads back.
+        """
+        client, other = self.client(), self.client("o-token")
+
+        def fill() -> Any:
+            return [
+                client.responses.create(model="fake", input=f"echo {n}") for n in "12"
+            ]
+
+        first, _ = yield self.sdk(fill)
+        before = self.acp_session_of(first.id)
+        theirs = yield self.sdk(
+            lambda: other.responses.create(model="fake", input="echo theirs")
+        )
+        self.assertEqual(theirs.output_text, "theirs")
+        self.assertEqual(len(self.live()), 2)
+
+        def go_on() -> Any:
+            with client.responses.stream(
+                model="fake", input="echo again", previous_response_id=first.id
+            ) as stream:
+                continued = stream.get_final_response()
+            return continued, client.responses.retrieve(first.id)
+
+        continued, again = yield self.sdk(go_on)
+        self.assertEqual(continued.status, "completed")
+        self.assertEqual(continued.output_text, "again")
+        self.assertEqual(again.output_text, "1")
+        self.assertEqual(self.acp_session_of(continued.id), before)
+        self.assertEqual(len(self.live()), 2)
+
+    @inlineCallbacks
+    def test_sessions_create_makes_room_after_checking_its_body(self) -> Any:
+        """
+        ``sessions.create`` at the limit takes an idle conversation's slot
+        too; a bad body there is its own error (400 for a missing
+        directory, not 429), and puts no conversation to sleep.
         """
         client = self.client()
+        sessions = client.beta.agents.sessions
 
         def run() -> Any:
-            first, second, third = (
-                client.responses.create(model="fake", input=f"echo {n}") for n in "123"
-            )
-            return (
-                first,
-                third,
-                client.responses.retrieve(first.id),
-                caught(
-                    lambda: client.responses.create(
-                        model="fake", input="echo 4", previous_response_id=first.id
+            for n in "12":
+                client.responses.create(model="fake", input=f"echo {n}")
+            missing = os.path.join(self.base_dir, "no-such-dir")
+            bad = caught(
+                lambda: sessions.create(
+                    **self.session_body(
+                        environment={
+                            "type": "self_hosted",
+                            "workspace_directory": missing,
+                        }
                     )
-                ),
-                client.responses.create(
-                    model="fake", input="echo 5", previous_response_id=second.id
-                ),
+                )
             )
+            running = [s.session_id for s in self.live()]
+            return bad, running, sessions.create(**self.session_body())
 
-        _, third, again, refused, continued = yield self.sdk(run)
-        self.assertEqual((third.output_text, again.output_text), ("3", "1"))
-        self.assertEqual(
-            (refused.status_code, refused.body["param"]), (400, "previous_response_id")
+        bad, running, session = yield self.sdk(run)
+        self.assertEqual((bad.status_code, bad.body["code"]), (400, "invalid_param"))
+        self.assertEqual(len(running), 2)
+        self.assertEqual(session.status, "idle")
+        self.assertEqual(len(self.live()), 2)
+
+    @inlineCallbacks
+    def test_concurrent_creates_take_different_slots(self) -> Any:
+        """
+        Two new conversations at once, with two idle ones at the limit: each
+        puts a different one to sleep, and both run.
+        """
+        client = self.client()
+        yield self.sdk(
+            lambda: [
+                client.responses.create(model="fake", input=f"echo {n}") for n in "12"
+            ]
         )
-        self.assertEqual(continued.output_text, "5")
-        self.assertEqual(len(self.daemon.context.agents.get().live()), 2)
+        both = yield DeferredList(
+            [
+                self.sdk(
+                    caught,
+                    lambda n=n: client.responses.create(
+                        model="fake", input=f"echo new{n}"
+                    ),
+                )
+                for n in "34"
+            ]
+        )
+        answers = sorted(getattr(r, "output_text", None) or repr(r) for _, r in both)
+        self.assertEqual(answers, ["new3", "new4"])
+        self.assertEqual(len(self.live()), 2)
+
+    @inlineCallbacks
+    def test_busy_and_explicit_sessions_keep_their_agents(self) -> Any:
+        """
+        Only idle conversations behind responses give their agents up: a
+        running response and the caller's own idle session hold theirs, so
+        with nothing else the limit is a 429 ``too_many_sessions``.
+        """
+        client, other = self.client(), self.client("o-token")
+
+        def run() -> Any:
+            session = client.beta.agents.sessions.create(**self.session_body())
+            client.responses.create(model="fake", input="echo idle")
+            running = other.responses.create(
+                model="fake", input="slow", background=True
+            )
+            refused = caught(
+                lambda: client.responses.create(model="fake", input="echo more")
+            )
+            kept = client.beta.agents.sessions.retrieve(session.id)
+            other.responses.cancel(running.id)
+            return running, refused, kept
+
+        running, refused, kept = yield self.sdk(run)
+        self.assertIn(running.status, ("queued", "in_progress"))
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "too_many_sessions")
+        )
+        self.assertEqual((kept.status, kept.error), ("idle", None))
 
 
 class QueueBoundTests(OpenAICase):

@@ -124,7 +124,13 @@ SCHEMAS: dict[str, Schema] = {
             E(400, "invalid_param", "a malformed field"),
             E(403, "param_not_allowed", "a refused mode, user or MCP server"),
             E(404, "not_found", "unknown agent id"),
-            E(429, "too_many_sessions", "max_sessions (4) are live", "ResourceError"),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions (4) are live, none an idle /v1 conversation that "
+                "can give its agent up",
+                "ResourceError",
+            ),
             E(
                 502,
                 "agent_error",
@@ -160,7 +166,12 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             E(400, "invalid_param", "acp_session_id missing"),
             E(404, "not_found", "unknown agent id"),
-            E(429, "too_many_sessions", "max_sessions are live"),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions are live, none an idle /v1 conversation that can "
+                "give its agent up",
+            ),
             E(502, "agent_error", "the agent refused the load"),
             E(503, "agent_unavailable", "the agent cannot start"),
         ),

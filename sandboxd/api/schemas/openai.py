@@ -301,7 +301,13 @@ SCHEMAS: dict[str, Schema] = {
                 "idempotency.mismatch",
                 "an Idempotency-Key reused with another body",
             ),
-            E(429, "too_many_sessions", "max_sessions are live", "ResourceError"),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions are live, none an idle conversation that can give "
+                "its agent up",
+                "ResourceError",
+            ),
             E(503, "agent_unavailable", "the agent is not installed or cannot start"),
         ),
         notes="OpenAI's agent.session; the agent is an ACP agent of the catalogue. See docs/openai.md.",
@@ -554,6 +560,13 @@ SCHEMAS: dict[str, Schema] = {
                 409,
                 "idempotency.mismatch",
                 "an Idempotency-Key reused with another body",
+            ),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions are live, none an idle conversation that can give "
+                "its agent up",
+                "ResourceError",
             ),
         ),
         notes="Sampling parameters are accepted and named in X-Agent-Sandbox-Ignored-Params. "
