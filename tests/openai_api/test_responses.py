@@ -63,7 +63,7 @@ class ResponseTests(OpenAICase):
         """
         ``stream=True`` sends the agent's first chunk while the turn still
         runs (the agent then waits to be cancelled); a cancel ends it with
-        ``response.incomplete``.
+        ``response.incomplete``, the message it cut short ``incomplete``.
         """
         client = self.client()
 
@@ -89,6 +89,8 @@ class ResponseTests(OpenAICase):
         self.assertEqual(deltas, ["working"])
         self.assertEqual([e.sequence_number for e in seen], list(range(len(seen))))
         self.assertEqual(seen[-1].response.status, "cancelled")
+        [message] = seen[-1].response.output
+        self.assertEqual((message.type, message.status), ("message", "incomplete"))
 
     @inlineCallbacks
     def test_stream_helper_follows_a_running_response(self) -> Any:
