@@ -22,12 +22,11 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import staging, templates, vaults
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door, page, restored_first
+from sandboxd.openai_api.registry import door, page, page_limit, restored_first
 from sandboxd.openai_api.stores import stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.params import integer
 
 
 def _checked(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +223,7 @@ async def agents_environment_files_list(request: ServerRequest) -> dict[str, Any
     """
     record = find(request, request.path_params["environment_id"], "environment_id")
     q = request.query
-    limit = integer(q.get("limit"), "limit", 20, low=1, high=100)
+    limit = page_limit(request)
     order = q.get("order", "asc")
     if order not in ("asc", "desc"):
         raise bad_request("'order' must be asc or desc", param="order")

@@ -759,14 +759,18 @@ class SessionFace:
             "output_index": turn.index_of(item),
         }
 
-    def _close_open(self, phase: str) -> None:
+    def _close_open(self, phase: str, cut: bool = False) -> None:
+        """
+        The open message or reasoning item is done: ``incomplete`` when its
+        turn was cut short (cancelled, failed) or it was kept short.
+        """
         item, self._open, self._open_key = self._open, None, None
         turn = self.current
         if item is None or turn is None:
             return
         self._delta(turn, item, item["_stream"].flush())
         turn.settle()
-        item["status"] = "incomplete" if item.get("_cut") else "completed"
+        item["status"] = "incomplete" if cut or item.get("_cut") else "completed"
         common = self._item_ref(turn, item)
         if item["type"] == "message":
             item["phase"] = phase
@@ -1023,7 +1027,8 @@ class SessionFace:
         turn = self.current
         if turn is None or turn.engine_id != data.get("turn_id"):
             return
-        self._close_open("final_answer")
+        cut = data.get("state") == "failed" or data.get("stop_reason") == "cancelled"
+        self._close_open("final_answer", cut)
         for item in turn.items:
             if item["status"] == "in_progress":
                 item["status"] = "incomplete"

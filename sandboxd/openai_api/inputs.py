@@ -34,6 +34,15 @@ def message_text(value: Any, where: str) -> str:
             return message_text(value["content"], where)
         if value.get("type") in _TEXT_PARTS and isinstance(value.get("text"), str):
             return str(value["text"])
+        kind = value.get("type")
+        if isinstance(kind, str) and kind not in ("message", *_TEXT_PARTS):
+            # An image, a file, a function call's output: an agent's prompt
+            # is text, and saying so beats "needs content".
+            raise bad_request(
+                f"{where}: {kind[:64]} is not supported; an agent takes text "
+                "(input_text parts or messages)",
+                param=where,
+            )
         raise bad_request(f"{where}: a message needs content", param=where)
     if isinstance(value, list):
         parts = []

@@ -30,7 +30,7 @@ from twisted.internet.defer import Deferred, TimeoutError
 from twisted.python.failure import Failure
 
 from sandboxd.daemon.context import as_clock
-from sandboxd.errors import bad_request, not_found, unavailable
+from sandboxd.errors import ApiError, bad_request, not_found, unavailable
 from sandboxd.eventlog import forget_closed
 from sandboxd.openai_api.envelope import LOCAL_HEADER
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace
@@ -442,6 +442,14 @@ def face_of(request: ServerRequest) -> SessionFace:
     return door(request).face(request, request.path_params["session_id"])
 
 
+def page_limit(request: ServerRequest) -> int:
+    """A list's ``limit``, 1-100 (20); a bad one is a 400 naming it."""
+    try:
+        return integer(request.query.get("limit"), "limit", 20, low=1, high=100)
+    except ApiError as e:
+        raise bad_request(e.message, param="limit") from None
+
+
 def page(
     request: ServerRequest, objects: list[dict[str, Any]], default_order: str = "desc"
 ) -> dict[str, Any]:
@@ -450,7 +458,7 @@ def page(
     1-100 (20), ``order`` ``asc``/``desc``, ``after`` an object id.
     """
     q = request.query
-    limit = integer(q.get("limit"), "limit", 20, low=1, high=100)
+    limit = page_limit(request)
     order = q.get("order", default_order)
     if order not in ("asc", "desc"):
         raise bad_request("'order' must be asc or desc", param="order")

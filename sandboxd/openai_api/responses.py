@@ -508,6 +508,14 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     preamble = "\n\n".join([s for s in [instructions, *systems] if s])
     previous = body.get("previous_response_id")
     approvals = _approvals(body)
+    if not approvals and not text.strip():
+        # System and developer messages instruct; without a user message
+        # the agent would be handed its instructions and no task.
+        raise bad_request(
+            "input: no user message (system and developer messages only "
+            "instruct the agent)",
+            param="input",
+        )
     if approvals and previous is None:
         raise bad_request(
             "mcp_approval_response answers a response: give its previous_response_id",

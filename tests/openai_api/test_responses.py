@@ -64,7 +64,7 @@ class ResponseTests(OpenAICase):
         """
         ``stream=True`` sends the agent's first chunk while the turn still
         runs (the agent then waits to be cancelled); a cancel ends it with
-        ``response.incomplete``.
+        ``response.incomplete``, the message it cut short ``incomplete``.
         """
         client = self.client()
 
@@ -90,6 +90,8 @@ class ResponseTests(OpenAICase):
         self.assertEqual(deltas, ["working"])
         self.assertEqual([e.sequence_number for e in seen], list(range(len(seen))))
         self.assertEqual(seen[-1].response.status, "cancelled")
+        [message] = seen[-1].response.output
+        self.assertEqual((message.type, message.status), ("message", "incomplete"))
 
     @inlineCallbacks
     def test_stream_helper_follows_a_running_response(self) -> Any:
@@ -260,6 +262,42 @@ class ResponseTests(OpenAICase):
         self.assertEqual(
             headers["x-agent-sandbox-ignored-params"], "temperature,text.verbosity"
         )
+
+    @inlineCallbacks
+    def test_input_an_agent_cannot_take(self) -> Any:
+        """
+        An image, a file or a function call's output is refused by name; an
+        input with no user message gives the agent no task and is refused;
+        a bad list ``limit`` names its parameter. Nothing runs.
+        """
+        client = self.client()
+        image = {"type": "input_image", "image_url": "data:image/png;base64,AA=="}
+
+        def run() -> Any:
+            refused = [
+                caught(lambda: client.responses.create(model="fake", input=value))
+                for value in (
+                    [{"role": "user", "content": [image]}],
+                    [{"type": "function_call_output", "call_id": "c", "output": "x"}],
+                    [{"role": "developer", "content": "be terse"}],
+                )
+            ]
+            done = client.responses.create(model="fake", input="echo ok")
+            limit = caught(lambda: client.responses.input_items.list(done.id, limit=0))
+            return refused, limit
+
+        refused, limit = yield self.sdk(run)
+        self.assertEqual(
+            [(e.status_code, e.body["param"]) for e in refused],
+            [(400, "input[0]"), (400, "input[0]"), (400, "input")],
+        )
+        self.assertIn("input_image is not supported", refused[0].body["message"])
+        self.assertIn(
+            "function_call_output is not supported", refused[1].body["message"]
+        )
+        self.assertIn("no user message", refused[2].body["message"])
+        self.assertEqual((limit.status_code, limit.body["param"]), (400, "limit"))
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
 
     @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
