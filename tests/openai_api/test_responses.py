@@ -273,9 +273,12 @@ class ResponseTests(OpenAICase):
         client = self.client()
         image = {"type": "input_image", "image_url": "data:image/png;base64,AA=="}
 
+        def create(value: Any) -> Any:
+            return caught(lambda: client.responses.create(model="fake", input=value))
+
         def run() -> Any:
             refused = [
-                caught(lambda: client.responses.create(model="fake", input=value))
+                create(value)
                 for value in (
                     [{"role": "user", "content": [image]}],
                     [{"type": "function_call_output", "call_id": "c", "output": "x"}],
