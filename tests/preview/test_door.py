@@ -949,6 +949,28 @@ class ExposureApiTests(DoorCase):
         response, _ = yield self.fetch("GET", "/", host=host)
         self.assertEqual(response.code, 404)
 
+    @inlineCallbacks
+    def test_unexpose_says_whether_the_app_listens(self) -> None:
+        """
+        ``DELETE`` answers whether the app still listens, as the list right
+        after it does: unexposing closes the door, not the app.
+        """
+        yield self.expose()
+        gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
+        self.assertEqual(gone.status, 200, gone.body)
+        self.assertEqual(gone.json()["port"], self.app_port)
+        self.assertTrue(gone.json()["listening"])
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertEqual(
+            (ports[self.app_port]["listening"], ports[self.app_port]["exposed"]),
+            (True, False),
+        )
+        free = free_port()
+        yield self.expose(port=free)
+        gone = yield self.request("DELETE", f"/preview/ports/{free}")
+        self.assertFalse(gone.json()["listening"])
+
 
 class _UnusableAnswer(Protocol):
     """An app whose answer no browser could use: the factory's bytes, then a close."""
