@@ -569,6 +569,38 @@ class StreamingTests(DoorCase):
         )
 
     @inlineCallbacks
+    def test_protocol_relative_redirect(self) -> None:
+        """
+        A ``Location`` of ``//localhost:PORT/x`` (the app's own address,
+        no scheme) reaches the browser as the preview's URL, for a request
+        without a body and one with, in host mode and path mode; one to
+        another host is left alone.
+        """
+        yield self.expose()
+        to = "?to=%2F%2Flocalhost%3APORT%2Fx%3Fy%3D1"
+        door = f"127.0.0.1:{self.door_port}"
+        prefix = f"/p/{self.app_port}"
+        for method, path, host, want in (
+            ("GET", "/redirect" + to, None, f"http://{self.host()}/x?y=1"),
+            ("GET", f"{prefix}/redirect" + to, door, f"http://{door}{prefix}/x?y=1"),
+            ("GET", "/redirect?to=%2F%2Fcdn.example%2Fx", None, "//cdn.example/x"),
+        ):
+            response, _ = yield self.fetch(method, path, host=host)
+            self.assertEqual(response.code, 302, path)
+            self.assertEqual(
+                response.headers.getRawHeaders(b"location"), [want.encode()], path
+            )
+        response, _ = yield self.fetch(
+            "POST",
+            "/redirect" + to,
+            body=FileBodyProducer(io.BytesIO(b"form=1")),
+        )
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"http://{self.host()}/x?y=1".encode()],
+        )
+
+    @inlineCallbacks
     def test_backpressure(self) -> None:
         """
         A client that stops reading a large response pauses the app (the

@@ -103,3 +103,25 @@ class HeaderRulesTests(SynchronousTestCase):
         self.assertEqual(
             rewrite_location(b"//cdn/x", 3000, origin, "/p/3000"), b"//cdn/x"
         )
+
+    def test_protocol_relative_location(self) -> None:
+        """
+        ``//localhost:PORT/x`` (no scheme) is the app's own address as much
+        as ``http://localhost:PORT/x`` is: rewritten the same, in host
+        mode and path mode; another port or host stays.
+        """
+        origin = "http://3000.localhost:9002"
+        for local in (b"localhost", b"127.0.0.1", b"[::1]", b"0.0.0.0", b"LOCALHOST"):
+            self.assertEqual(
+                rewrite_location(b"//" + local + b":3000/x?y", 3000, origin, ""),
+                b"http://3000.localhost:9002/x?y",
+                local,
+            )
+        self.assertEqual(
+            rewrite_location(
+                b"//localhost:3000", 3000, "http://127.0.0.1:9002", "/p/3000"
+            ),
+            b"http://127.0.0.1:9002/p/3000/",
+        )
+        for kept in (b"//localhost:4000/x", b"//cdn.example/x", b"//localhost/x"):
+            self.assertEqual(rewrite_location(kept, 3000, origin, ""), kept)
