@@ -1889,7 +1889,8 @@ class Preview(_Namespace[F]):
         Expose ``port`` on the preview door (again: replace its exposure):
         ``url``, ``listening``, ``public``, ``expires_at`` ...
 
-        :param label: a name in the URL (``PORT-LABEL.DOMAIN``).
+        :param label: a name in the URL (``PORT-LABEL.DOMAIN``, or
+            ``/p/PORT-LABEL/`` in path mode).
         :param public: anyone who reaches the door may use it (the policy
             must allow it); otherwise a token or a :meth:`link` is needed.
         :param host_header: the ``Host`` the app sees: ``upstream`` or ``preserve``.

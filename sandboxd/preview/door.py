@@ -409,8 +409,9 @@ class Exchange:
         rule = self.context.policy.rules["preview_proxy"]
         self.service.check_port(target.port, rule)
         exposure = self.service.exposures.get(target.port)
-        # A labelled exposure answers only to its label; an unlabelled one
-        # to any (``{port}-{sandbox_id}.DOMAIN``, E2B's ``get_host``).
+        # A labelled exposure answers only to its label (in the host name,
+        # or the path mode's ``/p/PORT-LABEL``); an unlabelled one to any
+        # (``{port}-{sandbox_id}.DOMAIN``, E2B's ``get_host``).
         if exposure.label is not None and target.label != exposure.label:
             raise self.service.not_exposed(target.port)
         self.exposure = exposure

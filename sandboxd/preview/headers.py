@@ -187,16 +187,19 @@ def set_cookie(port: int, token: str, max_age: int, path: str, secure: bool) -> 
     return morsel.OutputString().encode("latin-1")
 
 
+#: The app's own address in a ``Location``: with a scheme, or without one
+#: (``//localhost:PORT/x``, which a browser would take to its own machine).
 _LOCAL = re.compile(
-    r"^(https?://)(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0):([0-9]+)(?=/|\?|#|$)",
+    r"^((?:https?:)?//)(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0):([0-9]+)(?=/|\?|#|$)",
     re.IGNORECASE,
 )
 
 
 def rewrite_location(value: bytes, port: int, origin: str, prefix: str) -> bytes:
     """
-    A ``Location`` to the app's own ``http://localhost:PORT/x`` as the
-    preview's ``ORIGIN/x``; a path-absolute one gets the path mode's prefix.
+    A ``Location`` to the app's own ``http://localhost:PORT/x`` (or
+    ``//localhost:PORT/x``) as the preview's ``ORIGIN/x``; a path-absolute
+    one gets the path mode's prefix.
 
     :param origin: the preview's scheme and authority (``http://3000.localhost:9002``).
     """

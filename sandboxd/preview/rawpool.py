@@ -641,6 +641,8 @@ class RawPool:
         #: one timer that checks them.
         self.waiting: dict[RawConnection, None] = {}
         self._late: Any = None
+        #: When that timer fires (reactor seconds), while it is armed.
+        self._late_at = 0.0
 
     def request(
         self, address: str, port: int, method: bytes, head: bytes
@@ -702,15 +704,28 @@ class RawPool:
         self.waiting[connection] = None
         if self._late is None:
             self._late = self.reactor.callLater(timeout, self._check_late)
+            self._late_at = deadline
+        elif deadline < self._late_at:
+            # A shorter timeout than the one the timer was set for (a
+            # reload lowered it): the timer comes forward, or this request
+            # would wait for the old, later deadline.
+            self._arm(deadline)
 
     def expect_by(self, connection: RawConnection, deadline: float) -> None:
         """:meth:`expect`, by a deadline in reactor seconds."""
         connection.deadline = deadline
         self.waiting[connection] = None
+        if self._late is None or deadline < self._late_at:
+            self._arm(deadline)
+
+    def _arm(self, deadline: float) -> None:
+        """The pool's timer set for ``deadline`` (reactor seconds)."""
+        wait = max(deadline - self.reactor.seconds(), 0.0)
         if self._late is None:
-            self._late = self.reactor.callLater(
-                max(deadline - self.reactor.seconds(), 0.0), self._check_late
-            )
+            self._late = self.reactor.callLater(wait, self._check_late)
+        else:
+            self._late.reset(wait)
+        self._late_at = deadline
 
     def answered(self, connection: RawConnection) -> None:
         """``connection`` has its answer's head (or gave up): no deadline."""
@@ -735,7 +750,7 @@ class RawPool:
             self.answered(connection)
             connection.cancel()
         if soonest is not None and self._late is None:
-            self._late = self.reactor.callLater(soonest - now, self._check_late)
+            self._arm(soonest)
 
     def connect_to(
         self, key: tuple[str, int], method: bytes, head: bytes, sink: Sink

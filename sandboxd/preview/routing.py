@@ -5,8 +5,10 @@ Which port a request on the preview door is for, from its Host (or path).
 Host mode: ``{port}.{domain}`` or ``{port}-{label}.{domain}`` (the domain
 defaults to ``localhost``, which browsers resolve to loopback without DNS),
 or the host of ``preview_public_url`` when it holds ``{port}``.  Path mode:
-``/p/{port}/...`` on the door's own host names (the bare domain, a loopback
-name, the public URL's host), for set-ups with one host name.  Anything
+``/p/{port}/...`` or ``/p/{port}-{label}/...`` on the door's own host
+names (the bare domain, a loopback name, the public URL's host), for
+set-ups with one host name; the label is in the path as it is in the host
+name, so a labelled exposure opens in either mode at the URL handed out.  Anything
 else matches nothing, and the door answers 421: a DNS-rebinding page on
 another name never reaches an app.
 """
@@ -29,8 +31,9 @@ class Target(NamedTuple):
     so a named tuple (made in one step) rather than a frozen attrs class
     (one guarded attribute store per field).
 
-    :ivar prefix: the path mode's ``/p/PORT`` (empty in host mode), taken
-        off the path sent upstream and put back on redirects.
+    :ivar prefix: the path mode's ``/p/PORT`` or ``/p/PORT-LABEL`` (empty
+        in host mode), taken off the path sent upstream and put back on
+        redirects and the door's cookie path.
     :ivar path: the request target to send upstream (path and query).
     """
 
@@ -43,19 +46,16 @@ class Target(NamedTuple):
 #: Stands for ``{port}`` while a URL template is parsed.
 _MARK = "sbxportsbx"
 
-_PATH = re.compile(rb"^/p/([0-9]{1,5})(?=/|\?|$)")
+#: A port and an optional label, as a host name or a path segment holds them.
+_PORT_LABEL = r"([0-9]{1,5})(?:-([a-z0-9][a-z0-9-]{0,62}))?"
+
+_PATH = re.compile(rb"^/p/" + _PORT_LABEL.encode() + rb"(?=/|\?|$)")
 
 
 def _host_pattern(template: str) -> re.Pattern[str]:
     """A regular expression for a host template holding ``{port}``."""
     head, _, tail = template.partition("{port}")
-    return re.compile(
-        "^"
-        + re.escape(head)
-        + r"([0-9]{1,5})(?:-([a-z0-9][a-z0-9-]{0,62}))?"
-        + re.escape(tail)
-        + "$"
-    )
+    return re.compile("^" + re.escape(head) + _PORT_LABEL + re.escape(tail) + "$")
 
 
 @attrs.frozen
@@ -108,7 +108,13 @@ class Routes:
                 if not rest.startswith(b"/"):
                     rest = b"/" + rest
                 prefix = found.group(0).decode()
-                return _target(int(found.group(1)), None, prefix, rest)
+                label = found.group(2)
+                return _target(
+                    int(found.group(1)),
+                    label.decode() if label is not None else None,
+                    prefix,
+                    rest,
+                )
         return None
 
     def _host_match(self, host: str) -> tuple[int, str | None] | None:
@@ -121,13 +127,15 @@ class Routes:
         return None
 
     def url(self, port: int, label: str | None, door_port: int | None) -> str:
-        """The URL a browser opens for ``port``."""
+        """
+        The URL a browser opens for ``port``: the label is in it in every
+        mode, since a labelled exposure answers to its label only.
+        """
+        name = f"{port}-{label}" if label else str(port)
         if self.public_url is not None:
             if "{port}" in self.public_url:
-                name = f"{port}-{label}" if label else str(port)
                 return self.public_url.replace("{port}", name) + "/"
-            return f"{self.public_url}/p/{port}/"
-        name = f"{port}-{label}" if label else str(port)
+            return f"{self.public_url}/p/{name}/"
         suffix = f":{door_port}" if door_port else ""
         return f"http://{name}.{self.domain}{suffix}/"
 

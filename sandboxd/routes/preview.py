@@ -135,11 +135,14 @@ async def preview_get(request: ServerRequest) -> dict[str, Any]:
     return _shown(door, exposure, await _listening(request))
 
 
-def preview_unexpose(request: ServerRequest) -> dict[str, Any]:
-    """``DELETE /preview/ports/{port}``: unexpose; what is in flight is closed."""
+async def preview_unexpose(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``DELETE /preview/ports/{port}``: unexpose; what is in flight is closed.
+    The answer says whether the app still listens, as the list does.
+    """
     door = _door(request)
     exposure = door.exposures.unexpose(_port(request))
-    return _shown(door, exposure, set())
+    return _shown(door, exposure, await _listening(request))
 
 
 def preview_link(request: ServerRequest) -> ServerResponse:

@@ -2,7 +2,8 @@
 The preview door in headless Chromium (Playwright, Debian's Chromium): a
 link opens the page, the link is gone from the address bar, the page's own
 WebSocket and EventSource work on the door's cookie alone, and another
-port's page cannot use that cookie.
+port's page cannot use that cookie; in path mode, a labelled exposure's
+link opens it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
 
 from tests.chromium import SKIP_REASON, chromium_page
-from tests.preview.test_door import DoorCase
+from tests.preview.test_door import DoorCase, free_port
 from tests.preview.upstream import App
 
 
@@ -64,3 +65,50 @@ class BrowserTests(DoorCase):
         self.assertTrue(ours[0]["httpOnly"])
         self.assertEqual(ours[0]["domain"], f"{self.app_port}.localhost")
         self.assertEqual(seen["other_status"], 401)
+
+
+class PathModeBrowserTests(DoorCase):
+    """A real browser through the door in path mode (one host name for every preview)."""
+
+    timeout = 120
+    skip = SKIP_REASON
+    autostart = False
+
+    @inlineCallbacks
+    def test_labelled_link_opens_the_app(self) -> None:
+        """
+        The link handed out for a labelled exposure behind a path-style
+        public URL opens the app; the door's cookie is scoped to the
+        label's prefix and carries the page's next requests.
+        """
+        port = free_port()
+        public = f"http://127.0.0.1:{port}"
+        yield self.start_on_a_fixed_port(port, preview_public_url=public)
+        made = yield self.expose(label="web")
+        self.assertEqual(made.status, 201, made.body)
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        url = minted.json()["url"]
+        home = f"{public}/p/{self.app_port}-web/"
+
+        def browse() -> dict[str, Any]:
+            seen: dict[str, Any] = {}
+            with chromium_page() as page:
+                response = page.goto(url)
+                seen["status"] = response.status if response else None
+                seen["url"] = page.url
+                seen["title"] = page.evaluate(
+                    "document.getElementById('title')?.textContent ?? null"
+                )
+                seen["cookies"] = page.context.cookies()
+                response = page.goto(home + "headers")
+                seen["headers_status"] = response.status if response else None
+                seen["headers"] = page.text_content("body")
+            return seen
+
+        seen = yield deferToThread(browse)
+        self.assertEqual((seen["status"], seen["url"]), (200, home))
+        self.assertEqual(seen["title"], "preview app")
+        ours = [c for c in seen["cookies"] if c["name"] == f"sbx_p_{self.app_port}"]
+        self.assertEqual([c["path"] for c in ours], [f"/p/{self.app_port}-web/"])
+        self.assertEqual(seen["headers_status"], 200, seen["headers"])
+        self.assertIn('"uri": "/headers"', seen["headers"])

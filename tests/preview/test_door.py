@@ -93,6 +93,14 @@ def rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
 class DoorCase(DaemonTestCase):
     """A daemon with its preview door, and an app on a loopback port."""
 
@@ -119,15 +127,14 @@ class DoorCase(DaemonTestCase):
         return super().start(stop_at_end, **kwargs)
 
     @inlineCallbacks
-    def start_on_a_fixed_port(self, **kwargs: Any) -> Any:
+    def start_on_a_fixed_port(self, port: int | None = None, **kwargs: Any) -> Any:
         """
         Start with the door on a port chosen now, not ``tcp:0``: a reload
         that turns the door off and on listens again on its description,
-        and the test's hosts must still name it.
+        and the test's hosts (or a public URL) must still name it.
         """
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        if port is None:
+            port = free_port()
         yield self.start(preview_port=f"tcp:{port}:interface=127.0.0.1", **kwargs)
         self.door = self.daemon.context.preview
         self.door_port = port
@@ -369,6 +376,51 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(response.code, 200)
 
     @inlineCallbacks
+    def test_labelled_in_path_mode(self) -> None:
+        """
+        A labelled exposure opens at ``/p/PORT-LABEL/`` on the door's own
+        names, with the label's prefix taken off upstream and put back on
+        redirects and the cookie's path; ``/p/PORT/`` names no label, so it
+        is refused as another label's host is.
+        """
+        yield self.expose(label="web")
+        door = f"127.0.0.1:{self.door_port}"
+        prefix = f"/p/{self.app_port}-web"
+        response, body = yield self.fetch("GET", f"{prefix}/headers?q=1", host=door)
+        self.assertEqual(response.code, 200, body)
+        seen = json.loads(body)
+        self.assertEqual(seen["uri"], "/headers?q=1")
+        self.assertEqual(seen["headers"]["x-forwarded-prefix"], [prefix])
+        response, _ = yield self.fetch("GET", f"{prefix}/redirect", host=door)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"http://{door}{prefix}/landed?x=1".encode()],
+        )
+        response, body = yield self.fetch("GET", f"/p/{self.app_port}/", host=door)
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+        response, _ = yield self.fetch(
+            "GET", f"{prefix}/page?sbx_link={link}", token=None, host=door
+        )
+        self.assertEqual(response.code, 303)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"), [f"{prefix}/page".encode()]
+        )
+        cookie = response.headers.getRawHeaders(b"set-cookie")[0].decode()
+        self.assertIn(f"Path={prefix}/", cookie)
+        response, _ = yield self.fetch(
+            "GET",
+            f"{prefix}/",
+            token=None,
+            host=door,
+            headers={"cookie": cookie.split(";")[0]},
+        )
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
     def test_upstream_errors(self) -> None:
         """Nothing listening: 502 (a retrying page for browsers); no head in time: 504."""
         free = App()
@@ -393,6 +445,59 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(
             (response.code, json.loads(body)["code"]), (504, "upstream_timeout")
         )
+
+
+class PublicPathModeTests(DoorCase):
+    """Behind an ingress with one host name: the public URL holds no ``{port}``."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_urls_handed_out_open_the_app(self) -> None:
+        """
+        The URL of a labelled exposure, and its link, are path-mode URLs
+        that carry the label and open the app through the public host; an
+        unlabelled exposure's carry none.
+        """
+        yield self.start(preview_public_url="http://sbx42.example.test")
+        self.door_port = self.daemon.context.preview.door_port
+        made = yield self.expose(label="web")
+        self.assertEqual(made.status, 201, made.body)
+        base = "http://sbx42.example.test"
+        url = made.json()["url"]
+        self.assertEqual(url, f"{base}/p/{self.app_port}-web/")
+        listed = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(listed.json()["url"], url)
+        host = "sbx42.example.test"
+        response, body = yield self.fetch("GET", url.removeprefix(base), host=host)
+        self.assertEqual(response.code, 200, body)
+        self.assertIn(b"preview app", body)
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link_url = minted.json()["url"]
+        self.assertTrue(link_url.startswith(url + "?sbx_link="), link_url)
+        response, _ = yield self.fetch(
+            "GET", link_url.removeprefix(base), token=None, host=host
+        )
+        self.assertEqual(response.code, 303)
+        location = response.headers.getRawHeaders(b"location")[0].decode()
+        self.assertEqual(location, f"/p/{self.app_port}-web/")
+        cookie = response.headers.getRawHeaders(b"set-cookie")[0].split(b";")[0]
+        response, body = yield self.fetch(
+            "GET",
+            location,
+            token=None,
+            host=host,
+            headers={"cookie": cookie.decode()},
+        )
+        self.assertEqual(response.code, 200, body)
+        self.assertIn(b"preview app", body)
+        other = App()
+        other_port = other.listen()
+        self.addCleanup(other.stop)
+        made = yield self.expose(port=other_port)
+        self.assertEqual(made.json()["url"], f"{base}/p/{other_port}/")
+        response, body = yield self.fetch("GET", f"/p/{other_port}/", host=host)
+        self.assertEqual(response.code, 200, body)
 
 
 class StreamingTests(DoorCase):
@@ -461,6 +566,38 @@ class StreamingTests(DoorCase):
         self.assertEqual(
             response.headers.getRawHeaders(b"location"),
             [f"http://{self.host()}/landed?x=1".encode()],
+        )
+
+    @inlineCallbacks
+    def test_protocol_relative_redirect(self) -> None:
+        """
+        A ``Location`` of ``//localhost:PORT/x`` (the app's own address,
+        no scheme) reaches the browser as the preview's URL, for a request
+        without a body and one with, in host mode and path mode; one to
+        another host is left alone.
+        """
+        yield self.expose()
+        to = "?to=%2F%2Flocalhost%3APORT%2Fx%3Fy%3D1"
+        door = f"127.0.0.1:{self.door_port}"
+        prefix = f"/p/{self.app_port}"
+        for method, path, host, want in (
+            ("GET", "/redirect" + to, None, f"http://{self.host()}/x?y=1"),
+            ("GET", f"{prefix}/redirect" + to, door, f"http://{door}{prefix}/x?y=1"),
+            ("GET", "/redirect?to=%2F%2Fcdn.example%2Fx", None, "//cdn.example/x"),
+        ):
+            response, _ = yield self.fetch(method, path, host=host)
+            self.assertEqual(response.code, 302, path)
+            self.assertEqual(
+                response.headers.getRawHeaders(b"location"), [want.encode()], path
+            )
+        response, _ = yield self.fetch(
+            "POST",
+            "/redirect" + to,
+            body=FileBodyProducer(io.BytesIO(b"form=1")),
+        )
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"http://{self.host()}/x?y=1".encode()],
         )
 
     @inlineCallbacks
@@ -843,6 +980,28 @@ class ExposureApiTests(DoorCase):
         self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
         response, _ = yield self.fetch("GET", "/", host=host)
         self.assertEqual(response.code, 404)
+
+    @inlineCallbacks
+    def test_unexpose_says_whether_the_app_listens(self) -> None:
+        """
+        ``DELETE`` answers whether the app still listens, as the list right
+        after it does: unexposing closes the door, not the app.
+        """
+        yield self.expose()
+        gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
+        self.assertEqual(gone.status, 200, gone.body)
+        self.assertEqual(gone.json()["port"], self.app_port)
+        self.assertTrue(gone.json()["listening"])
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertEqual(
+            (ports[self.app_port]["listening"], ports[self.app_port]["exposed"]),
+            (True, False),
+        )
+        free = free_port()
+        yield self.expose(port=free)
+        gone = yield self.request("DELETE", f"/preview/ports/{free}")
+        self.assertFalse(gone.json()["listening"])
 
 
 class _UnusableAnswer(Protocol):

@@ -196,3 +196,67 @@ class PoolIdleTests(SynchronousTestCase):
         self.assertTrue(transports[1].disconnecting)
         self.assertFalse(transports[2].disconnecting)
         self.assertEqual(pool.idle[key], [])
+
+
+class _Sink:
+    """Notes when its request was given up on (the only call a cancel makes)."""
+
+    def __init__(
+        self, name: str, clock: MemoryReactorClock, failed: dict[str, float]
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.failed = failed
+
+    def upstream_failed(self, reason: Any) -> None:
+        self.failed[self.name] = self.clock.seconds()
+
+
+class PoolLateTests(SynchronousTestCase):
+    """The one timer that gives up on answers' heads that do not come."""
+
+    def waiting(
+        self, pool: RawPool, clock: MemoryReactorClock, failed: dict[str, float]
+    ) -> Any:
+        def make(name: str) -> RawConnection:
+            connection = RawConnection(pool, ("127.0.0.1", 3000))
+            connection.transport = StringTransport()
+            connection.sink = _Sink(name, clock, failed)  # type: ignore[assignment]
+            return connection
+
+        return make
+
+    def test_a_shorter_timeout_brings_the_timer_forward(self) -> None:
+        """
+        A request given a shorter timeout than one already waiting (a
+        reload lowered ``timeout_seconds``) is given up on at its own
+        deadline, not at the other's later one; the other still at its own.
+        """
+        clock = MemoryReactorClock()
+        pool = RawPool(clock)
+        failed: dict[str, float] = {}
+        make = self.waiting(pool, clock, failed)
+        pool.expect(make("old"), 60)
+        clock.advance(1)
+        pool.expect(make("new"), 3)
+        clock.advance(3)
+        self.assertEqual(failed, {"new": 4.0})
+        clock.advance(56)
+        self.assertEqual(failed, {"new": 4.0, "old": 60.0})
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_an_earlier_deadline_brings_the_timer_forward(self) -> None:
+        """
+        The same for a request sent again by its deadline (a retry on a
+        fresh connection): an earlier deadline than the timer's is kept.
+        """
+        clock = MemoryReactorClock()
+        pool = RawPool(clock)
+        failed: dict[str, float] = {}
+        make = self.waiting(pool, clock, failed)
+        pool.expect(make("old"), 60)
+        pool.expect_by(make("retried"), 5.0)
+        clock.advance(5)
+        self.assertEqual(failed, {"retried": 5.0})
+        clock.advance(55)
+        self.assertEqual(failed, {"retried": 5.0, "old": 60.0})

@@ -24,6 +24,14 @@ class RoutesTests(SynchronousTestCase):
             Target(5173, None, "/p/5173", b"/src/main.ts"),
         )
         self.assertEqual(routes.match("localhost", b"/p/5173").path, b"/")  # type: ignore[union-attr]
+        self.assertEqual(
+            routes.match("localhost", b"/p/5173-web/a?b"),
+            Target(5173, "web", "/p/5173-web", b"/a?b"),
+        )
+        self.assertEqual(
+            routes.match("localhost", b"/p/5173-web?b"),
+            Target(5173, "web", "/p/5173-web", b"/?b"),
+        )
         for host, target in [
             ("evil.example", b"/"),
             ("3000.localhost.evil.example", b"/"),
@@ -31,6 +39,9 @@ class RoutesTests(SynchronousTestCase):
             ("0.localhost", b"/"),
             ("evil.example", b"/p/3000/"),
             ("127.0.0.1", b"/other"),
+            ("127.0.0.1", b"/p/3000-/"),
+            ("127.0.0.1", b"/p/3000-Web/"),
+            ("127.0.0.1", b"/p/3000web/"),
         ]:
             self.assertIsNone(routes.match(host, target), host)
         self.assertEqual(routes.url(3000, None, 9002), "http://3000.localhost:9002/")
@@ -49,6 +60,14 @@ class RoutesTests(SynchronousTestCase):
         self.assertEqual(
             paths.url(8080, None, 9002), "https://sbx42.example.com/p/8080/"
         )
+        # The label is in the path as it is in a host name: the URL handed
+        # out for a labelled exposure is one its label answers to.
+        url = paths.url(8080, "web", 9002)
+        self.assertEqual(url, "https://sbx42.example.com/p/8080-web/")
+        found = paths.match(
+            "sbx42.example.com", url.encode()[len("https://sbx42.example.com") :]
+        )
+        self.assertEqual(found, Target(8080, "web", "/p/8080-web", b"/"))
 
 
 class HeaderRulesTests(SynchronousTestCase):
@@ -84,3 +103,25 @@ class HeaderRulesTests(SynchronousTestCase):
         self.assertEqual(
             rewrite_location(b"//cdn/x", 3000, origin, "/p/3000"), b"//cdn/x"
         )
+
+    def test_protocol_relative_location(self) -> None:
+        """
+        ``//localhost:PORT/x`` (no scheme) is the app's own address as much
+        as ``http://localhost:PORT/x`` is: rewritten the same, in host
+        mode and path mode; another port or host stays.
+        """
+        origin = "http://3000.localhost:9002"
+        for local in (b"localhost", b"127.0.0.1", b"[::1]", b"0.0.0.0", b"LOCALHOST"):
+            self.assertEqual(
+                rewrite_location(b"//" + local + b":3000/x?y", 3000, origin, ""),
+                b"http://3000.localhost:9002/x?y",
+                local,
+            )
+        self.assertEqual(
+            rewrite_location(
+                b"//localhost:3000", 3000, "http://127.0.0.1:9002", "/p/3000"
+            ),
+            b"http://127.0.0.1:9002/p/3000/",
+        )
+        for kept in (b"//localhost:4000/x", b"//cdn.example/x", b"//localhost/x"):
+            self.assertEqual(rewrite_location(kept, 3000, origin, ""), kept)

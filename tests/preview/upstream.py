@@ -176,7 +176,10 @@ class Cookies(Resource):
 
 
 class Redirect(Resource):
-    """``/redirect``: to the app's own localhost:PORT."""
+    """
+    ``/redirect``: to the app's own localhost:PORT, or to ``?to=`` with
+    ``PORT`` in it replaced by the app's port (any method).
+    """
 
     isLeaf = True
 
@@ -184,11 +187,17 @@ class Redirect(Resource):
         super().__init__()
         self.app = app
 
-    def render_GET(self, request: Request) -> bytes:
-        request.setResponseCode(302)
-        request.setHeader(
-            b"location", f"http://localhost:{self.app.port}/landed?x=1".encode()
+    def render(self, request: Request) -> bytes:
+        if request.content is not None:
+            request.content.read()
+        to = request.args.get(b"to")
+        location = (
+            to[0].replace(b"PORT", str(self.app.port).encode())
+            if to
+            else f"http://localhost:{self.app.port}/landed?x=1".encode()
         )
+        request.setResponseCode(302)
+        request.setHeader(b"location", location)
         return b""
 
 

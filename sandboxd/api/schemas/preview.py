@@ -45,7 +45,11 @@ SCHEMAS: dict[str, Schema] = {
                 minimum=1,
                 maximum=65535,
             ),
-            F("label", doc="a name in the URL: PORT-LABEL.DOMAIN"),
+            F(
+                "label",
+                doc="a name in the URL: PORT-LABEL.DOMAIN, or /p/PORT-LABEL/ in"
+                " path mode; a labelled exposure answers to its label only",
+            ),
             F(
                 "public",
                 "boolean",
@@ -165,7 +169,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="On the preview port (--preview-port), not the HTTP port: any method "
         "and path at http://PORT.localhost:PREVIEW_PORT/ (or PORT-LABEL.DOMAIN, or "
-        "/p/PORT/ in path mode) is proxied to 127.0.0.1:PORT, WebSocket upgrades "
-        "included. See docs/preview.md.",
+        "/p/PORT/ or /p/PORT-LABEL/ in path mode) is proxied to 127.0.0.1:PORT, "
+        "WebSocket upgrades included. See docs/preview.md.",
     ),
 }
