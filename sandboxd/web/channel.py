@@ -369,7 +369,8 @@ class SandboxChannel(HTTPChannel):
             table = self._table()
         if table is None or not self.persistent:
             pass  # closing (Twisted loses the connection next), or no table
-        elif self._dataBuffer:
+        elif any(self._dataBuffer):
+            # Bytes of a pipelined request (a body's end leaves b"" there).
             self._in_head = True
             table.head_started(self)
         else:

@@ -136,6 +136,32 @@ class HeadDeadlineTests(_Case):
         self.assertEqual(transport.value().count(b"200 OK"), 5)
 
 
+class AfterABodyTests(_Case):
+    """A request with a body, answered: the connection waits for the next one as any does."""
+
+    def test_answered_post_is_idle_not_reading_a_head(self) -> None:
+        """
+        Once a POST with a body is answered, its connection is idle: a
+        client still taking a large answer slowly, or thinking about its
+        next request, is not cut at the head deadline (it was, a body's end
+        leaving an empty piece in the channel's buffer that read as a head
+        under way).
+        """
+        site, clock = self.site(head_deadline=10)
+        protocol, transport = self.connect(site)
+        body = b'{"endpoint": "shell"}'
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.assertIn(b"200 OK", transport.value())
+        clock.advance(30)
+        self.assertFalse(transport.aborted)
+        protocol.dataReceived(HEALTH)
+        self.assertEqual(transport.value().count(b"200 OK"), 2)
+
+
 class CapTests(_Case):
     """At a cap, idle then slow connections make room; refusals are logged."""
 
