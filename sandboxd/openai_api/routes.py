@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from sandboxd.agents import catalog
-from sandboxd.agents.manager import build_prompt
+from sandboxd.agents.manager import agent_environment, build_prompt
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     ApiError,
@@ -574,12 +574,31 @@ def _shown(item: dict[str, Any]) -> dict[str, Any]:
 
 def _models(request: ServerRequest) -> list[dict[str, Any]]:
     created = int(request.context.started_at)
+    agents = [
+        e for e in catalog.entries(request.context) if catalog.allowed(e, request.rule)
+    ]
+    installed = {e.id: _installed(request, e) for e in agents}
+
+    def local(kind: str, runtime: str) -> dict[str, Any]:
+        # As agent-sandbox-server labels its models: whether a response
+        # naming it can start its agent here.
+        return {
+            "local": True,
+            "compute": "none",
+            "differences": [],
+            "kind": kind,
+            "installed": installed.get(runtime, False),
+        }
+
     stored = [
         {
             "id": record["id"],
             "object": "model",
             "created": record["created_at"],
             "owned_by": request.identity.id,
+            "x_agent_sandbox": local(
+                "agent_definition", record.get("runtime") or record["model"]
+            ),
         }
         for record in door(request).definitions.values()
         if record["owner"] == request.identity.id
@@ -590,10 +609,16 @@ def _models(request: ServerRequest) -> list[dict[str, Any]]:
             "object": "model",
             "created": created,
             "owned_by": "sandboxd",
+            "x_agent_sandbox": local("adapter", entry.id),
         }
-        for entry in catalog.entries(request.context)
-        if catalog.allowed(entry, request.rule)
+        for entry in agents
     ]
+
+
+def _installed(request: ServerRequest, entry: catalog.CatalogEntry) -> bool:
+    """Whether ``entry``'s program is on the PATH its agent would start with."""
+    env = agent_environment(request.context, request.rule, entry, {})
+    return entry.found(env) is not None
 
 
 def agents_models_list(request: ServerRequest) -> dict[str, Any]:

@@ -523,8 +523,48 @@ class DoorTests(OpenAICase):
         )
 
 
+def _with_an_absent_agent() -> dict[str, Any]:
+    policy = openai_policy()
+    catalog = dict(policy["agents"]["catalog"])
+    catalog["absent"] = {"name": "Absent", "command": ["no-such-agent-cli"]}
+    policy["agents"] = {**policy["agents"], "catalog": catalog}
+    return policy
+
+
 class ModelTests(OpenAICase):
     """``client.models`` lists the agents the caller may run; deletion is refused."""
+
+    policy = _with_an_absent_agent()
+
+    @inlineCallbacks
+    def test_installed(self) -> Any:
+        """
+        Each model says whether its agent is installed (as agent-sandbox-
+        server's do): a response naming one that is not cannot start.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            listed = {m.id: m for m in client.models.list()}
+            absent = caught(lambda: client.responses.create(model="absent", input="x"))
+            return listed, client.models.retrieve("absent"), absent
+
+        listed, retrieved, absent = yield self.sdk(run)
+        self.assertEqual(
+            listed["fake"].model_extra["x_agent_sandbox"],
+            {
+                "local": True,
+                "compute": "none",
+                "differences": [],
+                "kind": "adapter",
+                "installed": True,
+            },
+        )
+        self.assertIs(
+            listed["absent"].model_extra["x_agent_sandbox"]["installed"], False
+        )
+        self.assertIs(retrieved.model_extra["x_agent_sandbox"]["installed"], False)
+        self.assertEqual(absent.status_code, 503)
 
     @inlineCallbacks
     def test_models(self) -> Any:

@@ -633,13 +633,26 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "data",
                 "array",
-                "[{id, object: model, created, owned_by}]",
+                "[{id, object: model, created, owned_by, x_agent_sandbox: {local, "
+                "compute, differences, kind: adapter|agent_definition, installed}}]; "
+                "installed: whether the agent's program is on its PATH (a "
+                "response naming one that is not is 503 agent_unavailable)",
                 items="object",
             ),
         )
     ),
     "agents_models_get": Schema(
-        response=(F("id"), F("object"), F("created", "integer"), F("owned_by")),
+        response=(
+            F("id"),
+            F("object"),
+            F("created", "integer"),
+            F("owned_by"),
+            F(
+                "x_agent_sandbox",
+                "object",
+                "{local, compute, differences, kind, installed}",
+            ),
+        ),
         errors=(E(404, "not_found", "no such model (catalogue agent)"),),
     ),
     "agents_cannot_models_delete": Schema(errors=(_OA_REFUSED,)),
