@@ -401,6 +401,46 @@ def parse_push(output: bytes) -> list[dict[str, Any]]:
     return out
 
 
+#: What git's reason for refusing a pushed ref means, and what to do
+#: about it (the reasons of git-push(1), "OUTPUT").
+_REJECTED_BECAUSE = {
+    "fetch first": "the remote has commits this branch does not have; "
+    "pull first, then push again",
+    "non-fast-forward": "the branch is behind the remote's; pull first, then push again",
+    "stale info": "the remote's branch moved since it was last fetched; "
+    "pull first, then push again",
+    "already exists": "the remote already has it, and a push does not replace it",
+}
+
+
+def push_rejection(updated: list[dict[str, Any]]) -> str:
+    """
+    The message of a push git refused without asking the remote (its
+    branch moved on): each rejected ref of :func:`parse_push` with git's
+    reason put into words.  git's own last line is ``Done`` (stdout of
+    ``--porcelain``) or a hint cut mid-sentence, neither of which tells an
+    agent to pull.
+    """
+    parts = []
+    for entry in updated:
+        if entry["status"] != "rejected" or "remote rejected" in entry["summary"]:
+            continue
+        reason = entry.get("reason") or "rejected"
+        meaning = _REJECTED_BECAUSE.get(reason, "pull first, then push again")
+        parts.append(f"the push of {entry['ref']} was rejected ({reason}): {meaning}")
+    return "; ".join(parts) or "the push was rejected: pull first, then push again"
+
+
+def push_report(output: bytes) -> str:
+    """
+    ``push --porcelain``'s stdout for an error message: without the
+    ``Done`` it always ends with, which would otherwise be the message's
+    last line.
+    """
+    text = output.decode("utf-8", "replace")
+    return text.removesuffix("Done\n").removesuffix("Done")
+
+
 def parse_remotes(output: bytes) -> list[dict[str, Any]]:
     """``{name, fetch_url, push_url}`` from ``git remote -v`` (userinfo redacted)."""
     remotes: dict[str, dict[str, Any]] = {}

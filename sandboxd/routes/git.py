@@ -43,6 +43,8 @@ from sandboxd.git.outcomes import (
     parse_log,
     parse_push,
     parse_remotes,
+    push_rejection,
+    push_report,
     redact,
 )
 from sandboxd.git.remotes import (
@@ -1308,17 +1310,13 @@ async def git_push(request: ServerRequest) -> Any:
         updated = parse_push(result.stdout)
         if result.exit_code != 0:
             text = redact(
-                _text(result.stderr) + "\n" + _text(result.stdout), job.hidden
+                _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
             )
             if any(
                 u["status"] == "rejected" and "remote rejected" not in u["summary"]
                 for u in updated
             ):
-                error = conflict_error(
-                    "non_fast_forward",
-                    # The last line ended by LF: a ref name may hold U+2028.
-                    text.strip().split("\n")[-1].strip() or "rejected",
-                )
+                error = conflict_error("non_fast_forward", push_rejection(updated))
                 error.extra["updated"] = updated
                 raise error
             from sandboxd.git.outcomes import classify_failure

@@ -18,6 +18,8 @@ from sandboxd.git.outcomes import (
     parse_log,
     parse_progress,
     parse_push,
+    push_rejection,
+    push_report,
     redact,
 )
 from sandboxd.git.remotes import parse_remote
@@ -205,6 +207,32 @@ class ProgressTests(SynchronousTestCase):
         self.assertEqual((updated[0]["old"], updated[0]["new"]), ("1a2b", "3c4d"))
         self.assertEqual(updated[1]["status"], "rejected")
         self.assertEqual(updated[1]["reason"], "fetch first")
+
+    def test_push_rejection(self) -> None:
+        """
+        A push git refused is told with each rejected ref, git's reason in
+        words and "pull first", never porcelain's closing ``Done``; a
+        ref the remote's hook refused is not such a rejection.
+        """
+        out = (
+            b"To https://h/r.git\n"
+            b"!\trefs/heads/main:refs/heads/main\t[rejected] (fetch first)\n"
+            b"!\trefs/heads/x:refs/heads/x\t[remote rejected] (hook declined)\n"
+            b"Done\n"
+        )
+        message = push_rejection(parse_push(out))
+        self.assertEqual(
+            message,
+            "the push of refs/heads/main was rejected (fetch first): the remote "
+            "has commits this branch does not have; pull first, then push again",
+        )
+        stale = b"!\trefs/heads/main:refs/heads/main\t[rejected] (stale info)\n"
+        self.assertIn(
+            "moved since it was last fetched", push_rejection(parse_push(stale))
+        )
+        odd = b"!\trefs/heads/main:refs/heads/main\t[rejected] (something new)\n"
+        self.assertIn("(something new): pull first", push_rejection(parse_push(odd)))
+        self.assertEqual(push_report(out).splitlines()[-1][-15:], "(hook declined)")
 
     def test_redact(self) -> None:
         """Hidden values and URL userinfo become ***."""

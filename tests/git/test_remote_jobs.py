@@ -266,6 +266,11 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "non_fast_forward")
         self.assertEqual(reply.json()["updated"][0]["status"], "rejected")
+        # git's reason in words, not porcelain's last line ("Done").
+        self.assertIn(
+            "refs/heads/main was rejected (fetch first)", reply.json()["error"]
+        )
+        self.assertIn("pull first", reply.json()["error"])
         reply = yield self.request(
             "POST", "/git/push", {"path": "work", "force": True, "wait": 30}
         )
@@ -449,6 +454,25 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(len(feat), 1, reply.json())
         self.assertEqual(feat[0].get("upstream"), "origin/feat", feat)
         self.assertEqual(feat[0].get("ahead"), 0, feat)
+
+    @inlineCallbacks
+    def test_push_refused_by_a_hook(self) -> Any:
+        """
+        A push the remote's hook refuses is 502 ``rejected`` whose message
+        ends with git's line for the ref, not with porcelain's ``Done``.
+        """
+        yield self.clone()
+        hook = os.path.join(self.remote.root, "repo.git", "hooks", "pre-receive")
+        with open(hook, "w") as f:
+            f.write("#!/bin/sh\necho 'no pushes today' >&2\nexit 1\n")
+        os.chmod(hook, 0o755)
+        yield self.local_commit({"new.txt": "new\n"}, "mine")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "rejected")
+        message = reply.json()["error"]
+        self.assertIn("no pushes today", message)
+        self.assertTrue(message.endswith("(pre-receive hook declined)"), message)
 
     @inlineCallbacks
     def test_protected_branch_push(self) -> Any:
