@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
 
 from sandboxd.access.auth import Identity
 from sandboxd.errors import ApiError, internal, not_found
@@ -25,6 +26,8 @@ from sandboxd.eventlog import EventLog
 from sandboxd.git.outcomes import ProgressLines, parse_progress, redact
 from sandboxd.policy.defaults import GIT_JOB_LOG_BYTES, GIT_JOBS_KEPT
 from sandboxd.waiters import Waiters
+
+log = Logger(namespace="sandboxd.git")
 
 
 class GitJob:
@@ -209,6 +212,14 @@ class GitJobTable:
             except ApiError as e:
                 job.finish(None, e, "error")
             except Exception as e:  # a bug: the job must still end
+                # The answer names only the exception's type: the operator
+                # needs the traceback to find the bug.
+                log.failure(
+                    "git job {job_id} ({op} of {path}) failed",
+                    job_id=job.job_id,
+                    op=job.op,
+                    path=job.path,
+                )
                 job.finish(
                     None, internal(f"git job failed: {type(e).__name__}"), "error"
                 )

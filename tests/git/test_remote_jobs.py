@@ -529,6 +529,45 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.json()["code"], "file_exists")
 
 
+class JobBugTests(RemoteCase):
+    """A bug in a job's own code is a 500, and a traceback in the daemon's log."""
+
+    @inlineCallbacks
+    def test_unexpected_exception_is_logged(self) -> Any:
+        """
+        An exception no handler expected ends the job with 500 ``internal``
+        naming only its type, as before, and the daemon's log has the
+        failure with its traceback, the job and its operation.
+        """
+        from twisted.logger import globalLogPublisher
+
+        from sandboxd.routes import git as routes
+
+        async def broken(call: Any) -> str | None:
+            raise AttributeError("no attribute 'frobnicate'")
+
+        self.patch(routes, "_current_branch", broken)
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "w", "wait": 30}
+        )
+        self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["error"]),
+            ("internal", "git job failed: AttributeError"),
+        )
+        failures = [e for e in events if "log_failure" in e]
+        self.assertEqual(len(failures), 1, events)
+        self.assertEqual(failures[0]["op"], "clone")
+        self.assertEqual(failures[0]["path"], os.path.join(self.base_dir, "w"))
+        trace = failures[0]["log_failure"].getTraceback()
+        self.assertIn("no attribute 'frobnicate'", trace)
+        self.assertIn("in broken", trace)
+        self.assertEqual(len(self.flushLoggedErrors(AttributeError)), 1)
+
+
 class PrivateRemoteTests(RemoteCase):
     """A remote behind Basic auth; the secret never shows anywhere."""
 
