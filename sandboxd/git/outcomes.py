@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.errors import (
     ApiError,
     git_conflict,
@@ -22,15 +23,17 @@ from sandboxd.errors import (
     remote_error,
 )
 
-#: ``scheme://user[:pass]@``.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
-
 
 def redact(text: str, hidden: Iterable[str]) -> str:
-    """``text`` with each hidden value and every URL's userinfo as ``***``."""
+    """
+    ``text`` with each hidden value, every URL's userinfo and every
+    token-like query value (``?access_token=``) as ``***``: what git
+    says quotes the URL it was given, and an answer, a job's stored error
+    and its events must not show what the audit hides.
+    """
     for value in sorted((v for v in hidden if v), key=len, reverse=True):
         text = text.replace(value, "***")
-    return _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", text)
+    return redact_url_secrets(text)
 
 
 def _last_lines(text: str, count: int = 6) -> str:

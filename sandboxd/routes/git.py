@@ -19,6 +19,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any
 
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
@@ -52,7 +53,6 @@ from sandboxd.git.remotes import (
     check_addresses,
     literal_addresses,
     parse_remote,
-    redact_userinfo,
 )
 from sandboxd.git.runner import (
     GitCall,
@@ -821,8 +821,8 @@ async def git_remote_add(request: ServerRequest) -> dict[str, Any]:
     remote = parse_remote(body.get("url"), request.rule)
     call = await _repo(request, body.get("path"))
     await call.run(["remote", "add", name, remote.url])
-    request.audit["remote"] = redact_userinfo(remote.url)
-    return {"name": name, "fetch_url": redact_userinfo(remote.url)}
+    request.audit["remote"] = redact_url_secrets(remote.url)
+    return {"name": name, "fetch_url": redact_url_secrets(remote.url)}
 
 
 def _config_key(request: ServerRequest, value: Any) -> str:
@@ -894,7 +894,7 @@ def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
         spec = request.context.policy.document.git.credentials.get(name)
         if spec is None:
             raise bad_request(f"no git credential named {name!r} in the policy")
-        if not under_prefix(redact_userinfo(remote.url), spec.url_prefix):
+        if not under_prefix(redact_url_secrets(remote.url), spec.url_prefix):
             raise forbidden(
                 f"the credential {name!r} may only be sent to {spec.url_prefix}",
                 Code.URL_NOT_ALLOWED,
@@ -1056,7 +1056,7 @@ async def git_clone(request: ServerRequest) -> Any:
     pin = await _pin(request, remote)
     user = _user(request)
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
-    request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["remote"] = redact_url_secrets(remote.url)
     request.audit["repo"] = target
 
     existed = os.path.lexists(target)
@@ -1104,7 +1104,7 @@ async def _remote_call(
     remote = await _remote_of(call, request, name, push)
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
-    request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["remote"] = redact_url_secrets(remote.url)
     return call, remote, name, pin, secret
 
 

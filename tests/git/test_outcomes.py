@@ -235,10 +235,16 @@ class ProgressTests(SynchronousTestCase):
         self.assertEqual(push_report(out).splitlines()[-1][-15:], "(hook declined)")
 
     def test_redact(self) -> None:
-        """Hidden values and URL userinfo become ***."""
+        """Hidden values, URL userinfo and token-like query values become ***."""
         self.assertEqual(
             redact("fatal: https://u:p4ss@h/r and p4ss", ("p4ss",)),
             "fatal: https://***@h/r and ***",
+        )
+        self.assertEqual(
+            redact(
+                "fatal: repository 'https://h/r?access_token=QS3CRET/' not found", ()
+            ),
+            "fatal: repository 'https://h/r?access_token=***' not found",
         )
 
 
@@ -297,6 +303,44 @@ class RemoteFormTests(SynchronousTestCase):
             parse_remote("https://u:p@h/r", rule)
         self.assertEqual(caught.exception.status, 400)
         self.assertNotIn("u:p", caught.exception.message)
+
+    def test_credential_in_the_query(self) -> None:
+        """
+        A query parameter named like a credential (the names whose values
+        the audit masks) is refused as userinfo is, naming the parameter
+        and never its value; other queries pass, and so does a credential
+        when the policy allows credentials in URLs.
+        """
+        rule = self.context.policy.rule("git_clone")
+        for url in (
+            "https://h/r.git?access_token=QS3CRET",
+            "https://h/r.git?ref=main&api_key=QS3CRET",
+            "https://h/r.git?x=1;Sig=QS3CRET",
+            "https://h/r.git?access%5Ftoken=QS3CRET",
+        ):
+            with self.assertRaises(ApiError) as caught:
+                parse_remote(url, rule)
+            error = caught.exception
+            self.assertEqual(
+                (error.status, error.body()["code"]), (400, "invalid_param")
+            )
+            self.assertNotIn("QS3CRET", error.message)
+            self.assertIn("pass 'auth' instead", error.message)
+        with self.assertRaises(ApiError) as caught:
+            parse_remote("https://h/r.git?access_token=QS3CRET", rule)
+        self.assertIn("(access_token=)", caught.exception.message)
+        with self.assertRaises(ApiError) as caught:
+            parse_remote("https://h/r.git?tokenQS3CRET", rule)
+        self.assertNotIn("QS3CRET", caught.exception.message)
+        self.assertEqual(parse_remote("https://h/r.git?ref=main", rule).host, "h")
+        allowing = memory_context(
+            policy={
+                "groups": {"git": True},
+                "endpoints": {"group:git": {"params": {"allow_url_credentials": True}}},
+            }
+        ).policy.rule("git_clone")
+        url = "https://h/r.git?access_token=QS3CRET"
+        self.assertEqual(parse_remote(url, allowing).url, url)
 
     def test_url_globs(self) -> None:
         """

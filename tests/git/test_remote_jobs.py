@@ -517,6 +517,40 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(self.remote.requests, before + 1)
 
     @inlineCallbacks
+    def test_credential_in_the_query_refused(self) -> Any:
+        """
+        A token in a remote URL's query is refused as userinfo is, by
+        ``POST /git/remotes`` and by a clone, before anything is written;
+        a remote that already holds one (written by hand) is refused by a
+        fetch; no answer shows the token.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        url = self.remote.url() + "?access_token=QS3CRET"
+        reply = yield self.request(
+            "POST", "/git/remotes", {"path": "work", "name": "tok", "url": url}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("access_token=", reply.json()["error"])
+        with open(os.path.join(work, ".git", "config")) as f:
+            self.assertNotIn("QS3CRET", f.read())
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": url, "path": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertNotIn(b"QS3CRET", reply.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "tok")))
+        run(work, "remote", "add", "tok", url)
+        reply = yield self.request(
+            "POST", "/git/fetch", {"path": "work", "remote": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertNotIn(b"QS3CRET", reply.body)
+        reply = yield self.request("GET", "/git/remotes?path=work")
+        self.assertNotIn(b"QS3CRET", reply.body)
+        self.assertIn("access_token=***", reply.body.decode())
+
+    @inlineCallbacks
     def test_clone_into_non_empty_directory(self) -> Any:
         """A clone target that holds files is 409 file_exists."""
         os.makedirs(os.path.join(self.base_dir, "full"))
@@ -566,6 +600,36 @@ class JobBugTests(RemoteCase):
         self.assertIn("no attribute 'frobnicate'", trace)
         self.assertIn("in broken", trace)
         self.assertEqual(len(self.flushLoggedErrors(AttributeError)), 1)
+
+
+class URLCredentialTests(RemoteCase):
+    """With ``allow_url_credentials``, a query token is used and never shown."""
+
+    params = {"allow_url_credentials": True}
+    audit = True
+
+    @inlineCallbacks
+    def test_query_token_never_echoed(self) -> Any:
+        """
+        A clone whose URL holds a query token is started; what git says
+        about the URL (here, that the repository is not found) reaches the
+        answer, the job's stored error and its events with the token
+        masked, as in the audit line.
+        """
+        url = self.remote.url() + "?access_token=QS3CRET"
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": url, "path": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertIn("access_token=***", reply.json()["error"])
+        self.assertNotIn(b"QS3CRET", reply.body)
+        jobs = yield self.request("GET", "/git/jobs")
+        job = jobs.json()["jobs"][0]
+        self.assertIn("access_token=***", job["error"]["message"])
+        self.assertNotIn(b"QS3CRET", jobs.body)
+        events = yield self.request("GET", f"/git/jobs/{job['job_id']}/events")
+        self.assertNotIn(b"QS3CRET", events.body)
+        self.assertNotIn("QS3CRET", json.dumps(self.audit_lines()))
 
 
 class PrivateRemoteTests(RemoteCase):

@@ -76,7 +76,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "url",
                 required=True,
-                doc="https (ssh when params.git_protocols lists it)",
+                doc="https (ssh when params.git_protocols lists it), without credentials"
+                " (pass auth)",
                 example="https://github.com/octocat/Hello-World.git",
             ),
             F(
@@ -443,7 +444,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "remotes",
                 "array",
-                "[{name, fetch_url, push_url}] (userinfo redacted)",
+                "[{name, fetch_url, push_url}] (userinfo and token-like query values masked)",
                 items="object",
             ),
         ),
@@ -457,6 +458,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "url",
                 required=True,
+                doc="https (ssh when params.git_protocols lists it), without credentials",
                 example="https://github.com/octocat/Hello-World.git",
             ),
         ),
