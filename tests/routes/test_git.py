@@ -387,6 +387,20 @@ class GitLocalTests(DaemonTestCase):
         self.assertEqual(reply.status, 404, reply.body)
         reply = yield self.request("GET", "/git/branches?path=missing")
         self.assertEqual(reply.status, 404, reply.body)
+        self.assertIn("no such directory", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_file_named_as_the_repository(self) -> Any:
+        """
+        A file of a repository named as its ``path`` is 404 saying it is a
+        file, not that there is no such directory.
+        """
+        yield self.init_repo()
+        reply = yield self.request("GET", "/git/log?path=repo/a.txt")
+        self.assertEqual(reply.status, 404, reply.body)
+        message = reply.json()["error"]
+        self.assertIn("repo/a.txt is a file, not a directory", message)
+        self.assertNotIn("no such directory", message)
 
     @inlineCallbacks
     def test_remote_forms_refused(self) -> Any:
