@@ -172,7 +172,17 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
         if call.child is not None:
             undo()
         raise
-    return {"path": target, "initial_branch": branch, "bare": bare}
+    # git re-initialises an existing repository and keeps its HEAD (it
+    # ignores --initial-branch with a warning): answer the branch it has.
+    head = await call.run(
+        ["-C", target, "symbolic-ref", "--short", "-q", "HEAD"], check=False
+    )
+    current: str | None = branch  # git could not read HEAD: what it was asked
+    if head.exit_code == 0:
+        current = _text(head.stdout).rstrip("\n") or None
+    elif head.exit_code == 1:  # HEAD is detached
+        current = None
+    return {"path": target, "initial_branch": current, "bare": bare}
 
 
 #: What ``git init --bare`` makes in the directory it is given.

@@ -245,7 +245,15 @@ SCHEMAS: dict[str, Schema] = {
             F("initial_branch", default="main"),
             F("bare", "boolean", default=False),
         ),
-        response=(F("path"), F("initial_branch"), F("bare", "boolean")),
+        response=(
+            F("path"),
+            F(
+                "initial_branch",
+                doc="the repository's branch: an existing repository keeps its own"
+                " (null when its HEAD is detached)",
+            ),
+            F("bare", "boolean"),
+        ),
         errors=GIT_LOCAL_ERRORS,
     ),
     "git_add": Schema(
