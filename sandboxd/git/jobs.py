@@ -56,7 +56,7 @@ class GitJob:
         self.deferred: Deferred[Any] | None = None
         self._finished: Waiters[None] = Waiters()
         self._lines = ProgressLines()
-        self._last: tuple[Any, Any] = (None, None)
+        self._last: tuple[Any, Any, Any] = (None, None, None)
 
     @property
     def running(self) -> bool:
@@ -87,7 +87,10 @@ class GitJob:
             if progress is None:
                 self.log.append("line", {"data": redact(line, self.hidden)})
                 continue
-            key = (progress["phase"], progress["percent"])
+            # git redraws a line at the same percent once it knows the
+            # bytes (its last line of a phase is "100% (3/3), 28.62 MiB |
+            # …, done."): a new byte count is news too.
+            key = (progress["phase"], progress["percent"], progress["bytes"])
             if key == self._last and progress["percent"] is not None:
                 continue
             self._last = key

@@ -208,12 +208,21 @@ def classify_failure(
 
 _PROGRESS = re.compile(
     r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<percent>\d{1,3})%"
-    r"\s+\((?P<done>\d+)/(?P<total>\d+)\)(?:,\s*(?P<bytes>[\d.]+\s*[KMG]?i?B))?"
+    r"\s+\((?P<done>\d+)/(?P<total>\d+)\)"
+    r"(?:,\s*(?P<bytes>[\d.]+\s*(?:[KMGT]i?B|bytes?)))?"
 )
 _COUNT = re.compile(
     r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<done>\d+)(?:,|$)"
 )
-_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_UNITS = {
+    "B": 1,
+    "byte": 1,
+    "bytes": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+}
 
 
 def _size(text: str | None) -> int | None:

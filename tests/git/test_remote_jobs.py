@@ -456,6 +456,34 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(feat[0].get("ahead"), 0, feat)
 
     @inlineCallbacks
+    def test_push_progress_has_bytes(self) -> Any:
+        """
+        A push's progress tells how many bytes it wrote: the job's last
+        progress and a ``writing_objects`` event carry them (git prints
+        them only on its last redraw of a phase, at a percent already
+        shown).
+        """
+        yield self.clone()
+        with open(os.path.join(self.base_dir, "work", "big.bin"), "wb") as f:
+            f.write(os.urandom(2 * 1024 * 1024))
+        yield self.request("POST", "/git/add", {"path": "work", "all": True})
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "work", "message": "big"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("POST", "/git/push", {"path": "work"})
+        job = yield self.job_done(reply.json()["job_id"])
+        self.assertEqual(job["state"], "done", job)
+        self.assertGreater(job["progress"]["bytes"] or 0, 2 * 1000 * 1000, job)
+        reply = yield self.request("GET", f"/git/jobs/{job['job_id']}/events")
+        writes = [
+            json.loads(frame.split("data: ", 1)[1])
+            for frame in reply.body.decode().split("\n\n")
+            if "event: progress" in frame and "writing_objects" in frame
+        ]
+        self.assertTrue([w for w in writes if w["bytes"]], writes)
+
+    @inlineCallbacks
     def test_push_refused_by_a_hook(self) -> Any:
         """
         A push the remote's hook refuses is 502 ``rejected`` whose message
@@ -794,6 +822,37 @@ class LateOutputTests(SynchronousTestCase):
         events = [event.event for event in kept]
         self.assertEqual(events, ["line", "exit"])
         self.assertEqual(job.state, "cancelled")
+
+
+class ProgressEventTests(SynchronousTestCase):
+    """Progress events from git's stderr as git writes it."""
+
+    def test_bytes_on_the_last_redraw(self) -> None:
+        """
+        git redraws ``100% (3/3)`` with the byte count once it knows it,
+        and writes ``509 bytes`` below 1 KiB: both reach the job's
+        progress and its events, and an unchanged redraw is still dropped.
+        """
+        job = GitJob("push", "w", "legacy", None)
+        job.observe(
+            2,
+            b"Writing objects:  33% (1/3)\rWriting objects:  33% (1/3)\r"
+            b"Writing objects: 100% (3/3)\r"
+            b"Writing objects: 100% (3/3), 28.62 MiB | 15.71 MiB/s, done.\n",
+        )
+        self.assertEqual(job.progress["bytes"], int(28.62 * 1024 * 1024))
+        _gap, kept = job.log.since(0)
+        shown = [(e.data["percent"], e.data["bytes"]) for e in kept]
+        self.assertEqual(
+            shown, [(33, None), (100, None), (100, int(28.62 * 1024 * 1024))]
+        )
+        small = GitJob("push", "w", "legacy", None)
+        small.observe(
+            2,
+            b"Writing objects: 100% (6/6)\r"
+            b"Writing objects: 100% (6/6), 509 bytes | 254.00 KiB/s, done.\n",
+        )
+        self.assertEqual(small.progress["bytes"], 509)
 
 
 class RunAsUserTests(RemoteCase):
