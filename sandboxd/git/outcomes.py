@@ -174,9 +174,16 @@ def classify_failure(
     if any(p in lowered for p in _NO_SPACE) or (no_room and UNWRITTEN in lowered):
         return insufficient_storage(tail)
     if _LOCKED in lowered:
+        # git's line naming the lock file: a pull's or a fetch's first line
+        # is another ("From https://…").
+        said = next(
+            line.strip()
+            for line in text.replace("\r", "\n").split("\n")
+            if _LOCKED in line.lower()
+        )
         return git_conflict(
             "another git process is working in this repository (git found its "
-            "lock file); try again once it is done: " + text.strip().splitlines()[0],
+            "lock file); try again once it is done: " + said,
             "locked",
         )
     for kind, phrases in _CONFLICT_KINDS:

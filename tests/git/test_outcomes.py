@@ -149,6 +149,22 @@ class ClassifyTests(SynchronousTestCase):
             False,
         )
 
+    def test_locked(self) -> None:
+        """
+        Another git's lock file is 409 ``locked`` quoting git's line about
+        it, wherever it is in what git said (a pull's first line is not it).
+        """
+        text = (
+            "From https://h/r\n * branch main -> FETCH_HEAD\n"
+            "fatal: Unable to create '/w/.git/index.lock': File exists.\n\n"
+            "Another git process seems to be running in this repository\n"
+        )
+        error = classify_failure(text, 128, True)
+        self.assertEqual((error.status, error.body()["kind"]), (409, "locked"))
+        self.assertTrue(
+            error.message.endswith("'/w/.git/index.lock': File exists."), error.message
+        )
+
     def test_other(self) -> None:
         """Anything else is 400 git_error; no repository is 404."""
         self.check("fatal: bad revision 'nope'", 400, "git_error", None, False)
