@@ -103,13 +103,27 @@ def audit_argv(
 #: ``scheme://userinfo@``: a password or token in a URL's authority.
 _URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
 
+#: What in a query parameter's name says its value is a secret.
+_SECRET_NAME = r"token|secret|key|password|passwd|pwd|signature|sig|credential|auth"
+
 #: ``name=value`` in a URL's query (or a command's argument) whose name
 #: says it holds a secret: ``?access_token=…``, ``&api_key=…``.
 _SECRET_QUERY_VALUE = re.compile(
-    r"([?&;][A-Za-z0-9_.-]*(?:token|secret|key|password|passwd|pwd|signature|sig|"
-    r"credential|auth)[A-Za-z0-9_.-]*=)(?!%2A%2A%2A|\*\*\*)[^&\s#'\"]*",
+    rf"([?&;][A-Za-z0-9_.-]*(?:{_SECRET_NAME})[A-Za-z0-9_.-]*=)"
+    r"(?!%2A%2A%2A|\*\*\*)[^&\s#'\"]*",
     re.IGNORECASE,
 )
+
+_SECRET_NAME_IN = re.compile(_SECRET_NAME, re.IGNORECASE)
+
+
+def secret_param(name: str) -> bool:
+    """
+    Whether a URL query parameter called ``name`` holds a secret, by the
+    same words whose values :func:`redact_url_secrets` masks: what the
+    audit would hide is what other code must not keep either.
+    """
+    return _SECRET_NAME_IN.search(name) is not None
 
 
 def redact_url_secrets(text: str) -> str:

@@ -57,7 +57,11 @@ GIT_LOCAL_ERRORS = (
 
 
 GIT_URL_ERRORS = (
-    E(400, "invalid_param", "not a URL, or credentials in it"),
+    E(
+        400,
+        "invalid_param",
+        "not a URL, or credentials in it (user:pass@, a token-like query parameter)",
+    ),
     E(403, "url_not_allowed", "transport, url_allow/url_deny or a private address"),
 )
 

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
 
 from sandboxd.access.auth import Identity
 from sandboxd.errors import ApiError, internal, not_found
@@ -25,6 +26,8 @@ from sandboxd.eventlog import EventLog
 from sandboxd.git.outcomes import ProgressLines, parse_progress, redact
 from sandboxd.policy.defaults import GIT_JOB_LOG_BYTES, GIT_JOBS_KEPT
 from sandboxd.waiters import Waiters
+
+log = Logger(namespace="sandboxd.git")
 
 
 class GitJob:
@@ -53,7 +56,7 @@ class GitJob:
         self.deferred: Deferred[Any] | None = None
         self._finished: Waiters[None] = Waiters()
         self._lines = ProgressLines()
-        self._last: tuple[Any, Any] = (None, None)
+        self._last: tuple[Any, Any, Any] = (None, None, None)
 
     @property
     def running(self) -> bool:
@@ -84,7 +87,10 @@ class GitJob:
             if progress is None:
                 self.log.append("line", {"data": redact(line, self.hidden)})
                 continue
-            key = (progress["phase"], progress["percent"])
+            # git redraws a line at the same percent once it knows the
+            # bytes (its last line of a phase is "100% (3/3), 28.62 MiB |
+            # …, done."): a new byte count is news too.
+            key = (progress["phase"], progress["percent"], progress["bytes"])
             if key == self._last and progress["percent"] is not None:
                 continue
             self._last = key
@@ -209,6 +215,14 @@ class GitJobTable:
             except ApiError as e:
                 job.finish(None, e, "error")
             except Exception as e:  # a bug: the job must still end
+                # The answer names only the exception's type: the operator
+                # needs the traceback to find the bug.
+                log.failure(
+                    "git job {job_id} ({op} of {path}) failed",
+                    job_id=job.job_id,
+                    op=job.op,
+                    path=job.path,
+                )
                 job.finish(
                     None, internal(f"git job failed: {type(e).__name__}"), "error"
                 )

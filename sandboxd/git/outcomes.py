@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.errors import (
     ApiError,
     git_conflict,
@@ -22,15 +23,17 @@ from sandboxd.errors import (
     remote_error,
 )
 
-#: ``scheme://user[:pass]@``.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
-
 
 def redact(text: str, hidden: Iterable[str]) -> str:
-    """``text`` with each hidden value and every URL's userinfo as ``***``."""
+    """
+    ``text`` with each hidden value, every URL's userinfo and every
+    token-like query value (``?access_token=``) as ``***``: what git
+    says quotes the URL it was given, and an answer, a job's stored error
+    and its events must not show what the audit hides.
+    """
     for value in sorted((v for v in hidden if v), key=len, reverse=True):
         text = text.replace(value, "***")
-    return _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", text)
+    return redact_url_secrets(text)
 
 
 def _last_lines(text: str, count: int = 6) -> str:
@@ -171,9 +174,16 @@ def classify_failure(
     if any(p in lowered for p in _NO_SPACE) or (no_room and UNWRITTEN in lowered):
         return insufficient_storage(tail)
     if _LOCKED in lowered:
+        # git's line naming the lock file: a pull's or a fetch's first line
+        # is another ("From https://…").
+        said = next(
+            line.strip()
+            for line in text.replace("\r", "\n").split("\n")
+            if _LOCKED in line.lower()
+        )
         return git_conflict(
             "another git process is working in this repository (git found its "
-            "lock file); try again once it is done: " + text.strip().splitlines()[0],
+            "lock file); try again once it is done: " + said,
             "locked",
         )
     for kind, phrases in _CONFLICT_KINDS:
@@ -205,12 +215,21 @@ def classify_failure(
 
 _PROGRESS = re.compile(
     r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<percent>\d{1,3})%"
-    r"\s+\((?P<done>\d+)/(?P<total>\d+)\)(?:,\s*(?P<bytes>[\d.]+\s*[KMG]?i?B))?"
+    r"\s+\((?P<done>\d+)/(?P<total>\d+)\)"
+    r"(?:,\s*(?P<bytes>[\d.]+\s*(?:[KMGT]i?B|bytes?)))?"
 )
 _COUNT = re.compile(
     r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<done>\d+)(?:,|$)"
 )
-_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_UNITS = {
+    "B": 1,
+    "byte": 1,
+    "bytes": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+}
 
 
 def _size(text: str | None) -> int | None:
@@ -399,6 +418,46 @@ def parse_push(output: bytes) -> list[dict[str, Any]]:
             entry["reason"] = reason
         out.append(entry)
     return out
+
+
+#: What git's reason for refusing a pushed ref means, and what to do
+#: about it (the reasons of git-push(1), "OUTPUT").
+_REJECTED_BECAUSE = {
+    "fetch first": "the remote has commits this branch does not have; "
+    "pull first, then push again",
+    "non-fast-forward": "the branch is behind the remote's; pull first, then push again",
+    "stale info": "the remote's branch moved since it was last fetched; "
+    "pull first, then push again",
+    "already exists": "the remote already has it, and a push does not replace it",
+}
+
+
+def push_rejection(updated: list[dict[str, Any]]) -> str:
+    """
+    The message of a push git refused without asking the remote (its
+    branch moved on): each rejected ref of :func:`parse_push` with git's
+    reason put into words.  git's own last line is ``Done`` (stdout of
+    ``--porcelain``) or a hint cut mid-sentence, neither of which tells an
+    agent to pull.
+    """
+    parts = []
+    for entry in updated:
+        if entry["status"] != "rejected" or "remote rejected" in entry["summary"]:
+            continue
+        reason = entry.get("reason") or "rejected"
+        meaning = _REJECTED_BECAUSE.get(reason, "pull first, then push again")
+        parts.append(f"the push of {entry['ref']} was rejected ({reason}): {meaning}")
+    return "; ".join(parts) or "the push was rejected: pull first, then push again"
+
+
+def push_report(output: bytes) -> str:
+    """
+    ``push --porcelain``'s stdout for an error message: without the
+    ``Done`` it always ends with, which would otherwise be the message's
+    last line.
+    """
+    text = output.decode("utf-8", "replace")
+    return text.removesuffix("Done\n").removesuffix("Done")
 
 
 def parse_remotes(output: bytes) -> list[dict[str, Any]]:

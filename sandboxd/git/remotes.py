@@ -18,10 +18,11 @@ import re
 import socket
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import attrs
 
+from sandboxd.access.audit import redact_url_secrets, secret_param
 from sandboxd.browser.urlpolicy import ip_literal, is_loopback_name, is_private_address
 from sandboxd.errors import (
     ApiError,
@@ -37,9 +38,6 @@ from sandboxd.policy.rules import EffectiveRule
 _SCP_LIKE = re.compile(
     r"^(?:(?P<user>[^@/]+)@)?(?P<host>[^:/\[\]]+|\[[^\]]+\]):(?P<path>.*)$"
 )
-
-#: Userinfo in a URL: ``scheme://user[:pass]@``.
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@]*)@")
 
 Resolver = Callable[[str, int], list[str]]
 
@@ -69,9 +67,18 @@ class Remote:
         return f"{self.scheme}://{host}{port}"
 
 
-def redact_userinfo(url: str) -> str:
-    """``https://user:pass@host/x`` as ``https://***@host/x``."""
-    return _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", url)
+def _secret_params(query: str) -> list[str]:
+    """
+    The parameters in a URL's query whose names say their value is a
+    secret, as a message may name them: ``name=`` (a bare item matching
+    may be the secret itself, so it is only counted).
+    """
+    names = []
+    for pair in re.split(r"[&;]", query):
+        name, equals, _ = pair.partition("=")
+        if secret_param(unquote(name)):
+            names.append(f"{unquote(name)[:40]}=" if equals else "a bare item")
+    return names
 
 
 def _refuse(message: str, rule: str) -> ApiError:
@@ -114,7 +121,7 @@ def parse_remote(url: Any, rule: EffectiveRule) -> Remote:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise bad_request(f"not a valid URL: {redact_userinfo(url)!r}") from None
+        raise bad_request(f"not a valid URL: {redact_url_secrets(url)!r}") from None
     scheme = parts.scheme.lower()
     if not scheme:
         raise _refuse(
@@ -127,13 +134,20 @@ def parse_remote(url: Any, rule: EffectiveRule) -> Remote:
             protocols_rule if scheme in ("https", "ssh") else "guard:git_protocols",
         )
     if not parts.hostname:
-        raise bad_request(f"the URL has no host: {redact_userinfo(url)!r}")
+        raise bad_request(f"the URL has no host: {redact_url_secrets(url)!r}")
     if scheme == "https" and (parts.username or parts.password):
         if not rule.params.allow_url_credentials:
             raise bad_request(
                 "credentials in the URL are refused (they would land in argv and"
                 " .git/config); pass 'auth' instead",
             )
+    secret_params = _secret_params(parts.query)
+    if secret_params and not rule.params.allow_url_credentials:
+        raise bad_request(
+            f"the URL's query holds a credential ({', '.join(secret_params)}), which"
+            " is refused (it would land in argv and .git/config); pass 'auth'"
+            " instead: a credential the policy names, or a username and password",
+        )
     default_port = 443 if scheme == "https" else 22
     return _checked(
         Remote(
@@ -150,7 +164,7 @@ def parse_remote(url: Any, rule: EffectiveRule) -> Remote:
 def match_forms(remote: Remote) -> list[str]:
     """What ``url_allow``/``url_deny`` globs are matched against: ``host/path`` and the URL."""
     path = remote.path if remote.path.startswith("/") else "/" + remote.path
-    return [remote.host + path, redact_userinfo(remote.url)]
+    return [remote.host + path, redact_url_secrets(remote.url)]
 
 
 def _checked(remote: Remote, rule: EffectiveRule) -> Remote:
@@ -158,7 +172,7 @@ def _checked(remote: Remote, rule: EffectiveRule) -> Remote:
     refused = rule.params.url_refusal(match_forms(remote))
     if refused is not None:
         why, leaf = refused
-        shown = redact_userinfo(remote.url)
+        shown = redact_url_secrets(remote.url)
         raise _refuse(f"the remote {shown} is {why}", policy_rule(rule, leaf))
     return remote
 

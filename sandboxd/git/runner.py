@@ -402,7 +402,14 @@ def repo_path(request: Any, value: Any, name: str = "path") -> str:
 
     text = params.path(value, name, ".", parents=False)
     guard = PathGuard(request.rule)
-    if not os.path.isdir(guard.check(text, "read")):
+    checked = guard.check(text, "read")
+    if not os.path.isdir(checked):
+        if os.path.lexists(checked):
+            # Often a file of the repository, named where its directory goes.
+            raise not_found(
+                f"not a git repository: {text} is a file, not a directory; "
+                f"'{name}' names the repository's directory"
+            )
         raise not_found(f"not a git repository (no such directory): {text}")
     return guard.cwd(text)
 

@@ -19,6 +19,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any
 
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
@@ -43,6 +44,8 @@ from sandboxd.git.outcomes import (
     parse_log,
     parse_push,
     parse_remotes,
+    push_rejection,
+    push_report,
     redact,
 )
 from sandboxd.git.remotes import (
@@ -50,7 +53,6 @@ from sandboxd.git.remotes import (
     check_addresses,
     literal_addresses,
     parse_remote,
-    redact_userinfo,
 )
 from sandboxd.git.runner import (
     GitCall,
@@ -170,7 +172,17 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
         if call.child is not None:
             undo()
         raise
-    return {"path": target, "initial_branch": branch, "bare": bare}
+    # git re-initialises an existing repository and keeps its HEAD (it
+    # ignores --initial-branch with a warning): answer the branch it has.
+    head = await call.run(
+        ["-C", target, "symbolic-ref", "--short", "-q", "HEAD"], check=False
+    )
+    current: str | None = branch  # git could not read HEAD: what it was asked
+    if head.exit_code == 0:
+        current = _text(head.stdout).rstrip("\n") or None
+    elif head.exit_code == 1:  # HEAD is detached
+        current = None
+    return {"path": target, "initial_branch": current, "bare": bare}
 
 
 #: What ``git init --bare`` makes in the directory it is given.
@@ -819,8 +831,8 @@ async def git_remote_add(request: ServerRequest) -> dict[str, Any]:
     remote = parse_remote(body.get("url"), request.rule)
     call = await _repo(request, body.get("path"))
     await call.run(["remote", "add", name, remote.url])
-    request.audit["remote"] = redact_userinfo(remote.url)
-    return {"name": name, "fetch_url": redact_userinfo(remote.url)}
+    request.audit["remote"] = redact_url_secrets(remote.url)
+    return {"name": name, "fetch_url": redact_url_secrets(remote.url)}
 
 
 def _config_key(request: ServerRequest, value: Any) -> str:
@@ -892,7 +904,7 @@ def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
         spec = request.context.policy.document.git.credentials.get(name)
         if spec is None:
             raise bad_request(f"no git credential named {name!r} in the policy")
-        if not under_prefix(redact_userinfo(remote.url), spec.url_prefix):
+        if not under_prefix(redact_url_secrets(remote.url), spec.url_prefix):
             raise forbidden(
                 f"the credential {name!r} may only be sent to {spec.url_prefix}",
                 Code.URL_NOT_ALLOWED,
@@ -1054,7 +1066,7 @@ async def git_clone(request: ServerRequest) -> Any:
     pin = await _pin(request, remote)
     user = _user(request)
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
-    request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["remote"] = redact_url_secrets(remote.url)
     request.audit["repo"] = target
 
     existed = os.path.lexists(target)
@@ -1102,7 +1114,7 @@ async def _remote_call(
     remote = await _remote_of(call, request, name, push)
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
-    request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["remote"] = redact_url_secrets(remote.url)
     return call, remote, name, pin, secret
 
 
@@ -1308,17 +1320,13 @@ async def git_push(request: ServerRequest) -> Any:
         updated = parse_push(result.stdout)
         if result.exit_code != 0:
             text = redact(
-                _text(result.stderr) + "\n" + _text(result.stdout), job.hidden
+                _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
             )
             if any(
                 u["status"] == "rejected" and "remote rejected" not in u["summary"]
                 for u in updated
             ):
-                error = conflict_error(
-                    "non_fast_forward",
-                    # The last line ended by LF: a ref name may hold U+2028.
-                    text.strip().split("\n")[-1].strip() or "rejected",
-                )
+                error = conflict_error("non_fast_forward", push_rejection(updated))
                 error.extra["updated"] = updated
                 raise error
             from sandboxd.git.outcomes import classify_failure

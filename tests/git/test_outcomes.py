@@ -18,6 +18,8 @@ from sandboxd.git.outcomes import (
     parse_log,
     parse_progress,
     parse_push,
+    push_rejection,
+    push_report,
     redact,
 )
 from sandboxd.git.remotes import parse_remote
@@ -147,6 +149,22 @@ class ClassifyTests(SynchronousTestCase):
             False,
         )
 
+    def test_locked(self) -> None:
+        """
+        Another git's lock file is 409 ``locked`` quoting git's line about
+        it, wherever it is in what git said (a pull's first line is not it).
+        """
+        text = (
+            "From https://h/r\n * branch main -> FETCH_HEAD\n"
+            "fatal: Unable to create '/w/.git/index.lock': File exists.\n\n"
+            "Another git process seems to be running in this repository\n"
+        )
+        error = classify_failure(text, 128, True)
+        self.assertEqual((error.status, error.body()["kind"]), (409, "locked"))
+        self.assertTrue(
+            error.message.endswith("'/w/.git/index.lock': File exists."), error.message
+        )
+
     def test_other(self) -> None:
         """Anything else is 400 git_error; no repository is 404."""
         self.check("fatal: bad revision 'nope'", 400, "git_error", None, False)
@@ -206,11 +224,43 @@ class ProgressTests(SynchronousTestCase):
         self.assertEqual(updated[1]["status"], "rejected")
         self.assertEqual(updated[1]["reason"], "fetch first")
 
+    def test_push_rejection(self) -> None:
+        """
+        A push git refused is told with each rejected ref, git's reason in
+        words and "pull first", never porcelain's closing ``Done``; a
+        ref the remote's hook refused is not such a rejection.
+        """
+        out = (
+            b"To https://h/r.git\n"
+            b"!\trefs/heads/main:refs/heads/main\t[rejected] (fetch first)\n"
+            b"!\trefs/heads/x:refs/heads/x\t[remote rejected] (hook declined)\n"
+            b"Done\n"
+        )
+        message = push_rejection(parse_push(out))
+        self.assertEqual(
+            message,
+            "the push of refs/heads/main was rejected (fetch first): the remote "
+            "has commits this branch does not have; pull first, then push again",
+        )
+        stale = b"!\trefs/heads/main:refs/heads/main\t[rejected] (stale info)\n"
+        self.assertIn(
+            "moved since it was last fetched", push_rejection(parse_push(stale))
+        )
+        odd = b"!\trefs/heads/main:refs/heads/main\t[rejected] (something new)\n"
+        self.assertIn("(something new): pull first", push_rejection(parse_push(odd)))
+        self.assertEqual(push_report(out).splitlines()[-1][-15:], "(hook declined)")
+
     def test_redact(self) -> None:
-        """Hidden values and URL userinfo become ***."""
+        """Hidden values, URL userinfo and token-like query values become ***."""
         self.assertEqual(
             redact("fatal: https://u:p4ss@h/r and p4ss", ("p4ss",)),
             "fatal: https://***@h/r and ***",
+        )
+        self.assertEqual(
+            redact(
+                "fatal: repository 'https://h/r?access_token=QS3CRET/' not found", ()
+            ),
+            "fatal: repository 'https://h/r?access_token=***' not found",
         )
 
 
@@ -269,6 +319,44 @@ class RemoteFormTests(SynchronousTestCase):
             parse_remote("https://u:p@h/r", rule)
         self.assertEqual(caught.exception.status, 400)
         self.assertNotIn("u:p", caught.exception.message)
+
+    def test_credential_in_the_query(self) -> None:
+        """
+        A query parameter named like a credential (the names whose values
+        the audit masks) is refused as userinfo is, naming the parameter
+        and never its value; other queries pass, and so does a credential
+        when the policy allows credentials in URLs.
+        """
+        rule = self.context.policy.rule("git_clone")
+        for url in (
+            "https://h/r.git?access_token=QS3CRET",
+            "https://h/r.git?ref=main&api_key=QS3CRET",
+            "https://h/r.git?x=1;Sig=QS3CRET",
+            "https://h/r.git?access%5Ftoken=QS3CRET",
+        ):
+            with self.assertRaises(ApiError) as caught:
+                parse_remote(url, rule)
+            error = caught.exception
+            self.assertEqual(
+                (error.status, error.body()["code"]), (400, "invalid_param")
+            )
+            self.assertNotIn("QS3CRET", error.message)
+            self.assertIn("pass 'auth' instead", error.message)
+        with self.assertRaises(ApiError) as caught:
+            parse_remote("https://h/r.git?access_token=QS3CRET", rule)
+        self.assertIn("(access_token=)", caught.exception.message)
+        with self.assertRaises(ApiError) as caught:
+            parse_remote("https://h/r.git?tokenQS3CRET", rule)
+        self.assertNotIn("QS3CRET", caught.exception.message)
+        self.assertEqual(parse_remote("https://h/r.git?ref=main", rule).host, "h")
+        allowing = memory_context(
+            policy={
+                "groups": {"git": True},
+                "endpoints": {"group:git": {"params": {"allow_url_credentials": True}}},
+            }
+        ).policy.rule("git_clone")
+        url = "https://h/r.git?access_token=QS3CRET"
+        self.assertEqual(parse_remote(url, allowing).url, url)
 
     def test_url_globs(self) -> None:
         """

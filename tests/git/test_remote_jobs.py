@@ -266,6 +266,11 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "non_fast_forward")
         self.assertEqual(reply.json()["updated"][0]["status"], "rejected")
+        # git's reason in words, not porcelain's last line ("Done").
+        self.assertIn(
+            "refs/heads/main was rejected (fetch first)", reply.json()["error"]
+        )
+        self.assertIn("pull first", reply.json()["error"])
         reply = yield self.request(
             "POST", "/git/push", {"path": "work", "force": True, "wait": 30}
         )
@@ -451,6 +456,53 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(feat[0].get("ahead"), 0, feat)
 
     @inlineCallbacks
+    def test_push_progress_has_bytes(self) -> Any:
+        """
+        A push's progress tells how many bytes it wrote: the job's last
+        progress and a ``writing_objects`` event carry them (git prints
+        them only on its last redraw of a phase, at a percent already
+        shown).
+        """
+        yield self.clone()
+        with open(os.path.join(self.base_dir, "work", "big.bin"), "wb") as f:
+            f.write(os.urandom(2 * 1024 * 1024))
+        yield self.request("POST", "/git/add", {"path": "work", "all": True})
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "work", "message": "big"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("POST", "/git/push", {"path": "work"})
+        job = yield self.job_done(reply.json()["job_id"])
+        self.assertEqual(job["state"], "done", job)
+        self.assertGreater(job["progress"]["bytes"] or 0, 2 * 1000 * 1000, job)
+        reply = yield self.request("GET", f"/git/jobs/{job['job_id']}/events")
+        writes = [
+            json.loads(frame.split("data: ", 1)[1])
+            for frame in reply.body.decode().split("\n\n")
+            if "event: progress" in frame and "writing_objects" in frame
+        ]
+        self.assertTrue([w for w in writes if w["bytes"]], writes)
+
+    @inlineCallbacks
+    def test_push_refused_by_a_hook(self) -> Any:
+        """
+        A push the remote's hook refuses is 502 ``rejected`` whose message
+        ends with git's line for the ref, not with porcelain's ``Done``.
+        """
+        yield self.clone()
+        hook = os.path.join(self.remote.root, "repo.git", "hooks", "pre-receive")
+        with open(hook, "w") as f:
+            f.write("#!/bin/sh\necho 'no pushes today' >&2\nexit 1\n")
+        os.chmod(hook, 0o755)
+        yield self.local_commit({"new.txt": "new\n"}, "mine")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "rejected")
+        message = reply.json()["error"]
+        self.assertIn("no pushes today", message)
+        self.assertTrue(message.endswith("(pre-receive hook declined)"), message)
+
+    @inlineCallbacks
     def test_protected_branch_push(self) -> Any:
         """A push of a protected branch is 403 protected_branch before git runs."""
         yield self.clone()
@@ -493,6 +545,40 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(self.remote.requests, before + 1)
 
     @inlineCallbacks
+    def test_credential_in_the_query_refused(self) -> Any:
+        """
+        A token in a remote URL's query is refused as userinfo is, by
+        ``POST /git/remotes`` and by a clone, before anything is written;
+        a remote that already holds one (written by hand) is refused by a
+        fetch; no answer shows the token.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        url = self.remote.url() + "?access_token=QS3CRET"
+        reply = yield self.request(
+            "POST", "/git/remotes", {"path": "work", "name": "tok", "url": url}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("access_token=", reply.json()["error"])
+        with open(os.path.join(work, ".git", "config")) as f:
+            self.assertNotIn("QS3CRET", f.read())
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": url, "path": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertNotIn(b"QS3CRET", reply.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "tok")))
+        run(work, "remote", "add", "tok", url)
+        reply = yield self.request(
+            "POST", "/git/fetch", {"path": "work", "remote": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertNotIn(b"QS3CRET", reply.body)
+        reply = yield self.request("GET", "/git/remotes?path=work")
+        self.assertNotIn(b"QS3CRET", reply.body)
+        self.assertIn("access_token=***", reply.body.decode())
+
+    @inlineCallbacks
     def test_clone_into_non_empty_directory(self) -> Any:
         """A clone target that holds files is 409 file_exists."""
         os.makedirs(os.path.join(self.base_dir, "full"))
@@ -503,6 +589,75 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
+
+
+class JobBugTests(RemoteCase):
+    """A bug in a job's own code is a 500, and a traceback in the daemon's log."""
+
+    @inlineCallbacks
+    def test_unexpected_exception_is_logged(self) -> Any:
+        """
+        An exception no handler expected ends the job with 500 ``internal``
+        naming only its type, as before, and the daemon's log has the
+        failure with its traceback, the job and its operation.
+        """
+        from twisted.logger import globalLogPublisher
+
+        from sandboxd.routes import git as routes
+
+        async def broken(call: Any) -> str | None:
+            raise AttributeError("no attribute 'frobnicate'")
+
+        self.patch(routes, "_current_branch", broken)
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "w", "wait": 30}
+        )
+        self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["error"]),
+            ("internal", "git job failed: AttributeError"),
+        )
+        failures = [e for e in events if "log_failure" in e]
+        self.assertEqual(len(failures), 1, events)
+        self.assertEqual(failures[0]["op"], "clone")
+        self.assertEqual(failures[0]["path"], os.path.join(self.base_dir, "w"))
+        trace = failures[0]["log_failure"].getTraceback()
+        self.assertIn("no attribute 'frobnicate'", trace)
+        self.assertIn("in broken", trace)
+        self.assertEqual(len(self.flushLoggedErrors(AttributeError)), 1)
+
+
+class URLCredentialTests(RemoteCase):
+    """With ``allow_url_credentials``, a query token is used and never shown."""
+
+    params = {"allow_url_credentials": True}
+    audit = True
+
+    @inlineCallbacks
+    def test_query_token_never_echoed(self) -> Any:
+        """
+        A clone whose URL holds a query token is started; what git says
+        about the URL (here, that the repository is not found) reaches the
+        answer, the job's stored error and its events with the token
+        masked, as in the audit line.
+        """
+        url = self.remote.url() + "?access_token=QS3CRET"
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": url, "path": "tok", "wait": 30}
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertIn("access_token=***", reply.json()["error"])
+        self.assertNotIn(b"QS3CRET", reply.body)
+        jobs = yield self.request("GET", "/git/jobs")
+        job = jobs.json()["jobs"][0]
+        self.assertIn("access_token=***", job["error"]["message"])
+        self.assertNotIn(b"QS3CRET", jobs.body)
+        events = yield self.request("GET", f"/git/jobs/{job['job_id']}/events")
+        self.assertNotIn(b"QS3CRET", events.body)
+        self.assertNotIn("QS3CRET", json.dumps(self.audit_lines()))
 
 
 class PrivateRemoteTests(RemoteCase):
@@ -667,6 +822,37 @@ class LateOutputTests(SynchronousTestCase):
         events = [event.event for event in kept]
         self.assertEqual(events, ["line", "exit"])
         self.assertEqual(job.state, "cancelled")
+
+
+class ProgressEventTests(SynchronousTestCase):
+    """Progress events from git's stderr as git writes it."""
+
+    def test_bytes_on_the_last_redraw(self) -> None:
+        """
+        git redraws ``100% (3/3)`` with the byte count once it knows it,
+        and writes ``509 bytes`` below 1 KiB: both reach the job's
+        progress and its events, and an unchanged redraw is still dropped.
+        """
+        job = GitJob("push", "w", "legacy", None)
+        job.observe(
+            2,
+            b"Writing objects:  33% (1/3)\rWriting objects:  33% (1/3)\r"
+            b"Writing objects: 100% (3/3)\r"
+            b"Writing objects: 100% (3/3), 28.62 MiB | 15.71 MiB/s, done.\n",
+        )
+        self.assertEqual(job.progress["bytes"], int(28.62 * 1024 * 1024))
+        _gap, kept = job.log.since(0)
+        shown = [(e.data["percent"], e.data["bytes"]) for e in kept]
+        self.assertEqual(
+            shown, [(33, None), (100, None), (100, int(28.62 * 1024 * 1024))]
+        )
+        small = GitJob("push", "w", "legacy", None)
+        small.observe(
+            2,
+            b"Writing objects: 100% (6/6)\r"
+            b"Writing objects: 100% (6/6), 509 bytes | 254.00 KiB/s, done.\n",
+        )
+        self.assertEqual(small.progress["bytes"], 509)
 
 
 class RunAsUserTests(RemoteCase):

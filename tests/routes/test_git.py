@@ -387,6 +387,46 @@ class GitLocalTests(DaemonTestCase):
         self.assertEqual(reply.status, 404, reply.body)
         reply = yield self.request("GET", "/git/branches?path=missing")
         self.assertEqual(reply.status, 404, reply.body)
+        self.assertIn("no such directory", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_init_answers_the_real_branch(self) -> Any:
+        """
+        ``git_init`` answers the branch the repository has: the one asked
+        for in a new repository; an existing one's own (git keeps it and
+        ignores ``initial_branch``), null when its HEAD is detached.
+        """
+        reply = yield self.request(
+            "POST", "/git/init", {"path": "new", "initial_branch": "dev"}
+        )
+        self.assertEqual(reply.json()["initial_branch"], "dev", reply.body)
+        old = os.path.join(self.base_dir, "old")
+        os.mkdir(old)
+        git(old, "init", "-q", "-b", "trunk")
+        reply = yield self.request("POST", "/git/init", {"path": "old"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["initial_branch"], "trunk")
+        self.assertEqual(git(old, "symbolic-ref", "--short", "HEAD"), "trunk\n")
+        git(old, "commit", "-q", "--allow-empty", "-m", "one")
+        git(old, "checkout", "-q", "--detach")
+        reply = yield self.request(
+            "POST", "/git/init", {"path": "old", "initial_branch": "main"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIsNone(reply.json()["initial_branch"])
+
+    @inlineCallbacks
+    def test_file_named_as_the_repository(self) -> Any:
+        """
+        A file of a repository named as its ``path`` is 404 saying it is a
+        file, not that there is no such directory.
+        """
+        yield self.init_repo()
+        reply = yield self.request("GET", "/git/log?path=repo/a.txt")
+        self.assertEqual(reply.status, 404, reply.body)
+        message = reply.json()["error"]
+        self.assertIn("repo/a.txt is a file, not a directory", message)
+        self.assertNotIn("no such directory", message)
 
     @inlineCallbacks
     def test_remote_forms_refused(self) -> Any:

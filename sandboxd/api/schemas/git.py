@@ -76,7 +76,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "url",
                 required=True,
-                doc="https (ssh when params.git_protocols lists it)",
+                doc="https (ssh when params.git_protocols lists it), without credentials"
+                " (pass auth)",
                 example="https://github.com/octocat/Hello-World.git",
             ),
             F(
@@ -244,7 +245,15 @@ SCHEMAS: dict[str, Schema] = {
             F("initial_branch", default="main"),
             F("bare", "boolean", default=False),
         ),
-        response=(F("path"), F("initial_branch"), F("bare", "boolean")),
+        response=(
+            F("path"),
+            F(
+                "initial_branch",
+                doc="the repository's branch: an existing repository keeps its own"
+                " (null when its HEAD is detached)",
+            ),
+            F("bare", "boolean"),
+        ),
         errors=GIT_LOCAL_ERRORS,
     ),
     "git_add": Schema(
@@ -443,7 +452,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "remotes",
                 "array",
-                "[{name, fetch_url, push_url}] (userinfo redacted)",
+                "[{name, fetch_url, push_url}] (userinfo and token-like query values masked)",
                 items="object",
             ),
         ),
@@ -457,6 +466,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "url",
                 required=True,
+                doc="https (ssh when params.git_protocols lists it), without credentials",
                 example="https://github.com/octocat/Hello-World.git",
             ),
         ),
