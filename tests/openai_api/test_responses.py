@@ -303,6 +303,23 @@ class ResponseTests(OpenAICase):
         self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
 
     @inlineCallbacks
+    def test_continuation_shows_its_conversations_model(self) -> Any:
+        """
+        A response continuing a conversation is answered by its agent and
+        says so, whatever model it names (as agent-sandbox-server's does).
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            return client.responses.create(
+                model="claude", input="echo two", previous_response_id=first.id
+            )
+
+        second = yield self.sdk(run)
+        self.assertEqual((second.model, second.output_text), ("fake", "two"))
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
