@@ -541,7 +541,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             )
         if face.log.closed:
             raise bad_request(
-                "this conversation's agent has ended (it idled out, or is gone); "
+                "this conversation's agent has ended (it failed, or is gone); "
                 "start a new response",
                 param="previous_response_id",
             )
