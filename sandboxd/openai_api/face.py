@@ -442,6 +442,16 @@ class SessionFace:
         self.engine = cast("AgentSession", Dormant(engine.cwd, engine.acp_session_id))
         return engine
 
+    def _idled_out(self, data: dict[str, Any]) -> None:
+        """
+        The agent is about to be closed for idling: a conversation behind
+        responses goes to sleep instead of ending, so that its next
+        response (``previous_response_id``, an hour or a week later) starts
+        its agent again, as after a restart. Its engine closes on its own.
+        """
+        if self.hidden and self.can_sleep:
+            self.sleep()
+
     def revive(self, engine: AgentSession) -> None:
         """
         A dormant session's agent runs again (new input came): the face
@@ -1197,6 +1207,7 @@ _FOLD = {
     "permission.resolved": SessionFace._permission_resolved,
     "turn.ended": SessionFace._turn_ended,
     "session.state": SessionFace._session_failed,
+    "session.idle_timeout": SessionFace._idled_out,
     "terminal.started": SessionFace._terminal_started,
     "subagent": SessionFace._subagent,
 }

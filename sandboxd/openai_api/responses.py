@@ -119,12 +119,15 @@ class WireResponse:
         inputs: list[dict[str, Any]],
         log_from: int,
         items_from: int = 0,
+        model: str | None = None,
     ) -> None:
         self.id = new_id("resp_")
         self.owner = owner
         self.face = face
         self.turn = turn
-        self.model = str(body["model"])
+        #: What the conversation's first response asked for: its agent
+        #: answers the ones that continue it, whatever model they name.
+        self.model = model or str(body["model"])
         self.instructions = instructions
         self.metadata = metadata(body.get("metadata"))
         self.previous_response_id = body.get("previous_response_id")
@@ -538,7 +541,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             )
         if face.log.closed:
             raise bad_request(
-                "this conversation's agent has ended (it idled out, or is gone); "
+                "this conversation's agent has ended (it failed, or is gone); "
                 "start a new response",
                 param="previous_response_id",
             )
@@ -566,7 +569,14 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             reg.forget(face.id)
         raise
     response = WireResponse(
-        request.identity.id, face, turn, body, instructions, items, log_from
+        request.identity.id,
+        face,
+        turn,
+        body,
+        instructions,
+        items,
+        log_from,
+        model=prior.model if previous is not None else None,
     )
     face.last_response_id = response.id
     reg.responses[response.id] = response
@@ -629,6 +639,7 @@ async def _go_on(
         inputs,
         face.log.last_seq,
         items_from=prior.items_until or 0,
+        model=prior.model,
     )
     face.last_response_id = response.id
     reg.responses[response.id] = response
@@ -936,6 +947,14 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
     """Cancel a queued or running response; answered once it has ended."""
     response = owned_response(request, request.path_params["response_id"])
     turn = response.turn
+    if response.paused_at is not None and not turn.ended:
+        # Completed with its approval requests: its turn goes on in the
+        # response that answers them, the one to cancel then.
+        raise bad_request(
+            "the response is completed: it asks for approvals; answer them "
+            "(approve or deny) with a new response, or delete it to end its turn",
+            param="response_id",
+        )
     if turn.ended:
         raise bad_request(
             f"the response is {response.describe()['status']}; only a queued or "

@@ -303,6 +303,23 @@ class ResponseTests(OpenAICase):
         self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
 
     @inlineCallbacks
+    def test_continuation_shows_its_conversations_model(self) -> Any:
+        """
+        A response continuing a conversation is answered by its agent and
+        says so, whatever model it names (as agent-sandbox-server's does).
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            return client.responses.create(
+                model="claude", input="echo two", previous_response_id=first.id
+            )
+
+        second = yield self.sdk(run)
+        self.assertEqual((second.model, second.output_text), ("fake", "two"))
+
+    @inlineCallbacks
     def test_stream_helper_and_continuation(self) -> Any:
         """
         The SDK's ``responses.stream`` helper gets the final text; a
@@ -573,3 +590,32 @@ class QueueBoundTests(OpenAICase):
         )
         self.assertIn("(max_queued 1)", refused.body["message"])
         self.assertEqual(done.output_text, "queued")
+
+
+class IdledOutTests(OpenAICase):
+    """A conversation whose agent idled out is continued later."""
+
+    policy = openai_policy(limits={"idle_timeout_seconds": 1})
+
+    @inlineCallbacks
+    def test_continued_after_its_agent_idled_out(self) -> Any:
+        """
+        Past ``idle_timeout_seconds`` the conversation's agent ends (its
+        slot is free); the next response starts it again and is answered.
+        """
+        client = self.client()
+        first = yield self.sdk(
+            lambda: client.responses.create(model="fake", input="echo one")
+        )
+        manager = self.daemon.context.agents.get()
+        for _ in range(100):
+            if not manager.live():
+                break
+            yield self.sdk(time.sleep, 0.05)
+        self.assertEqual(manager.live(), [])
+        second = yield self.sdk(
+            lambda: client.responses.create(
+                model="fake", input="echo two", previous_response_id=first.id
+            )
+        )
+        self.assertEqual((second.status, second.output_text), ("completed", "two"))
