@@ -865,6 +865,45 @@ class PreviewTests(ConsoleCase):
         self.assertEqual(exposed.status, 200)
         self.assertNoCspViolation(seen)
 
+    @inlineCallbacks
+    def test_no_button_on_refused_ports(self) -> Any:
+        """
+        The daemon's own HTTP port and the preview door's port are listed
+        as ports that cannot be previewed, with no button; the app's port
+        has one.
+        """
+        url = yield self.link()
+        port = self.app_port
+        door = self.daemon.context.preview.door_port
+        own = self.daemon.port
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-ports]")
+            page.wait_for_selector(f"[data-testid=port-entry][data-port='{port}']")
+            seen["listed"] = page.eval_on_selector_all(
+                "[data-testid=port-entry]",
+                "els => els.map(e => Number(e.dataset.port))",
+            )
+            seen["buttons"] = page.eval_on_selector_all(
+                "[data-testid=port-open]",
+                "els => els.map(e => Number(e.dataset.port))",
+            )
+            seen["own_row"] = page.text_content(
+                f"[data-testid=port-entry][data-port='{own}']"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "ports-previewable.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn(own, seen["listed"])
+        self.assertIn(door, seen["listed"])
+        self.assertIn(port, seen["buttons"])
+        self.assertNotIn(own, seen["buttons"])
+        self.assertNotIn(door, seen["buttons"])
+        self.assertIn("cannot be previewed", seen["own_row"])
+        self.assertNoCspViolation(seen)
+
 
 def agents_console_policy() -> dict[str, Any]:
     """The console's policy with the agents group and the fake agent's catalogue."""
