@@ -818,8 +818,8 @@ class ProcessTests(ConsoleCase):
         self.assertNoCspViolation(seen)
 
 
-class PreviewTests(ConsoleCase):
-    """Ports with the preview door: "Open preview" exposes and mints a link."""
+class PreviewCase(ConsoleCase):
+    """The console with the preview door, and an app on a loopback port."""
 
     policy = {**POLICY, "groups": {"console": True, "preview": True}}
 
@@ -835,6 +835,10 @@ class PreviewTests(ConsoleCase):
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
+
+
+class PreviewTests(PreviewCase):
+    """Ports with the preview door: "Open preview" exposes and mints a link."""
 
     @inlineCallbacks
     def test_open_preview(self) -> Any:
@@ -903,6 +907,66 @@ class PreviewTests(ConsoleCase):
         self.assertNotIn(door, seen["buttons"])
         self.assertIn("cannot be previewed", seen["own_row"])
         self.assertNoCspViolation(seen)
+
+
+def shown_banner(page: Any) -> str | None:
+    """The banner's text, or None while it is hidden."""
+    text: str | None = page.evaluate(
+        "(() => { const b = document.querySelector('[data-testid=banner]');"
+        " return b.hidden ? null : b.textContent; })()"
+    )
+    return text
+
+
+class PreviewBannerTests(PreviewCase):
+    """An error banner goes once something the person asks for next succeeds."""
+
+    # One exposure at a time: a second is refused (429) until the first goes.
+    policy = {
+        **PreviewCase.policy,
+        "endpoints": {
+            **POLICY["endpoints"],
+            "preview_expose": {"limits": {"max_sessions": 1}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_error_cleared_by_a_success(self) -> Any:
+        """
+        Opening a port while another holds the only exposure shows why it
+        failed; once that exposure is gone, opening it again works and the
+        error is no longer shown.
+        """
+        held = yield self.request("POST", "/preview/ports", {"port": 3999})
+        self.assertEqual(held.status, 201, held.body)
+        url = yield self.link()
+        port = self.app_port
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-ports]")
+            button = f"[data-testid=port-open][data-port='{port}']"
+            page.wait_for_selector(button)
+            page.click(button)
+            page.wait_for_selector("[data-testid=banner]:not([hidden])")
+            seen["failed"] = shown_banner(page)
+            seen["unexposed"] = self.call("DELETE", "/preview/ports/3999").status
+            with page.expect_popup() as popup_info:
+                page.click(button)
+            popup_info.value.wait_for_load_state()
+            page.wait_for_selector("[data-testid=port-link]")
+            seen["after"] = shown_banner(page)
+            page.screenshot(path=os.path.join(SHOTS, "ports-banner-cleared.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn(f"Could not open port {port}", seen["failed"])
+        self.assertEqual(seen["unexposed"], 200)
+        self.assertIsNone(seen["after"])
+        # The refused expose's 429 is the one message expected.
+        self.assertNoCspViolation(
+            {**seen, "console": [m for m in seen["console"] if "429" not in m]}
+        )
 
 
 def agents_console_policy() -> dict[str, Any]:
