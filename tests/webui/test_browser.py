@@ -244,7 +244,11 @@ class TerminalTests(ConsoleCase):
 
     @inlineCallbacks
     def test_revoked_mid_session(self) -> Any:
-        """A link revoked while a terminal is open: the cut socket does not come back; the login screen says why."""
+        """
+        A link revoked while a terminal is open: the cut socket does not
+        come back; the login screen says why, and the terminal ends in a
+        documented end state (not ``reconnecting`` for ever).
+        """
         url = yield self.link()
         terminals = self.daemon.context.terminals
 
@@ -263,10 +267,14 @@ class TerminalTests(ConsoleCase):
             )
             page.wait_for_selector("[data-testid=login]:not([hidden])", timeout=15000)
             seen["reason"] = page.text_content("[data-testid=login-reason]")
+            # Long enough for two more attempts at the backoff's pace.
+            page.wait_for_timeout(1500)
+            seen["status"] = page.get_attribute("[data-testid=terminal]", "data-status")
 
         seen = yield self.browse(steps)
         self.assertEqual(seen["revoked"], 200)
         self.assertIn("no longer works", seen["reason"])
+        self.assertEqual(seen["status"], "closed: the link no longer works")
 
 
 def png_bytes() -> bytes:

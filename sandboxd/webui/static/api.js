@@ -41,7 +41,11 @@ export class Api {
     this.link = link;
     this.onAuthLost = onAuthLost;
     this.onChanged = onChanged || (() => {});
+    this.lostHandlers = [];
   }
+
+  /** Call ``handler`` (once) when the link stops working. */
+  whenLost(handler) { this.lostHandlers.push(handler); }
 
   url(path, query) {
     const url = new URL(path, location.origin);
@@ -79,9 +83,10 @@ export class Api {
     let parsed = null;
     try { parsed = JSON.parse(text); } catch (_) { parsed = { error: text }; }
     const error = new ApiError(status, parsed);
-    if (status === 401 && AUTH_LOST.has(error.code)) {
+    if (status === 401 && AUTH_LOST.has(error.code) && !this.lost) {
       this.lost = true;
       this.onAuthLost(error);
+      for (const handler of this.lostHandlers.splice(0)) handler(error);
     }
     return error;
   }
