@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -274,6 +275,52 @@ class TerminalTests(ConsoleCase):
         seen = yield self.browse(steps)
         self.assertEqual(seen["revoked"], 200)
         self.assertIn("no longer works", seen["reason"])
+        self.assertEqual(seen["status"], "closed: the link no longer works")
+
+
+class RestartTests(ConsoleCase):
+    """The daemon restarts under an open console (no ``auth.link_key_file``)."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_terminal_after_a_restart(self) -> Any:
+        """
+        The login screen says the daemon may have restarted (its links end
+        at a restart), and the open terminal ends in a documented end
+        state instead of ``reconnecting`` for ever.
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            fixed = f"tcp:{s.getsockname()[1]}:interface=127.0.0.1"
+        yield self.start(port=fixed)
+        url = yield self.link()
+        # The daemon runs in this process, so at its stop it would take
+        # Playwright's driver (a child it did not spawn) for an orphan it
+        # adopted, and end its tree: this process's own group.
+        from sandboxd.processes import run
+
+        self.patch(run, "adopted_orphans", list)
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            site = self.daemon.daemon.listeners[0].factory
+            self.on_reactor(self.daemon.stop)
+            # Its connections end with it, as they would with its process.
+            self.on_reactor(site.close_all)
+            self.on_reactor(lambda: self.start(port=fixed))
+            page.wait_for_selector("[data-testid=login]:not([hidden])", timeout=20000)
+            seen["reason"] = page.text_content("[data-testid=login-reason]")
+            page.wait_for_timeout(1500)
+            seen["status"] = page.get_attribute("[data-testid=terminal]", "data-status")
+            page.screenshot(path=os.path.join(SHOTS, "login-after-restart.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn("no longer works", seen["reason"])
+        self.assertIn("the daemon may have restarted", seen["reason"])
         self.assertEqual(seen["status"], "closed: the link no longer works")
 
 
