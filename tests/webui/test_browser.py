@@ -873,6 +873,51 @@ class ProcessTests(ConsoleCase):
         self.assertNoCspViolation(seen)
 
 
+class ProcessOutputTests(ConsoleCase):
+    """A followed process's output is shown as text, not as terminal codes."""
+
+    @inlineCallbacks
+    def test_escape_sequences_stripped(self) -> Any:
+        """
+        Colours, a title and a sequence split across two writes are not
+        shown; the text around them is, and invalid UTF-8 shows as U+FFFD.
+        """
+        script = (
+            r"printf '\033[31mred\033[0m plain\n';"
+            r"printf '\033]0;title\007titled \377 byte\n';"
+            r"printf 'split \033[3'; sleep 0.5; printf '2mgreen\033[0m done\n'"
+        )
+        started = yield self.request(
+            "POST", "/process/start", {"command": script, "shell": "sh"}
+        )
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-processes]")
+            page.click(f"[data-testid=process-entry][data-pid='{pid}']")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
+            )
+            seen["output"] = page.text_content("[data-testid=process-output]")
+            page.screenshot(path=os.path.join(SHOTS, "process-colours.png"))
+
+        seen = yield self.browse(steps)
+        out = seen["output"]
+        self.assertIn("red plain\n", out)
+        self.assertIn("titled \ufffd byte\n", out)
+        self.assertIn("split green done\n", out)
+        self.assertNotIn("\x1b", out)
+        self.assertNotIn("[31m", out)
+        self.assertNotIn("[0m", out)
+        self.assertNotIn("title\x07", out)
+        self.assertNoCspViolation(seen)
+
+
 class PreviewCase(ConsoleCase):
     """The console with the preview door, and an app on a loopback port."""
 
