@@ -158,6 +158,29 @@ class LinkTableTests(SynchronousTestCase):
             f.write(b"short")
         self.assertRaises(PolicyError, read_key, short)
 
+    def test_made_before_a_restart(self) -> None:
+        """
+        With a key made at each start, a link from an earlier start is
+        refused saying the daemon may have restarted; with a key file,
+        where a restart is not the cause, a link that fails its check is
+        only "not valid".
+        """
+        before = LinkTable.for_key_file(None, self.clock.seconds)
+        _, token = before.mint(self.minter, "console", ["files:read"], 60, None, 10)
+        after = LinkTable.for_key_file(None, self.clock.seconds)
+        with self.assertRaises(ApiError) as caught:
+            after.verify(token, "console")
+        self.assertEqual(caught.exception.code, "link_invalid")
+        self.assertIn("restarted", caught.exception.message)
+        self.assertIn("auth.link_key_file", caught.exception.message)
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        kept = LinkTable.for_key_file(path, self.clock.seconds)
+        with self.assertRaises(ApiError) as caught:
+            kept.verify(token, "console")
+        self.assertEqual(caught.exception.message, "the link is not valid")
+
 
 class LinkRoutesTests(DaemonTestCase):
     """``/auth/links`` and the gate, through the HTTP door."""

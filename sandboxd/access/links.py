@@ -225,6 +225,15 @@ def root_of(identity: Identity) -> str:
     return identity.on_behalf_of or identity.id
 
 
+#: Why a well-formed link fails its check when the key is made at each
+#: start: almost always it was made before a restart, and a person told
+#: only "not valid" cannot guess that.
+NOT_SIGNED_HERE = (
+    "the link is not valid; the daemon may have restarted since it was made, "
+    "and without auth.link_key_file its links end at a restart"
+)
+
+
 class LinkTable:
     """
     The key and the links minted with it.
@@ -233,10 +242,17 @@ class LinkTable:
     """
 
     def __init__(
-        self, key: bytes, clock: Callable[[], float], state_path: str | None = None
+        self,
+        key: bytes,
+        clock: Callable[[], float],
+        state_path: str | None = None,
+        random_key: bool = False,
     ) -> None:
         self._key = key
         self._clock = clock
+        #: The key was made at this start, so every link made before it
+        #: fails its check: a refusal says a restart is the likely cause.
+        self.random_key = random_key
         self.links: dict[str, Link] = {}
         #: Where the table is kept across restarts (None: nowhere).
         self.state_path = state_path
@@ -258,7 +274,7 @@ class LinkTable:
             with a key file (with a random key every link dies anyway).
         """
         if not path:
-            return cls(secrets.token_bytes(KEY_BYTES), clock)
+            return cls(secrets.token_bytes(KEY_BYTES), clock, random_key=True)
         if state_dir is None:
             log.warn(
                 "sandboxd: links outlive a restart (auth.link_key_file) but "
@@ -453,7 +469,9 @@ class LinkTable:
         if not text.startswith(PREFIX) or not dot:
             raise link_refused("the link is malformed")
         if not hmac.compare_digest(mac.encode("latin-1"), self._sign(body).encode()):
-            raise link_refused("the link is not valid")
+            raise link_refused(
+                NOT_SIGNED_HERE if self.random_key else "the link is not valid"
+            )
         try:
             data = json.loads(_unb64(body))
             claims = Claims(

@@ -147,6 +147,18 @@ class PreviewService(PolicyListener):
             self._allowed.clear()
         self._allowed[port] = rule
 
+    def previewable(self, port: int, rule: EffectiveRule) -> bool:
+        """
+        Whether :meth:`check_port` would take ``port`` under ``rule`` (the
+        rule ``POST /preview/ports`` runs under): what a listing tells a
+        person before they ask for a preview that can only be refused.
+        """
+        try:
+            self.check_port(port, rule)
+        except ApiError:
+            return False
+        return True
+
     def not_exposed(self, port: int) -> ApiError:
         """404 ``port_not_exposed``."""
         return port_not_exposed(port)

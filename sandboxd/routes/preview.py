@@ -10,6 +10,7 @@ handlers only change its table of exposures.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sandboxd.access.links import preview_audience
@@ -68,19 +69,46 @@ def _shown(door: Any, exposure: Any, listening: set[int]) -> dict[str, Any]:
     return out
 
 
+def _previewable(request: ServerRequest, door: Any) -> Callable[[int], bool]:
+    """
+    Whether a port could be previewed now: the door listens, exposing is
+    enabled, and ``POST /preview/ports`` would not refuse the port (the
+    daemon's own ports, ``params.ports``, ``params.deny_ports``).  A client
+    such as the console offers a preview only where one can open.
+    """
+    rule = request.context.policy.rules.get("preview_expose")
+    if door is None or door.port is None or rule is None or not rule.enabled:
+        return lambda port: False
+    return lambda port: bool(door.previewable(port, rule))
+
+
 async def preview_ports_list(request: ServerRequest) -> dict[str, Any]:
     """``GET /preview/ports``: every exposure, then every other listening port."""
     listening = await _listening(request)
     door = request.context.preview
+    previewable = _previewable(request, door)
     ports: list[dict[str, Any]] = []
     exposed: set[int] = set()
     if door is not None:
         door.exposures.prune()
         for exposure in sorted(door.exposures.by_port.values(), key=lambda e: e.port):
             exposed.add(exposure.port)
-            ports.append({**_shown(door, exposure, listening), "exposed": True})
+            ports.append(
+                {
+                    **_shown(door, exposure, listening),
+                    "exposed": True,
+                    "previewable": previewable(exposure.port),
+                }
+            )
     for port in sorted(listening - exposed):
-        ports.append({"port": port, "listening": True, "exposed": False})
+        ports.append(
+            {
+                "port": port,
+                "listening": True,
+                "exposed": False,
+                "previewable": previewable(port),
+            }
+        )
     return {"ports": ports}
 
 

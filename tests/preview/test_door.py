@@ -1004,6 +1004,71 @@ class ExposureApiTests(DoorCase):
         self.assertFalse(gone.json()["listening"])
 
 
+class PreviewableTests(DoorCase):
+    """The listing says which ports a preview can open for, as exposing would decide."""
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        # A second app, on a port the policy denies: it must be known
+        # before the daemon starts with that policy.
+        self.denied = App()
+        self.denied_port = self.denied.listen()
+        self.addCleanup(self.denied.stop)
+        self.policy = {
+            **POLICY,
+            "endpoints": {
+                **POLICY["endpoints"],
+                "preview_expose": {"params": {"deny_ports": [self.denied_port]}},
+            },
+        }
+        yield super().setUp()
+
+    @inlineCallbacks
+    def test_previewable(self) -> None:
+        """
+        ``previewable`` is true for an app's port, exposed or not, and
+        false for the daemon's own ports and a denied one, each of which
+        ``POST /preview/ports`` refuses.
+        """
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[self.app_port]["previewable"])
+        for port in (self.daemon.port, self.door_port, self.denied_port):
+            self.assertFalse(ports[port]["previewable"], port)
+            refused = yield self.expose(port=port)
+            self.assertEqual(
+                (refused.status, refused.json()["code"]), (403, "port_not_allowed")
+            )
+        made = yield self.expose()
+        self.assertEqual(made.status, 201, made.body)
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[self.app_port]["exposed"])
+        self.assertTrue(ports[self.app_port]["previewable"])
+
+
+class NoDoorPreviewableTests(DaemonTestCase):
+    """Without the door nothing can be previewed, and the listing says so."""
+
+    policy = POLICY
+    token = TOKEN
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        self.app = App()
+        self.app_port = self.app.listen()
+        self.addCleanup(self.app.stop)
+        yield super().setUp()
+
+    @inlineCallbacks
+    def test_nothing_previewable(self) -> None:
+        """Every listed port is ``previewable: false`` when the daemon has no preview door."""
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertIn(self.app_port, ports)
+        self.assertEqual({p["previewable"] for p in ports.values()}, {False})
+
+
 class _UnusableAnswer(Protocol):
     """An app whose answer no browser could use: the factory's bytes, then a close."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -244,7 +245,11 @@ class TerminalTests(ConsoleCase):
 
     @inlineCallbacks
     def test_revoked_mid_session(self) -> Any:
-        """A link revoked while a terminal is open: the cut socket does not come back; the login screen says why."""
+        """
+        A link revoked while a terminal is open: the cut socket does not
+        come back; the login screen says why, and the terminal ends in a
+        documented end state (not ``reconnecting`` for ever).
+        """
         url = yield self.link()
         terminals = self.daemon.context.terminals
 
@@ -263,10 +268,60 @@ class TerminalTests(ConsoleCase):
             )
             page.wait_for_selector("[data-testid=login]:not([hidden])", timeout=15000)
             seen["reason"] = page.text_content("[data-testid=login-reason]")
+            # Long enough for two more attempts at the backoff's pace.
+            page.wait_for_timeout(1500)
+            seen["status"] = page.get_attribute("[data-testid=terminal]", "data-status")
 
         seen = yield self.browse(steps)
         self.assertEqual(seen["revoked"], 200)
         self.assertIn("no longer works", seen["reason"])
+        self.assertEqual(seen["status"], "closed: the link no longer works")
+
+
+class RestartTests(ConsoleCase):
+    """The daemon restarts under an open console (no ``auth.link_key_file``)."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_terminal_after_a_restart(self) -> Any:
+        """
+        The login screen says the daemon may have restarted (its links end
+        at a restart), and the open terminal ends in a documented end
+        state instead of ``reconnecting`` for ever.
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            fixed = f"tcp:{s.getsockname()[1]}:interface=127.0.0.1"
+        yield self.start(port=fixed)
+        url = yield self.link()
+        # The daemon runs in this process, so at its stop it would take
+        # Playwright's driver (a child it did not spawn) for an orphan it
+        # adopted, and end its tree: this process's own group.
+        from sandboxd.processes import run
+
+        self.patch(run, "adopted_orphans", list)
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            site = self.daemon.daemon.listeners[0].factory
+            self.on_reactor(self.daemon.stop)
+            # Its connections end with it, as they would with its process.
+            self.on_reactor(site.close_all)
+            self.on_reactor(lambda: self.start(port=fixed))
+            page.wait_for_selector("[data-testid=login]:not([hidden])", timeout=20000)
+            seen["reason"] = page.text_content("[data-testid=login-reason]")
+            page.wait_for_timeout(1500)
+            seen["status"] = page.get_attribute("[data-testid=terminal]", "data-status")
+            page.screenshot(path=os.path.join(SHOTS, "login-after-restart.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn("no longer works", seen["reason"])
+        self.assertIn("the daemon may have restarted", seen["reason"])
+        self.assertEqual(seen["status"], "closed: the link no longer works")
 
 
 def png_bytes() -> bytes:
@@ -818,8 +873,53 @@ class ProcessTests(ConsoleCase):
         self.assertNoCspViolation(seen)
 
 
-class PreviewTests(ConsoleCase):
-    """Ports with the preview door: "Open preview" exposes and mints a link."""
+class ProcessOutputTests(ConsoleCase):
+    """A followed process's output is shown as text, not as terminal codes."""
+
+    @inlineCallbacks
+    def test_escape_sequences_stripped(self) -> Any:
+        """
+        Colours, a title and a sequence split across two writes are not
+        shown; the text around them is, and invalid UTF-8 shows as U+FFFD.
+        """
+        script = (
+            r"printf '\033[31mred\033[0m plain\n';"
+            r"printf '\033]0;title\007titled \377 byte\n';"
+            r"printf 'split \033[3'; sleep 0.5; printf '2mgreen\033[0m done\n'"
+        )
+        started = yield self.request(
+            "POST", "/process/start", {"command": script, "shell": "sh"}
+        )
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-processes]")
+            page.click(f"[data-testid=process-entry][data-pid='{pid}']")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
+            )
+            seen["output"] = page.text_content("[data-testid=process-output]")
+            page.screenshot(path=os.path.join(SHOTS, "process-colours.png"))
+
+        seen = yield self.browse(steps)
+        out = seen["output"]
+        self.assertIn("red plain\n", out)
+        self.assertIn("titled \ufffd byte\n", out)
+        self.assertIn("split green done\n", out)
+        self.assertNotIn("\x1b", out)
+        self.assertNotIn("[31m", out)
+        self.assertNotIn("[0m", out)
+        self.assertNotIn("title\x07", out)
+        self.assertNoCspViolation(seen)
+
+
+class PreviewCase(ConsoleCase):
+    """The console with the preview door, and an app on a loopback port."""
 
     policy = {**POLICY, "groups": {"console": True, "preview": True}}
 
@@ -835,6 +935,10 @@ class PreviewTests(ConsoleCase):
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
+
+
+class PreviewTests(PreviewCase):
+    """Ports with the preview door: "Open preview" exposes and mints a link."""
 
     @inlineCallbacks
     def test_open_preview(self) -> Any:
@@ -864,6 +968,105 @@ class PreviewTests(ConsoleCase):
         exposed = yield self.request("GET", f"/preview/ports/{port}")
         self.assertEqual(exposed.status, 200)
         self.assertNoCspViolation(seen)
+
+    @inlineCallbacks
+    def test_no_button_on_refused_ports(self) -> Any:
+        """
+        The daemon's own HTTP port and the preview door's port are listed
+        as ports that cannot be previewed, with no button; the app's port
+        has one.
+        """
+        url = yield self.link()
+        port = self.app_port
+        door = self.daemon.context.preview.door_port
+        own = self.daemon.port
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-ports]")
+            page.wait_for_selector(f"[data-testid=port-entry][data-port='{port}']")
+            seen["listed"] = page.eval_on_selector_all(
+                "[data-testid=port-entry]",
+                "els => els.map(e => Number(e.dataset.port))",
+            )
+            seen["buttons"] = page.eval_on_selector_all(
+                "[data-testid=port-open]",
+                "els => els.map(e => Number(e.dataset.port))",
+            )
+            seen["own_row"] = page.text_content(
+                f"[data-testid=port-entry][data-port='{own}']"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "ports-previewable.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn(own, seen["listed"])
+        self.assertIn(door, seen["listed"])
+        self.assertIn(port, seen["buttons"])
+        self.assertNotIn(own, seen["buttons"])
+        self.assertNotIn(door, seen["buttons"])
+        self.assertIn("cannot be previewed", seen["own_row"])
+        self.assertNoCspViolation(seen)
+
+
+def shown_banner(page: Any) -> str | None:
+    """The banner's text, or None while it is hidden."""
+    text: str | None = page.evaluate(
+        "(() => { const b = document.querySelector('[data-testid=banner]');"
+        " return b.hidden ? null : b.textContent; })()"
+    )
+    return text
+
+
+class PreviewBannerTests(PreviewCase):
+    """An error banner goes once something the person asks for next succeeds."""
+
+    # One exposure at a time: a second is refused (429) until the first goes.
+    policy = {
+        **PreviewCase.policy,
+        "endpoints": {
+            **POLICY["endpoints"],
+            "preview_expose": {"limits": {"max_sessions": 1}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_error_cleared_by_a_success(self) -> Any:
+        """
+        Opening a port while another holds the only exposure shows why it
+        failed; once that exposure is gone, opening it again works and the
+        error is no longer shown.
+        """
+        held = yield self.request("POST", "/preview/ports", {"port": 3999})
+        self.assertEqual(held.status, 201, held.body)
+        url = yield self.link()
+        port = self.app_port
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-ports]")
+            button = f"[data-testid=port-open][data-port='{port}']"
+            page.wait_for_selector(button)
+            page.click(button)
+            page.wait_for_selector("[data-testid=banner]:not([hidden])")
+            seen["failed"] = shown_banner(page)
+            seen["unexposed"] = self.call("DELETE", "/preview/ports/3999").status
+            with page.expect_popup() as popup_info:
+                page.click(button)
+            popup_info.value.wait_for_load_state()
+            page.wait_for_selector("[data-testid=port-link]")
+            seen["after"] = shown_banner(page)
+            page.screenshot(path=os.path.join(SHOTS, "ports-banner-cleared.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn(f"Could not open port {port}", seen["failed"])
+        self.assertEqual(seen["unexposed"], 200)
+        self.assertIsNone(seen["after"])
+        # The refused expose's 429 is the one message expected.
+        self.assertNoCspViolation(
+            {**seen, "console": [m for m in seen["console"] if "429" not in m]}
+        )
 
 
 def agents_console_policy() -> dict[str, Any]:

@@ -28,8 +28,12 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "ports",
                 "array",
-                "[{port, label, public, url, listening, exposed_by, ...}]: every "
-                "exposure, and every other listening port (exposed: false)",
+                "[{port, label, public, url, listening, exposed, previewable, "
+                "exposed_by, ...}]: every exposure, and every other listening port "
+                "(exposed: false); previewable: a preview of the port can open now "
+                "(the door listens and POST /preview/ports would not answer "
+                "port_not_allowed: not one of the daemon's own ports, inside "
+                "params.ports, outside params.deny_ports)",
                 items="object",
             ),
         ),

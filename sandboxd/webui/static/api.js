@@ -27,12 +27,25 @@ export class ApiError extends Error {
 
 const AUTH_LOST = new Set(["unauthorized", "link_invalid", "link_expired"]);
 
+// Calls that change something: the console makes them only when the
+// person asks (a click, a key), never on a timer, so one that succeeds
+// is a successful action (and an error shown before it is stale).
+const READS = new Set(["GET", "HEAD"]);
+
 export class Api {
-  /** @param onAuthLost called with the error when the link stops working */
-  constructor(link, onAuthLost) {
+  /**
+   * @param onAuthLost called with the error when the link stops working
+   * @param onChanged called after a call that changes something succeeded
+   */
+  constructor(link, onAuthLost, onChanged) {
     this.link = link;
     this.onAuthLost = onAuthLost;
+    this.onChanged = onChanged || (() => {});
+    this.lostHandlers = [];
   }
+
+  /** Call ``handler`` (once) when the link stops working. */
+  whenLost(handler) { this.lostHandlers.push(handler); }
 
   url(path, query) {
     const url = new URL(path, location.origin);
@@ -57,6 +70,7 @@ export class Api {
     }
     const response = await fetch(this.url(path, query), init);
     if (!response.ok && response.status !== 304) throw await this.failure(response.status, await response.text());
+    if (!READS.has(method)) this.onChanged();
     return response;
   }
 
@@ -69,9 +83,10 @@ export class Api {
     let parsed = null;
     try { parsed = JSON.parse(text); } catch (_) { parsed = { error: text }; }
     const error = new ApiError(status, parsed);
-    if (status === 401 && AUTH_LOST.has(error.code)) {
+    if (status === 401 && AUTH_LOST.has(error.code) && !this.lost) {
       this.lost = true;
       this.onAuthLost(error);
+      for (const handler of this.lostHandlers.splice(0)) handler(error);
     }
     return error;
   }
@@ -86,7 +101,7 @@ export class Api {
       xhr.upload.onprogress = (e) => { if (e.lengthComputable) onProgress(e.loaded, e.total); };
       xhr.onerror = () => reject(new ApiError(0, { error: "the connection failed" }));
       xhr.onload = async () => {
-        if (xhr.status >= 200 && xhr.status < 300) resolve(JSON.parse(xhr.responseText));
+        if (xhr.status >= 200 && xhr.status < 300) { this.onChanged(); resolve(JSON.parse(xhr.responseText)); }
         else reject(await this.failure(xhr.status, xhr.responseText));
       };
       xhr.send(file);

@@ -64,6 +64,12 @@ async function main() {
     lost = true;
     forgetLink();
     showLogin(error.code === "link_expired" ? "This link has expired: ask for a new one." : `This link no longer works (${error.message}).`);
+  }, () => {
+    // An error is about what failed last; once something the person asked
+    // for worked, it would only mislead.  Notices (an edit conflict, a
+    // restarted kernel) stay until dismissed.
+    const el = $("banner");
+    if (!el.hidden && el.dataset.kind === "error") banner("");
   });
   let caps;
   try {

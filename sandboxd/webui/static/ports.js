@@ -39,11 +39,14 @@ export class PortsPage {
       return;
     }
     const canOpen = this.caps.allowed("preview_link");
+    // The preview listing says which ports the daemon would refuse (its
+    // own, and those the policy keeps out): no button there.  The plain
+    // port listing cannot say, so the daemon decides on a click.
     const rows = ports.map((p) => h("tr", { testid: "port-entry", "data-port": p.port },
       h("td", {}, String(p.port)),
       h("td", { class: p.listening === false ? "dim" : "ok" }, p.listening === false ? "not listening" : "listening"),
-      h("td", { class: "dim" }, p.exposed ? (p.public ? "public preview" : "private preview") : ""),
-      h("td", {}, canOpen ? h("button", { type: "button", testid: "port-open", "data-port": p.port, onclick: () => this.open(p) }, "Open preview") : ""),
+      h("td", { class: "dim" }, p.previewable === false ? "cannot be previewed" : p.exposed ? (p.public ? "public preview" : "private preview") : ""),
+      h("td", {}, canOpen && p.previewable !== false ? h("button", { type: "button", testid: "port-open", "data-port": p.port, onclick: () => this.open(p) }, "Open preview") : ""),
     ));
     clear(this.list).append(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "port"), h("th", {}, "state"), h("th", {}, "preview"), h("th", {}, ""))), h("tbody", {}, rows)));
     if (!rows.length) this.list.append(h("p", { class: "empty" }, "Nothing listens."));

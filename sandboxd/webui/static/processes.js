@@ -3,6 +3,36 @@
 import { h, clear } from "./dom.js";
 
 const KEEP = 256 * 1024; // characters of output kept on screen
+const HELD = 4096; // characters of an unfinished escape sequence held for the next chunk
+
+// Terminal control sequences (colours, cursor moves, titles, hyperlinks):
+// CSI (ESC [ ... or U+009B ...), OSC, DCS, SOS, PM and APC strings (ended
+// by BEL or ESC \), other ESC sequences; then the C0 controls a <pre>
+// cannot show (tab, newline and carriage return stay).
+const SEQUENCE = /(?:\x1b\[|\x9b)[0-?]*[ -\/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -\/]*[0-~]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]/g;
+// The start of a sequence at the very end of a chunk: the rest is in the next.
+const UNFINISHED = /(?:\x1b(?:\[[0-?]*[ -\/]*|[\]PX^_][^\x07\x1b]*\x1b?|[ -\/]*)|\x9b[0-?]*[ -\/]*)$/;
+
+/**
+ * One stream's output as plain text: control sequences removed, one split
+ * across chunks included (its start is held until the rest arrives).
+ * Invalid UTF-8 arrives from the daemon as U+FFFD and is shown as such.
+ */
+export class PlainText {
+  constructor() { this.held = ""; }
+
+  /** The text of ``chunk`` to show now. */
+  feed(chunk) {
+    let text = this.held + chunk;
+    this.held = "";
+    const tail = UNFINISHED.exec(text);
+    if (tail && text.length - tail.index <= HELD) {
+      this.held = text.slice(tail.index);
+      text = text.slice(0, tail.index);
+    }
+    return text.replace(SEQUENCE, "").replace(/\x1b/g, "");
+  }
+}
 
 export class ProcessesPage {
   constructor(root, api, caps, banner) {
@@ -44,12 +74,14 @@ export class ProcessesPage {
     const source = new EventSource(this.api.eventSource(`/process/${p.pid}/output`, { follow: "true" }));
     this.source = source;
     const append = (text) => {
+      if (!text) return;
       this.output.append(document.createTextNode(text));
       if (this.output.textContent.length > KEEP) this.output.textContent = this.output.textContent.slice(-KEEP);
       this.output.scrollTop = this.output.scrollHeight;
     };
     for (const kind of ["stdout", "stderr"]) {
-      source.addEventListener(kind, (e) => { try { append(JSON.parse(e.data).data); } catch (_) { /* malformed */ } });
+      const plain = new PlainText();
+      source.addEventListener(kind, (e) => { try { append(plain.feed(JSON.parse(e.data).data)); } catch (_) { /* malformed */ } });
     }
     source.addEventListener("exit", (e) => {
       let code = "?";

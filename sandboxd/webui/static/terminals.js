@@ -8,6 +8,8 @@ import { FitAddon } from "./addon-fit.mjs";
 import { h, clear } from "./dom.js";
 
 const OPEN = "sandboxd.console.terminals";
+/** A terminal's status once the console stops trying to reach it. */
+const LINK_LOST = "closed: the link no longer works";
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
@@ -32,7 +34,8 @@ class TerminalTab {
   }
 
   connect() {
-    if (this.closed || this.api.lost) return;
+    if (this.closed) return;
+    if (this.api.lost) { this.giveUp(); return; }
     this.setStatus(this.retries ? "reconnecting" : "connecting");
     const ws = new WebSocket(this.api.terminalSocket(this.id, this.offset));
     this.ws = ws;
@@ -90,6 +93,19 @@ class TerminalTab {
     this.send({ type: "resize", cols: this.term.cols, rows: this.term.rows });
   }
 
+  /**
+   * The link stopped working: no socket can be opened with it any more,
+   * so a terminal that is not connected stops trying and says so (an end
+   * state, not ``reconnecting`` for ever).  Its session may live on: a
+   * new link re-attaches it.
+   */
+  giveUp() {
+    if (this.closed || (this.ws && this.ws.readyState === WebSocket.OPEN)) return;
+    clearTimeout(this.timer);
+    if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); }
+    this.setStatus(LINK_LOST);
+  }
+
   setStatus(text) {
     this.status = text;
     this.el.dataset.status = text;
@@ -120,6 +136,7 @@ export class TerminalsPage {
     this.area = h("div", { class: "terms", testid: "terminal-area" });
     clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.area);
     new ResizeObserver(() => this.current && this.current.resize()).observe(this.area);
+    api.whenLost(() => { for (const tab of this.tabs) tab.giveUp(); });
   }
 
   async start() {
