@@ -29,6 +29,7 @@ from sandboxd.errors import ApiError, bad_request, internal, not_json
 from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.waiters import Waiters
 from sandboxd.web import params
 from sandboxd.web.jsonbody import json_bytes, line_safe
 from sandboxd.web.sending import write_chunk_now
@@ -157,12 +158,28 @@ async def _target(call: Call, body: dict[str, Any]) -> Any:
         return service.get(context_id, call.identity)
     lang = str(language or "python").lower()
     key = (call.identity.id, lang)
+    pending = service.e2b_pending.get(key)
+    if pending is not None:
+        # Calls that come while the default is being made share it: each
+        # making its own would leave all but one holding a context slot
+        # (and a kernel) nobody uses, and refuse the rest at the quota.
+        return await pending.wait()
     cid = service.e2b_defaults.get(key)
     ctx = service.contexts.get(cid) if cid else None
     if ctx is not None and ctx.state not in ("closed", "dead"):
         return ctx
-    ctx = await routes.create_context(request, {"language": lang})
+    waiters: Waiters[Any] = Waiters()
+    service.e2b_pending[key] = waiters
+    try:
+        ctx = await routes.create_context(request, {"language": lang})
+    except BaseException as e:
+        # Those waiting get the same answer; the next call tries afresh.
+        del service.e2b_pending[key]
+        waiters.fail(e)
+        raise
+    del service.e2b_pending[key]
     service.e2b_defaults[key] = ctx.id
+    waiters.fire(ctx)
     return ctx
 
 

@@ -31,6 +31,7 @@ from sandboxd.libc import QuietTrim
 from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.environment import child_environment
+from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.kernels")
 
@@ -59,6 +60,8 @@ class CodeService(Service):
         #: (identity id, language) -> the context E2B's ``/execute`` uses
         #: when it names none (made on first use).
         self.e2b_defaults: dict[tuple[str, str], str] = {}
+        #: The same keys -> the calls waiting while that default is made.
+        self.e2b_pending: dict[tuple[str, str], Waiters[CodeContext]] = {}
         self.heap_trim = QuietTrim(self.reactor, defaults.HEAP_TRIM_QUIET_SECONDS)
 
     # -- the hubs --------------------------------------------------------------

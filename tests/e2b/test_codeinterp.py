@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase, caught
@@ -210,6 +210,41 @@ class BashTests(E2BCase):
         self.assertEqual(ctx.language, "bash")
         fresh = yield self.sdk(sbx.run_code, 'echo "[$NAME]"', context=ctx)
         self.assertEqual(fresh.logs.stdout, ["[]\n"])
+
+    @inlineCallbacks
+    def test_concurrent_first_calls_share_the_default(self) -> Any:
+        """
+        Six run_code(language="bash") at once, before any bash context
+        exists, all run in the one default shell: one context is made, no
+        call is refused at the identity's context quota.  A default that
+        cannot be made fails the calls waiting for it, and the next call
+        tries again.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        for _ in range(2):
+            refused = yield DeferredList(
+                [
+                    self.sdk(caught, lambda: sbx.run_code("1", language="cobol"))
+                    for _ in range(3)
+                ]
+            )
+            for _, error in refused:
+                self.assertIn("400", str(error))
+        runs = yield DeferredList(
+            [
+                self.sdk(caught, lambda: sbx.run_code("echo $$", language="bash"))
+                for _ in range(6)
+            ]
+        )
+        outs = [result for _, result in runs]
+        for out in outs:
+            self.assertNotIsInstance(out, Exception)
+            self.assertIsNone(out.error)
+        self.assertEqual(len({"".join(out.logs.stdout) for out in outs}), 1)
+        listed = yield self.sdk(sbx.list_code_contexts)
+        self.assertEqual([c.language for c in listed], ["bash"])
 
 
 class TokenModeTests(CodeInterpreterTests):
