@@ -144,7 +144,10 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
 
 
 async def _target(call: Call, body: dict[str, Any]) -> Any:
-    """The context an ``/execute`` runs in: named, or the language's default."""
+    """
+    The context an ``/execute`` runs in: named, or the language's default
+    (made on first use, restarted if its kernel died).
+    """
     routes = _routes()
     request = call.server_request()
     context_id = body.get("context_id")
@@ -171,7 +174,15 @@ async def _target(call: Call, body: dict[str, Any]) -> Any:
     waiters: Waiters[Any] = Waiters()
     service.e2b_pending[key] = waiters
     try:
-        ctx = await routes.create_context(request, {"language": lang})
+        if ctx is not None and ctx.state == "dead":
+            # Its kernel died and was not restarted: it is restarted now,
+            # as E2B's server keeps its default contexts running (the
+            # state is lost either way; the context keeps its id, cwd and
+            # slot).  A new context beside it would leave the dead one
+            # holding a slot of the identity's until the idle timeout.
+            await ctx.restart("died")
+        else:
+            ctx = await routes.create_context(request, {"language": lang})
     except BaseException as e:
         # Those waiting get the same answer; the next call tries afresh.
         del service.e2b_pending[key]

@@ -19,6 +19,7 @@ from tests.kernels.test_contexts import (
     KERNEL_CALL_SECONDS,
     KERNEL_CASE_SECONDS,
     KERNEL_START,
+    code_policy,
     need_ipykernel,
 )
 
@@ -245,6 +246,45 @@ class BashTests(E2BCase):
         self.assertEqual(len({"".join(out.logs.stdout) for out in outs}), 1)
         listed = yield self.sdk(sbx.list_code_contexts)
         self.assertEqual([c.language for c in listed], ["bash"])
+
+
+class DeadDefaultTests(E2BCase):
+    """``params.auto_restart: false``: a default context whose kernel dies."""
+
+    policy = code_policy(params={"auto_restart": False})
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        if shutil.which("bash") is None:
+            raise SkipTest("bash is not installed")
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_dead_default_restarted(self) -> Any:
+        """
+        Each time the default's kernel dies, the next run_code restarts it:
+        the same context, its state new, and no dead context left holding
+        one of the identity's slots (five deaths, four slots).
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "NAME=ada", language="bash")
+        listed = yield self.sdk(sbx.list_code_contexts)
+        ids = [c.id for c in listed]
+        self.assertEqual(len(ids), 1)
+        for _ in range(5):
+            died = yield self.sdk(sbx.run_code, "kill -9 $PPID", language="bash")
+            self.assertEqual(died.error.name, "ContextRestarting")
+            out = yield self.sdk(sbx.run_code, 'echo "[$NAME]"', language="bash")
+            self.assertEqual(out.logs.stdout, ["[]\n"])
+            listed = yield self.sdk(sbx.list_code_contexts)
+            self.assertEqual([c.id for c in listed], ids)
 
 
 class TokenModeTests(CodeInterpreterTests):
