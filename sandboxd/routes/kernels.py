@@ -474,7 +474,8 @@ def code_output_get(request: ServerRequest) -> ServerResponse:
     """
     ctx = context_of(request)
     path, mime, _ = service(request).output(ctx, request.path_params["oid"])
-    data = _read_output(path, mime)
+    with open(path, "rb") as f:
+        data = f.read()
     return ServerResponse(
         status=200,
         raw=data,
@@ -485,21 +486,6 @@ def code_output_get(request: ServerRequest) -> ServerResponse:
             "ETag": '"' + hashlib.sha256(data).hexdigest()[:32] + '"',
         },
     )
-
-
-def _read_output(path: str, mime: str) -> bytes:
-    """The bytes to serve: base64 images (as Jupyter sends them) decoded."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if mime.startswith("image/") and not mime.startswith("image/svg"):
-        import base64
-        import binascii
-
-        try:
-            return base64.b64decode(data, validate=False)
-        except (binascii.Error, ValueError):
-            return data
-    return data
 
 
 HANDLERS = {
