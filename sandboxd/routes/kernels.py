@@ -23,7 +23,13 @@ from sandboxd.errors import (
     payload_too_large,
     policy_rule,
 )
-from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
+from sandboxd.kernels.contexts import (
+    BASH_NAME,
+    ENV_LANGUAGES,
+    CodeContext,
+    Execution,
+    ExecutionLimits,
+)
 from sandboxd.kernels.kernelspecs import (
     BUILTIN_KERNEL,
     DEFAULT_KERNEL,
@@ -277,10 +283,17 @@ def new_execution(
                 Code.PARAM_NOT_ALLOWED,
                 rule=policy_rule(rule, "params.env_deny"),
             )
-        if ctx.language != "python":
+        if ctx.language not in ENV_LANGUAGES:
             raise bad_request(
-                "a per-execution 'env' needs a python kernel; set it at create"
+                "a per-execution 'env' needs a python or bash kernel; set it at create"
             )
+        if ctx.language == "bash":
+            for name in env:
+                if not BASH_NAME.fullmatch(name):
+                    raise bad_request(
+                        f"bash cannot export {name[:40]!r}: a name is letters, "
+                        "digits and '_', not starting with a digit"
+                    )
     x = Execution(
         id="x_" + secrets.token_hex(8),
         context_id=ctx.id,

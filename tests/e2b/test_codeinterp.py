@@ -213,6 +213,41 @@ class BashTests(E2BCase):
         self.assertEqual(fresh.logs.stdout, ["[]\n"])
 
     @inlineCallbacks
+    def test_bash_envs(self) -> Any:
+        """
+        run_code(language="bash", envs=...) exports the values for that call
+        (its commands see them; quotes, ``$(...)`` and newlines are only
+        text), then gives back what was there before: a name that was
+        exported keeps its old value, one that was not is unset again.  A
+        name bash cannot export is refused 400.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "export OLD=before", language="bash")
+        value = "a'b\"c $(touch pwned) `touch pwned` \\ $HOME\nline two"
+        out = yield self.sdk(
+            sbx.run_code,
+            'printf \'%s|%s\\n\' "$Q" "$OLD"; sh -c \'printf "%s\\n" "$Q"\'',
+            language="bash",
+            envs={"Q": value, "OLD": "during"},
+        )
+        self.assertIsNone(out.error)
+        self.assertEqual("".join(out.logs.stdout), f"{value}|during\n{value}\n")
+        after = yield self.sdk(
+            sbx.run_code,
+            'echo "[${Q-unset}]"; sh -c \'echo "$OLD"\'',
+            language="bash",
+        )
+        self.assertEqual("".join(after.logs.stdout), "[unset]\nbefore\n")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "pwned")))
+        refused = yield self.sdk(
+            caught,
+            lambda: sbx.run_code("true", language="bash", envs={"A-B": "x"}),
+        )
+        self.assertIn("400", str(refused))
+
+    @inlineCallbacks
     def test_concurrent_first_calls_share_the_default(self) -> Any:
         """
         Six run_code(language="bash") at once, before any bash context
