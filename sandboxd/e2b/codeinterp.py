@@ -378,6 +378,28 @@ def delete(call: Call, _: Any) -> Any:
     return ensureDeferred(_delete(call))
 
 
+def output(call: Call, _: Any) -> Any:
+    """
+    ``GET /code/contexts/{id}/outputs/{oid}``: a spilled display item, as
+    ``code_output_get`` serves it on the HTTP port.  A result line's
+    ``extra.sandboxd_refs`` carries that path: an E2B client, which has
+    this port only, fetches it here.
+    """
+    parts = call.request.path.decode("latin-1").strip("/").split("/")
+    request = call.server_request(path_params={"cid": parts[2], "oid": parts[4]})
+    response = _routes().code_output_get(request)
+    raw = call.request
+    raw.setResponseCode(response.status)
+    call.status = response.status
+    for name, value in response.headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    call.bytes_out = len(response.raw)
+    raw.write(response.raw)
+    raw.finish()
+    call.done()
+    return NOT_DONE_YET
+
+
 #: What ``POST /execute`` reads.
 EXECUTE_FIELDS = (
     F("code"),
@@ -404,5 +426,8 @@ PROCEDURES = {
     ),
     "DELETE /contexts/{id}": Procedure(
         "DELETE /contexts/{id}", REST, "code_context_delete", delete
+    ),
+    "GET /code/contexts/{id}/outputs/{oid}": Procedure(
+        "GET /code/contexts/{id}/outputs/{oid}", REST, "code_output_get", output
     ),
 }

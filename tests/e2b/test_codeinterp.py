@@ -7,8 +7,10 @@ state kept, charts as PNG, errors, contexts, timeouts and env values.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
+import urllib.request
 from typing import Any
 
 from twisted.internet.defer import DeferredList, inlineCallbacks
@@ -281,6 +283,52 @@ class BashTests(E2BCase):
         self.assertEqual(len({"".join(out.logs.stdout) for out in outs}), 1)
         listed = yield self.sdk(sbx.list_code_contexts)
         self.assertEqual([c.language for c in listed], ["bash"])
+
+
+class SpilledDisplayTests(E2BCase):
+    """A display item over ``max_display_bytes`` through the E2B door."""
+
+    policy = code_policy(limits={"max_display_bytes": 2000})
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_ref_served_on_the_e2b_port(self) -> Any:
+        """
+        A spilled item comes in the result's ``extra.sandboxd_refs``, and its
+        URL is served on the E2B port (all an E2B client has), the bytes its
+        ref describes: the decoded PNG, the text.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        out = yield self.sdk(
+            sbx.run_code,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\n"
+            "display('x' * 3000)",
+        )
+        self.assertIsNone(out.error)
+        refs = [ref for r in out.results for ref in r.extra["sandboxd_refs"]]
+        self.assertEqual(
+            sorted(ref["mime"] for ref in refs), ["image/png", "text/plain"]
+        )
+        for ref in refs:
+            url = self.e2b_url + ref["url"]
+            body = yield self.sdk(lambda u=url: urllib.request.urlopen(u).read())
+            self.assertEqual(
+                (len(body), hashlib.sha256(body).hexdigest()),
+                (ref["bytes"], ref["sha256"]),
+            )
+            if ref["mime"] == "image/png":
+                self.assertTrue(body.startswith(b"\x89PNG"))
 
 
 class DeadDefaultTests(E2BCase):
