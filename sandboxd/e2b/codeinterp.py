@@ -29,6 +29,7 @@ from sandboxd.errors import ApiError, bad_request, internal, not_json
 from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.waiters import Waiters
 from sandboxd.web import params
 from sandboxd.web.jsonbody import json_bytes, line_safe
 from sandboxd.web.sending import write_chunk_now
@@ -143,7 +144,10 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
 
 
 async def _target(call: Call, body: dict[str, Any]) -> Any:
-    """The context an ``/execute`` runs in: named, or the language's default."""
+    """
+    The context an ``/execute`` runs in: named, or the language's default
+    (made on first use, restarted if its kernel died).
+    """
     routes = _routes()
     request = call.server_request()
     context_id = body.get("context_id")
@@ -157,12 +161,36 @@ async def _target(call: Call, body: dict[str, Any]) -> Any:
         return service.get(context_id, call.identity)
     lang = str(language or "python").lower()
     key = (call.identity.id, lang)
+    pending = service.e2b_pending.get(key)
+    if pending is not None:
+        # Calls that come while the default is being made share it: each
+        # making its own would leave all but one holding a context slot
+        # (and a kernel) nobody uses, and refuse the rest at the quota.
+        return await pending.wait()
     cid = service.e2b_defaults.get(key)
     ctx = service.contexts.get(cid) if cid else None
     if ctx is not None and ctx.state not in ("closed", "dead"):
         return ctx
-    ctx = await routes.create_context(request, {"language": lang})
+    waiters: Waiters[Any] = Waiters()
+    service.e2b_pending[key] = waiters
+    try:
+        if ctx is not None and ctx.state == "dead":
+            # Its kernel died and was not restarted: it is restarted now,
+            # as E2B's server keeps its default contexts running (the
+            # state is lost either way; the context keeps its id, cwd and
+            # slot).  A new context beside it would leave the dead one
+            # holding a slot of the identity's until the idle timeout.
+            await ctx.restart("died")
+        else:
+            ctx = await routes.create_context(request, {"language": lang})
+    except BaseException as e:
+        # Those waiting get the same answer; the next call tries afresh.
+        del service.e2b_pending[key]
+        waiters.fail(e)
+        raise
+    del service.e2b_pending[key]
     service.e2b_defaults[key] = ctx.id
+    waiters.fire(ctx)
     return ctx
 
 
@@ -350,6 +378,28 @@ def delete(call: Call, _: Any) -> Any:
     return ensureDeferred(_delete(call))
 
 
+def output(call: Call, _: Any) -> Any:
+    """
+    ``GET /code/contexts/{id}/outputs/{oid}``: a spilled display item, as
+    ``code_output_get`` serves it on the HTTP port.  A result line's
+    ``extra.sandboxd_refs`` carries that path: an E2B client, which has
+    this port only, fetches it here.
+    """
+    parts = call.request.path.decode("latin-1").strip("/").split("/")
+    request = call.server_request(path_params={"cid": parts[2], "oid": parts[4]})
+    response = _routes().code_output_get(request)
+    raw = call.request
+    raw.setResponseCode(response.status)
+    call.status = response.status
+    for name, value in response.headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    call.bytes_out = len(response.raw)
+    raw.write(response.raw)
+    raw.finish()
+    call.done()
+    return NOT_DONE_YET
+
+
 #: What ``POST /execute`` reads.
 EXECUTE_FIELDS = (
     F("code"),
@@ -376,5 +426,8 @@ PROCEDURES = {
     ),
     "DELETE /contexts/{id}": Procedure(
         "DELETE /contexts/{id}", REST, "code_context_delete", delete
+    ),
+    "GET /code/contexts/{id}/outputs/{oid}": Procedure(
+        "GET /code/contexts/{id}/outputs/{oid}", REST, "code_output_get", output
     ),
 }

@@ -477,11 +477,22 @@ def check_content_type(kind: str, value: bytes | None) -> None:
 
 
 def _templated(key: str) -> str:
-    """``POST /contexts/ID/restart`` as its route, ``POST /contexts/{id}/restart``."""
+    """
+    ``POST /contexts/ID/restart`` as its route, ``POST /contexts/{id}/restart``;
+    ``GET /code/contexts/ID/outputs/OID`` as ``GET /code/contexts/{id}/outputs/{oid}``.
+    """
     method, _, path = key.partition(" ")
     parts = path.split("/")
     if len(parts) >= 3 and parts[1] == "contexts" and parts[2]:
         parts[2] = "{id}"
+    elif (
+        len(parts) == 6
+        and parts[1:3] == ["code", "contexts"]
+        and parts[4] == "outputs"
+        and parts[3]
+        and parts[5]
+    ):
+        parts[3], parts[5] = "{id}", "{oid}"
     return f"{method} {'/'.join(parts)}"
 
 

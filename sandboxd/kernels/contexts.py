@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -291,13 +292,42 @@ def hub_key(run_as: RunAs | None) -> int:
     return run_as.uid if run_as is not None else os.geteuid()
 
 
-def env_prologue(env: dict[str, str]) -> tuple[str, str]:
+#: The languages whose kernels take a per-execution ``env``.
+ENV_LANGUAGES = ("python", "bash")
+
+#: A name bash can ``export`` (the others it refuses).
+BASH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_prologue(env: dict[str, str], language: str = "python") -> tuple[str, str]:
     """
-    Python that sets ``env`` for one execution and the Python that puts
-    the old values back. The values travel as one JSON document in a
-    Python string literal (``repr``), never pasted into code, so no quote
-    in a value can change the code.
+    The code, in ``language``, that sets ``env`` for one execution and the
+    code that puts the old values back.
+
+    Python: the values travel as one JSON document in a Python string
+    literal (``repr``), never pasted into code, so no quote in a value can
+    change the code.  Bash (``export``, as E2B's server applies ``envs``
+    there): each value is single-quoted by :func:`shlex.quote`, and each
+    name is one bash takes (see :data:`BASH_NAME`); the old values and
+    attributes are kept as ``declare -p`` prints them (quoted by bash)
+    and given back with ``eval``, a name that had none unset.
     """
+    if language == "bash":
+        # The names are checked where the request is read; one that is not
+        # a bash name is never pasted into the shell's code all the same.
+        env = {k: v for k, v in env.items() if BASH_NAME.fullmatch(k)}
+        if not env:
+            return "", ""
+        names = " ".join(env)
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        before = (
+            f"__sandboxd_saved_env=$(declare -p {names} 2>/dev/null)\n"
+            f"export {assignments}\n"
+        )
+        after = (
+            f'unset {names}\neval "$__sandboxd_saved_env"\nunset __sandboxd_saved_env\n'
+        )
+        return before, after
     literal = repr(json.dumps(env))
     before = (
         "(lambda os, env: (os.__dict__.__setitem__('_sandboxd_saved_env', "
@@ -765,7 +795,7 @@ class CodeContext:
             state = "error"
         self._end(x, state)
         if x.env:
-            _, after = env_prologue(x.env)
+            _, after = env_prologue(x.env, self.language)
             self._pending_epilogue = x.id + ":env-restore"
             self._send(
                 {
@@ -909,7 +939,7 @@ class CodeContext:
         x.started_at = time.time()
         x.timer = self.reactor.callLater(x.limits.timeout, self._timed_out, x)
         if x.env:
-            before, _ = env_prologue(x.env)
+            before, _ = env_prologue(x.env, self.language)
             self._send(
                 {
                     "op": "execute",

@@ -31,6 +31,7 @@ from sandboxd.libc import QuietTrim
 from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.environment import child_environment
+from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.kernels")
 
@@ -59,6 +60,8 @@ class CodeService(Service):
         #: (identity id, language) -> the context E2B's ``/execute`` uses
         #: when it names none (made on first use).
         self.e2b_defaults: dict[tuple[str, str], str] = {}
+        #: The same keys -> the calls waiting while that default is made.
+        self.e2b_pending: dict[tuple[str, str], Waiters[CodeContext]] = {}
         self.heap_trim = QuietTrim(self.reactor, defaults.HEAP_TRIM_QUIET_SECONDS)
 
     # -- the hubs --------------------------------------------------------------
@@ -202,8 +205,8 @@ class CodeService(Service):
         """
         Keep display values within ``max_display_bytes`` each (and the
         execution's results within ``max_output_bytes``): a bigger one is
-        written to a file served by ``code_output_get`` and replaced by a
-        ``ref``.
+        written to a file served by ``code_output_get`` as it is (see
+        :func:`served_bytes`) and replaced by a ``ref``.
         """
         out: dict[str, Any] = {}
         refs: list[dict[str, Any]] = []
@@ -221,18 +224,22 @@ class CodeService(Service):
                 out[mime] = value
                 x.results_bytes += size
                 continue
+            # The ref describes the bytes its URL serves (what a client
+            # that checks the digest of its download has), not the value
+            # as the kernel sent it.
+            served = served_bytes(mime, encoded)
             ref: dict[str, Any] = {
                 "mime": mime,
-                "bytes": size,
-                "sha256": hashlib.sha256(encoded).hexdigest(),
+                "bytes": len(served),
+                "sha256": hashlib.sha256(served).hexdigest(),
             }
             spilled = None
-            if self.spilled_bytes + size <= defaults.CODE_MAX_SPILL_BYTES:
-                spilled = self._spill(encoded)
+            if self.spilled_bytes + len(served) <= defaults.CODE_MAX_SPILL_BYTES:
+                spilled = self._spill(served)
             if spilled is not None:
                 oid, path = spilled
-                self.outputs[oid] = (ctx.id, path, mime, size)
-                self.spilled_bytes += size
+                self.outputs[oid] = (ctx.id, path, mime, len(served))
+                self.spilled_bytes += len(served)
                 ref["oid"] = oid
                 ref["url"] = f"/code/contexts/{ctx.id}/outputs/{oid}"
             else:
@@ -341,6 +348,23 @@ class CodeService(Service):
 
 def _too_many(message: str, limit: int) -> ApiError:
     return limit_exceeded(429, message, Code.TOO_MANY_CONTEXTS, limit=limit)
+
+
+def served_bytes(mime: str, encoded: bytes) -> bytes:
+    """
+    What ``code_output_get`` serves of a display value: a raster image
+    decoded from the base64 Jupyter sends it in (a client saving it gets
+    the image), anything else as it came.
+    """
+    if mime.startswith("image/") and not mime.startswith("image/svg"):
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(encoded, validate=False)
+        except (binascii.Error, ValueError):
+            return encoded
+    return encoded
 
 
 def _json_bytes(value: Any) -> bytes:

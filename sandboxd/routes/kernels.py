@@ -23,7 +23,13 @@ from sandboxd.errors import (
     payload_too_large,
     policy_rule,
 )
-from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
+from sandboxd.kernels.contexts import (
+    BASH_NAME,
+    ENV_LANGUAGES,
+    CodeContext,
+    Execution,
+    ExecutionLimits,
+)
 from sandboxd.kernels.kernelspecs import (
     BUILTIN_KERNEL,
     DEFAULT_KERNEL,
@@ -277,10 +283,17 @@ def new_execution(
                 Code.PARAM_NOT_ALLOWED,
                 rule=policy_rule(rule, "params.env_deny"),
             )
-        if ctx.language != "python":
+        if ctx.language not in ENV_LANGUAGES:
             raise bad_request(
-                "a per-execution 'env' needs a python kernel; set it at create"
+                "a per-execution 'env' needs a python or bash kernel; set it at create"
             )
+        if ctx.language == "bash":
+            for name in env:
+                if not BASH_NAME.fullmatch(name):
+                    raise bad_request(
+                        f"bash cannot export {name[:40]!r}: a name is letters, "
+                        "digits and '_', not starting with a digit"
+                    )
     x = Execution(
         id="x_" + secrets.token_hex(8),
         context_id=ctx.id,
@@ -474,7 +487,8 @@ def code_output_get(request: ServerRequest) -> ServerResponse:
     """
     ctx = context_of(request)
     path, mime, _ = service(request).output(ctx, request.path_params["oid"])
-    data = _read_output(path, mime)
+    with open(path, "rb") as f:
+        data = f.read()
     return ServerResponse(
         status=200,
         raw=data,
@@ -485,21 +499,6 @@ def code_output_get(request: ServerRequest) -> ServerResponse:
             "ETag": '"' + hashlib.sha256(data).hexdigest()[:32] + '"',
         },
     )
-
-
-def _read_output(path: str, mime: str) -> bytes:
-    """The bytes to serve: base64 images (as Jupyter sends them) decoded."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if mime.startswith("image/") and not mime.startswith("image/svg"):
-        import base64
-        import binascii
-
-        try:
-            return base64.b64decode(data, validate=False)
-        except (binascii.Error, ValueError):
-            return data
-    return data
 
 
 HANDLERS = {

@@ -7,11 +7,13 @@ state kept, charts as PNG, errors, contexts, timeouts and env values.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
+import urllib.request
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase, caught
@@ -19,6 +21,7 @@ from tests.kernels.test_contexts import (
     KERNEL_CALL_SECONDS,
     KERNEL_CASE_SECONDS,
     KERNEL_START,
+    code_policy,
     need_ipykernel,
 )
 
@@ -210,6 +213,161 @@ class BashTests(E2BCase):
         self.assertEqual(ctx.language, "bash")
         fresh = yield self.sdk(sbx.run_code, 'echo "[$NAME]"', context=ctx)
         self.assertEqual(fresh.logs.stdout, ["[]\n"])
+
+    @inlineCallbacks
+    def test_bash_envs(self) -> Any:
+        """
+        run_code(language="bash", envs=...) exports the values for that call
+        (its commands see them; quotes, ``$(...)`` and newlines are only
+        text), then gives back what was there before: a name that was
+        exported keeps its old value, one that was not is unset again.  A
+        name bash cannot export is refused 400.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "export OLD=before", language="bash")
+        value = "a'b\"c $(touch pwned) `touch pwned` \\ $HOME\nline two"
+        out = yield self.sdk(
+            sbx.run_code,
+            'printf \'%s|%s\\n\' "$Q" "$OLD"; sh -c \'printf "%s\\n" "$Q"\'',
+            language="bash",
+            envs={"Q": value, "OLD": "during"},
+        )
+        self.assertIsNone(out.error)
+        self.assertEqual("".join(out.logs.stdout), f"{value}|during\n{value}\n")
+        after = yield self.sdk(
+            sbx.run_code,
+            'echo "[${Q-unset}]"; sh -c \'echo "$OLD"\'',
+            language="bash",
+        )
+        self.assertEqual("".join(after.logs.stdout), "[unset]\nbefore\n")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "pwned")))
+        refused = yield self.sdk(
+            caught,
+            lambda: sbx.run_code("true", language="bash", envs={"A-B": "x"}),
+        )
+        self.assertIn("400", str(refused))
+
+    @inlineCallbacks
+    def test_concurrent_first_calls_share_the_default(self) -> Any:
+        """
+        Six run_code(language="bash") at once, before any bash context
+        exists, all run in the one default shell: one context is made, no
+        call is refused at the identity's context quota.  A default that
+        cannot be made fails the calls waiting for it, and the next call
+        tries again.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        for _ in range(2):
+            refused = yield DeferredList(
+                [
+                    self.sdk(caught, lambda: sbx.run_code("1", language="cobol"))
+                    for _ in range(3)
+                ]
+            )
+            for _, error in refused:
+                self.assertIn("400", str(error))
+        runs = yield DeferredList(
+            [
+                self.sdk(caught, lambda: sbx.run_code("echo $$", language="bash"))
+                for _ in range(6)
+            ]
+        )
+        outs = [result for _, result in runs]
+        for out in outs:
+            self.assertNotIsInstance(out, Exception)
+            self.assertIsNone(out.error)
+        self.assertEqual(len({"".join(out.logs.stdout) for out in outs}), 1)
+        listed = yield self.sdk(sbx.list_code_contexts)
+        self.assertEqual([c.language for c in listed], ["bash"])
+
+
+class SpilledDisplayTests(E2BCase):
+    """A display item over ``max_display_bytes`` through the E2B door."""
+
+    policy = code_policy(limits={"max_display_bytes": 2000})
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_ref_served_on_the_e2b_port(self) -> Any:
+        """
+        A spilled item comes in the result's ``extra.sandboxd_refs``, and its
+        URL is served on the E2B port (all an E2B client has), the bytes its
+        ref describes: the decoded PNG, the text.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        out = yield self.sdk(
+            sbx.run_code,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\n"
+            "display('x' * 3000)",
+        )
+        self.assertIsNone(out.error)
+        refs = [ref for r in out.results for ref in r.extra["sandboxd_refs"]]
+        self.assertEqual(
+            sorted(ref["mime"] for ref in refs), ["image/png", "text/plain"]
+        )
+        for ref in refs:
+            url = self.e2b_url + ref["url"]
+            body = yield self.sdk(lambda u=url: urllib.request.urlopen(u).read())
+            self.assertEqual(
+                (len(body), hashlib.sha256(body).hexdigest()),
+                (ref["bytes"], ref["sha256"]),
+            )
+            if ref["mime"] == "image/png":
+                self.assertTrue(body.startswith(b"\x89PNG"))
+
+
+class DeadDefaultTests(E2BCase):
+    """``params.auto_restart: false``: a default context whose kernel dies."""
+
+    policy = code_policy(params={"auto_restart": False})
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        if shutil.which("bash") is None:
+            raise SkipTest("bash is not installed")
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_dead_default_restarted(self) -> Any:
+        """
+        Each time the default's kernel dies, the next run_code restarts it:
+        the same context, its state new, and no dead context left holding
+        one of the identity's slots (five deaths, four slots).
+        """
+        from e2b_code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "NAME=ada", language="bash")
+        listed = yield self.sdk(sbx.list_code_contexts)
+        ids = [c.id for c in listed]
+        self.assertEqual(len(ids), 1)
+        for _ in range(5):
+            died = yield self.sdk(sbx.run_code, "kill -9 $PPID", language="bash")
+            self.assertEqual(died.error.name, "ContextRestarting")
+            out = yield self.sdk(sbx.run_code, 'echo "[$NAME]"', language="bash")
+            self.assertEqual(out.logs.stdout, ["[]\n"])
+            listed = yield self.sdk(sbx.list_code_contexts)
+            self.assertEqual([c.id for c in listed], ids)
 
 
 class TokenModeTests(CodeInterpreterTests):

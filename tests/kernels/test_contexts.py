@@ -7,6 +7,7 @@ results, errors, interrupts, restarts, deaths, ownership and bounds.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import os
 import signal
@@ -857,6 +858,33 @@ class BoundsTests(CodeTestCase):
         self.assertFalse(os.path.exists(spill_dir))
 
     @inlineCallbacks
+    def test_display_ref_describes_its_download(self) -> Any:
+        """
+        A spilled image's ref gives the size and sha256 of the bytes its
+        URL serves (the decoded PNG), so a client can check its download;
+        a spilled text's, of the text's UTF-8.
+        """
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\n"
+            "display('\u00e9' * 3000)",
+        )
+        refs = [ref for r in result["results"] for ref in r.get("refs") or []]
+        self.assertEqual(
+            sorted(ref["mime"] for ref in refs), ["image/png", "text/plain"]
+        )
+        for ref in refs:
+            raw = yield self.request("GET", ref["url"])
+            self.assertEqual(raw.status, 200)
+            self.assertEqual(
+                (len(raw.body), hashlib.sha256(raw.body).hexdigest()),
+                (ref["bytes"], ref["sha256"]),
+            )
+            if ref["mime"] == "image/png":
+                self.assertTrue(raw.body.startswith(b"\x89PNG"))
+
+    @inlineCallbacks
     def test_display_spill_refused_by_the_disk(self) -> Any:
         """
         A display value over max_display_bytes that the disk cannot take
@@ -905,7 +933,6 @@ class BoundsTests(CodeTestCase):
     @inlineCallbacks
     def test_audit_line(self) -> Any:
         """code_execute's audit line has the code's sha256 and head, never its output."""
-        import hashlib
         import json
 
         ctx = yield self.context()

@@ -168,7 +168,7 @@ SCHEMAS: dict[str, Schema] = {
                 default=True,
             ),
             F("on_disconnect", enum=("continue", "interrupt"), default="continue"),
-            F("env", "object", "set for this execution only (python kernels)"),
+            F("env", "object", "set for this execution only (python and bash kernels)"),
             F(
                 "allow_stdin",
                 "boolean",
