@@ -947,14 +947,6 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
     """Cancel a queued or running response; answered once it has ended."""
     response = owned_response(request, request.path_params["response_id"])
     turn = response.turn
-    if response.paused_at is not None and not turn.ended:
-        # Completed with its approval requests: its turn goes on in the
-        # response that answers them, the one to cancel then.
-        raise bad_request(
-            "the response is completed: it asks for approvals; answer them "
-            "(approve or deny) with a new response, or delete it to end its turn",
-            param="response_id",
-        )
     if turn.ended:
         raise bad_request(
             f"the response is {response.describe()['status']}; only a queued or "

@@ -226,41 +226,6 @@ class ResponseApprovalTests(OpenAICase):
             self.assertEqual(f.read(), "old\n")
 
     @inlineCallbacks
-    def test_cancel_refused_while_asking(self) -> Any:
-        """
-        A response that asks for approval is completed: its cancel is a
-        400 that says how to go on, and leaves the turn to its answer.
-        """
-        path = self.notes()
-        client = self.client()
-
-        def run() -> Any:
-            asked = client.responses.create(model="fake", input=f"edit {path} new text")
-            [request] = [i for i in asked.output if i.type == "mcp_approval_request"]
-            refused = caught(lambda: client.responses.cancel(asked.id))
-            done = client.responses.create(
-                model="fake",
-                previous_response_id=asked.id,
-                input=[
-                    {
-                        "type": "mcp_approval_response",
-                        "approval_request_id": request.id,
-                        "approve": True,
-                    }
-                ],
-            )
-            return refused, done
-
-        refused, done = yield self.sdk(run)
-        self.assertEqual(
-            (refused.status_code, refused.body["param"]), (400, "response_id")
-        )
-        self.assertIn("asks for approvals", refused.body["message"])
-        self.assertEqual(done.output_text, "edited notes.txt (allow)")
-        with open(path) as f:
-            self.assertEqual(f.read(), "new text")
-
-    @inlineCallbacks
     def test_approve_with_the_stream_helper(self) -> Any:
         """
         The SDK's ``responses.stream`` helper answers the approval: the call
