@@ -781,9 +781,17 @@ class SessionFace:
         self._delta(turn, item, item["_stream"].flush())
         turn.settle()
         item["status"] = "incomplete" if cut or item.get("_cut") else "completed"
-        common = self._item_ref(turn, item)
         if item["type"] == "message":
             item["phase"] = phase
+        self._emit_closed(turn, item)
+
+    def _emit_closed(self, turn: WireTurn, item: dict[str, Any]) -> None:
+        """
+        The events that end ``item``: a message's or a thought's text and
+        part, then the item itself (a tool call's: the item alone).
+        """
+        common = self._item_ref(turn, item)
+        if item["type"] == "message":
             part = item["content"][0]
             self._emit(
                 "agent.session.turn.output_text.done",
@@ -797,7 +805,7 @@ class SessionFace:
                 part=dict(part),
                 **common,
             )
-        else:
+        elif item["type"] == "reasoning":
             part = item["summary"][0]
             self._emit(
                 "agent.session.turn.reasoning_summary_text.done",
@@ -1122,7 +1130,10 @@ class SessionFace:
             turn.error = {"code": "sandbox_error", "message": message}
             for item in turn.items:
                 if item.get("status") == "in_progress":
+                    # Ended as a running turn's items end, so a client
+                    # following the turn sees each one close.
                     item["status"] = "incomplete"
+                    self._emit_closed(turn, item)
             self._finish(turn, "failed", turn.usage)
         self.last_active_at = max(
             [self.last_active_at, *(t.completed_at or 0 for t in self.turns.values())]

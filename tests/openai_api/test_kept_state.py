@@ -63,6 +63,7 @@ class KeptResponsesTests(RestartCase):
             got = again.responses.retrieve(done.id)
             items = list(again.responses.input_items.list(done.id))
             lost = again.responses.retrieve(cut.id)
+            replayed = [e.type for e in again.responses.retrieve(cut.id, stream=True)]
             hidden = caught(lambda: other.responses.retrieve(done.id))
             hidden_items = caught(lambda: other.responses.input_items.list(done.id))
             refused = caught(
@@ -73,14 +74,33 @@ class KeptResponsesTests(RestartCase):
             follow = again.responses.create(
                 model="fake", input="echo and on", previous_response_id=done.id
             )
-            return got, items, lost, hidden, hidden_items, refused, follow
+            return got, items, lost, replayed, hidden, hidden_items, refused, follow
 
-        got, items, lost, hidden, hidden_items, refused, follow = yield self.sdk(after)
+        (
+            got,
+            items,
+            lost,
+            replayed,
+            hidden,
+            hidden_items,
+            refused,
+            follow,
+        ) = yield self.sdk(after)
         self.assertEqual((got.status, got.output_text), ("completed", "kept across"))
         self.assertEqual([i.content[0].text for i in items], ["echo kept across"])
         self.assertEqual(lost.status, "failed")
         self.assertIn("daemon stopped", lost.error.message)
         self.assertEqual([o.status for o in lost.output], ["incomplete"])
+        # Followed again, the cut turn's message is closed before it fails.
+        self.assertEqual(
+            replayed[replayed.index("response.output_text.delta") + 1 :],
+            [
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.failed",
+            ],
+        )
         for refusal in (hidden, hidden_items, refused):
             self.assertEqual(refusal.status_code, 404)
         self.assertEqual(follow.status, "completed")
