@@ -29,20 +29,33 @@ from tests.kernels.test_contexts import (
 # the start, and the SDK call that waits for it, a kernel start's room.
 
 
-class CodeInterpreterTests(E2BCase):
-    """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
+class InterpreterCase(E2BCase):
+    """
+    A daemon with the code group on, for the ``e2b_code_interpreter`` SDK;
+    the kernel the cases run is checked for first (skipped, saying why).
+    """
 
-    policy = {"groups": {"code": True}, **KERNEL_START}
+    policy: dict[str, Any] = {"groups": {"code": True}, **KERNEL_START}
     call_seconds = KERNEL_CALL_SECONDS
     timeout = KERNEL_CASE_SECONDS
+    #: The cases' kernel: ``python`` (ipykernel) or ``bash`` (built in).
+    kernel = "python"
 
     def setUp(self) -> Any:
-        need_ipykernel()
+        if self.kernel == "bash":
+            if shutil.which("bash") is None:
+                raise SkipTest("bash is not installed")
+        else:
+            need_ipykernel()
         try:
             import e2b_code_interpreter  # noqa: F401
         except ImportError:
             raise SkipTest("e2b-code-interpreter is not installed") from None
         return super().setUp()
+
+
+class CodeInterpreterTests(InterpreterCase):
+    """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
 
     def code_sandbox(self, token: str | None = None, traffic: str | None = None) -> Any:
         """``e2b_code_interpreter.Sandbox`` in debug mode, pointed at the door."""
@@ -168,24 +181,13 @@ class CodeInterpreterTests(E2BCase):
         self.assertEqual(after.logs.stdout, ["None\n"])
 
 
-class BashTests(E2BCase):
+class BashTests(InterpreterCase):
     """
     ``run_code(..., language="bash")``: the built-in bash kernel, no
     ipykernel or bash kernel installed, its shell's state kept across calls.
     """
 
-    policy = {"groups": {"code": True}, **KERNEL_START}
-    call_seconds = KERNEL_CALL_SECONDS
-    timeout = KERNEL_CASE_SECONDS
-
-    def setUp(self) -> Any:
-        if shutil.which("bash") is None:
-            raise SkipTest("bash is not installed")
-        try:
-            import e2b_code_interpreter  # noqa: F401
-        except ImportError:
-            raise SkipTest("e2b-code-interpreter is not installed") from None
-        return super().setUp()
+    kernel = "bash"
 
     @inlineCallbacks
     def test_bash_state_and_errors(self) -> Any:
@@ -285,20 +287,10 @@ class BashTests(E2BCase):
         self.assertEqual([c.language for c in listed], ["bash"])
 
 
-class SpilledDisplayTests(E2BCase):
+class SpilledDisplayTests(InterpreterCase):
     """A display item over ``max_display_bytes`` through the E2B door."""
 
     policy = code_policy(limits={"max_display_bytes": 2000})
-    call_seconds = KERNEL_CALL_SECONDS
-    timeout = KERNEL_CASE_SECONDS
-
-    def setUp(self) -> Any:
-        need_ipykernel()
-        try:
-            import e2b_code_interpreter  # noqa: F401
-        except ImportError:
-            raise SkipTest("e2b-code-interpreter is not installed") from None
-        return super().setUp()
 
     @inlineCallbacks
     def test_ref_served_on_the_e2b_port(self) -> Any:
@@ -331,21 +323,11 @@ class SpilledDisplayTests(E2BCase):
                 self.assertTrue(body.startswith(b"\x89PNG"))
 
 
-class DeadDefaultTests(E2BCase):
+class DeadDefaultTests(InterpreterCase):
     """``params.auto_restart: false``: a default context whose kernel dies."""
 
     policy = code_policy(params={"auto_restart": False})
-    call_seconds = KERNEL_CALL_SECONDS
-    timeout = KERNEL_CASE_SECONDS
-
-    def setUp(self) -> Any:
-        if shutil.which("bash") is None:
-            raise SkipTest("bash is not installed")
-        try:
-            import e2b_code_interpreter  # noqa: F401
-        except ImportError:
-            raise SkipTest("e2b-code-interpreter is not installed") from None
-        return super().setUp()
+    kernel = "bash"
 
     @inlineCallbacks
     def test_dead_default_restarted(self) -> Any:

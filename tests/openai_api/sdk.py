@@ -41,6 +41,15 @@ def openai_policy(**rule: Any) -> dict[str, Any]:
     return policy
 
 
+def approval_response(request_id: str, approve: bool) -> dict[str, Any]:
+    """An ``mcp_approval_response`` input item answering ``request_id``."""
+    return {
+        "type": "mcp_approval_response",
+        "approval_request_id": request_id,
+        "approve": approve,
+    }
+
+
 def caught(fn: Callable[[], Any]) -> Any:
     """``fn()``'s result, or the exception it raised."""
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.openai_api.sdk import OpenAICase, approval_response, caught, openai_policy
 
 
 class ApprovalTests(OpenAICase):
@@ -152,13 +152,7 @@ class ResponseApprovalTests(OpenAICase):
             done = client.responses.create(
                 model="fake",
                 previous_response_id=asked.id,
-                input=[
-                    {
-                        "type": "mcp_approval_response",
-                        "approval_request_id": request.id,
-                        "approve": True,
-                    }
-                ],
+                input=[approval_response(request.id, True)],
             )
             return asked, request, done, client.responses.retrieve(asked.id)
 
@@ -197,13 +191,7 @@ class ResponseApprovalTests(OpenAICase):
             with client.responses.create(
                 model="fake",
                 previous_response_id=first[-1].response.id,
-                input=[
-                    {
-                        "type": "mcp_approval_response",
-                        "approval_request_id": request.id,
-                        "approve": False,
-                    }
-                ],
+                input=[approval_response(request.id, False)],
                 stream=True,
             ) as stream:
                 second = list(stream)
@@ -240,13 +228,7 @@ class ResponseApprovalTests(OpenAICase):
             with client.responses.stream(
                 model="fake",
                 previous_response_id=asked.id,
-                input=[
-                    {
-                        "type": "mcp_approval_response",
-                        "approval_request_id": request.id,
-                        "approve": True,
-                    }
-                ],
+                input=[approval_response(request.id, True)],
             ) as stream:
                 events = list(stream)
                 return events, stream.get_final_response()
@@ -276,13 +258,7 @@ class ResponseApprovalTests(OpenAICase):
                 return caught(
                     lambda: client.responses.create(
                         model="fake",
-                        input=[
-                            {
-                                "type": "mcp_approval_response",
-                                "approval_request_id": request_id,
-                                "approve": True,
-                            }
-                        ],
+                        input=[approval_response(request_id, True)],
                         **extra,
                     )
                 )

@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.responses_socket import Lane
-from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.openai_api.sdk import OpenAICase, approval_response, caught, openai_policy
 from tests.openai_api.test_restart import RestartCase
 
 #: The handshake headers of a WebSocket client, for raw requests.
@@ -283,13 +283,7 @@ class ConnectTests(SocketCase):
                         "type": "response.create",
                         "model": "fake",
                         "previous_response_id": asked.id,
-                        "input": [
-                            {
-                                "type": "mcp_approval_response",
-                                "approval_request_id": request.id,
-                                "approve": True,
-                            }
-                        ],
+                        "input": [approval_response(request.id, True)],
                     }
                 )
                 done = until_end(connection)[-1].response
@@ -448,13 +442,7 @@ class ConnectTests(SocketCase):
                         "type": "response.create",
                         "model": "fake",
                         "previous_response_id": asked.response.id,
-                        "input": [
-                            {
-                                "type": "mcp_approval_response",
-                                "approval_request_id": request.id,
-                                "approve": True,
-                            }
-                        ],
+                        "input": [approval_response(request.id, True)],
                     }
                 )
                 answered = until_end(connection)
@@ -531,13 +519,7 @@ class ConnectTests(SocketCase):
                     {
                         "type": "response.steer",
                         "previous_response_id": first.response.id,
-                        "input": [
-                            {
-                                "type": "mcp_approval_response",
-                                "approval_request_id": "x",
-                                "approve": True,
-                            }
-                        ],
+                        "input": [approval_response("x", True)],
                     }
                 )
                 refused = None

@@ -127,6 +127,19 @@ def screen_text(page: Any) -> str:
     )
 
 
+def followed_to_its_end(page: Any, url: str, pid: int) -> str:
+    """The Processes page's output of ``pid``, followed until it exited."""
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=true]")
+    page.click("[data-testid=nav-processes]")
+    page.click(f"[data-testid=process-entry][data-pid='{pid}']")
+    wait_true(
+        page,
+        "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
+    )
+    return str(page.text_content("[data-testid=process-output]"))
+
+
 def wait_true(page: Any, expression: str, timeout: float = 10.0) -> None:
     """
     Poll ``expression`` in the page until it is true.  (Playwright's
@@ -847,15 +860,7 @@ class ProcessTests(ConsoleCase):
         url = yield self.link()
 
         def steps(page: Any, seen: dict[str, Any]) -> None:
-            page.goto(url)
-            page.wait_for_selector("body[data-ready=true]")
-            page.click("[data-testid=nav-processes]")
-            page.click(f"[data-testid=process-entry][data-pid='{pid}']")
-            wait_true(
-                page,
-                "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
-            )
-            seen["output"] = page.text_content("[data-testid=process-output]")
+            seen["output"] = followed_to_its_end(page, url, pid)
             page.screenshot(path=os.path.join(SHOTS, "processes.png"))
             page.click("[data-testid=nav-ports]")
             page.wait_for_selector("[data-testid=port-entry]")
@@ -895,15 +900,7 @@ class ProcessOutputTests(ConsoleCase):
         url = yield self.link()
 
         def steps(page: Any, seen: dict[str, Any]) -> None:
-            page.goto(url)
-            page.wait_for_selector("body[data-ready=true]")
-            page.click("[data-testid=nav-processes]")
-            page.click(f"[data-testid=process-entry][data-pid='{pid}']")
-            wait_true(
-                page,
-                "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
-            )
-            seen["output"] = page.text_content("[data-testid=process-output]")
+            seen["output"] = followed_to_its_end(page, url, pid)
             page.screenshot(path=os.path.join(SHOTS, "process-colours.png"))
 
         seen = yield self.browse(steps)
