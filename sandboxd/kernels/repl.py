@@ -205,7 +205,7 @@ class Repl:
         value: Any = None
         failure: tuple[Any, BaseException, Any] | None = None
         try:
-            value = self._run(str(command.get("code", "")))
+            value = self._run(str(command.get("code", "")), silent)
         except KeyboardInterrupt:
             failure = (KeyboardInterrupt, KeyboardInterrupt(), None)
         except BaseException as e:  # the user's code raised: reported, not fatal
@@ -238,11 +238,13 @@ class Repl:
         for pump in self.pumps:
             pump.xid = None
 
-    def _run(self, code: str) -> Any:
+    def _run(self, code: str, silent: bool) -> Any:
         # A name of its own per cell, its source in linecache: tracebacks
-        # show the lines, as IPython's do.
+        # show the lines, as IPython's do, and a user's cell is named by its
+        # execution count (the daemon's own silent cells, an execution's
+        # env set and put back, are not counted).
         self.cells += 1
-        name = f"<cell-{self.cells}>"
+        name = f"<silent-{self.cells}>" if silent else f"<cell-{self.count}>"
         # Lines as the compiler numbers them (LF, CRLF, CR): splitlines
         # would also end one at a form feed or U+2028 and shift the rest.
         lines = io.StringIO(code, newline="").readlines()

@@ -48,6 +48,24 @@ class BuiltinKernelTests(CodeTestCase):
         self.assertEqual(sub["stdout"], "from a child\n")
 
     @inlineCallbacks
+    def test_traceback_names_the_execution(self) -> Any:
+        """
+        A traceback names the cell by its ``execution_count``, however many
+        executions before it set their own env (the daemon's own silent
+        cells, which are not counted).
+        """
+        ctx = yield self.context(kernel="sandboxd-python")
+        for _ in range(3):
+            yield self.execute(ctx["id"], "x = 1", env={"GREETING": "hi"})
+        failed = yield self.execute(ctx["id"], "def f():\n    1/0\nf()")
+        count = failed["execution_count"]
+        self.assertEqual(count, 4)
+        trace = "\n".join(failed["error"]["traceback"])
+        self.assertIn(f'File "<cell-{count}>", line 3', trace)
+        self.assertIn(f'File "<cell-{count}>", line 2, in f', trace)
+        self.assertIn("    1/0", trace)
+
+    @inlineCallbacks
     def test_output_before_value_and_error(self) -> Any:
         """What a cell prints is logged before its value, and before its error, as Jupyter orders them."""
         ctx = yield self.context(kernel="sandboxd-python")
