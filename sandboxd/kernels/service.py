@@ -55,7 +55,7 @@ class CodeService(Service):
         #: none to leave behind).
         self.spill_dir: str | None = None
         #: oid -> (context id, path, mime, bytes)
-        self.outputs: dict[str, tuple[str, str, str, int]] = {}
+        self.outputs: dict[str, tuple[str, str, str, int, str]] = {}
         self.spilled_bytes = 0
         #: (identity id, language) -> the context E2B's ``/execute`` uses
         #: when it names none (made on first use).
@@ -182,7 +182,7 @@ class CodeService(Service):
     def remove(self, ctx: CodeContext) -> Deferred[None]:
         """Close ``ctx`` and forget it (and its spilled outputs)."""
         self.contexts.pop(ctx.id, None)
-        for oid, (cid, path, _, size) in list(self.outputs.items()):
+        for oid, (cid, path, _, size, _) in list(self.outputs.items()):
             if cid == ctx.id:
                 self._drop_output(oid, path, size)
         return ctx.close()
@@ -238,7 +238,7 @@ class CodeService(Service):
                 spilled = self._spill(served)
             if spilled is not None:
                 oid, path = spilled
-                self.outputs[oid] = (ctx.id, path, mime, len(served))
+                self.outputs[oid] = (ctx.id, path, mime, len(served), ref["sha256"])
                 self.spilled_bytes += len(served)
                 ref["oid"] = oid
                 ref["url"] = f"/code/contexts/{ctx.id}/outputs/{oid}"
@@ -277,12 +277,12 @@ class CodeService(Service):
             return None
         return oid, path
 
-    def output(self, ctx: CodeContext, oid: str) -> tuple[str, str, int]:
-        """``(path, mime, bytes)`` of a spilled item of ``ctx``."""
+    def output(self, ctx: CodeContext, oid: str) -> tuple[str, str, int, str]:
+        """``(path, mime, bytes, sha256)`` of a spilled item of ``ctx``."""
         entry = self.outputs.get(oid)
         if entry is None or entry[0] != ctx.id:
             raise not_found(f"no output {oid!r} in {ctx.id}")
-        return entry[1], entry[2], entry[3]
+        return entry[1], entry[2], entry[3], entry[4]
 
     def _drop_output(self, oid: str, path: str, size: int) -> None:
         self.outputs.pop(oid, None)

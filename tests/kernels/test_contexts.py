@@ -881,6 +881,7 @@ class BoundsTests(CodeTestCase):
                 (len(raw.body), hashlib.sha256(raw.body).hexdigest()),
                 (ref["bytes"], ref["sha256"]),
             )
+            self.assertEqual(raw.header("etag"), f'"{ref["sha256"][:32]}"')
             if ref["mime"] == "image/png":
                 self.assertTrue(raw.body.startswith(b"\x89PNG"))
 
