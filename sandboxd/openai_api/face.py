@@ -901,7 +901,7 @@ class SessionFace:
         turn = self.current
         if turn is None:
             return
-        text = self.redactor.redact(_content_text(content))
+        text = _kept(self.redactor.redact(_content_text(content)))
         item["status"] = "completed" if status == "completed" else "failed"
         if item["type"] == "command_execution":
             item["output"] = text
@@ -1194,6 +1194,18 @@ def _gone(face: SessionFace) -> None:
 def _public(item: dict[str, Any]) -> dict[str, Any]:
     """An item without the face's own bookkeeping keys."""
     return {k: v for k, v in item.items() if not k.startswith("_")}
+
+
+def _kept(text: str) -> str:
+    """
+    At most :data:`OPENAI_ITEM_OUTPUT_CHARS` of a tool's output: its end,
+    after a line that says how much went.  The turn's items hold every
+    call's output for as long as the session is kept.
+    """
+    limit = defaults.OPENAI_ITEM_OUTPUT_CHARS
+    if len(text) <= limit:
+        return text
+    return f"[{len(text) - limit} characters not kept]\n" + text[-limit:]
 
 
 def _content_text(content: Any) -> str:

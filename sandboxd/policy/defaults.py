@@ -295,6 +295,9 @@ KILL_GRACE_SECONDS = 5.0
 # many sessions are kept, how much of each (its events' tail, then the
 # whole file), and how soon a change is written after it happens.
 OPENAI_STATE_SESSIONS = 100
+#: A tool call's output (or error) a ``/v1`` item keeps, in characters: its
+#: end, which says how it ended (an agent may send a whole file as one).
+OPENAI_ITEM_OUTPUT_CHARS = 1 * MIB
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
 OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0

@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace, WireTurn
+from sandboxd.policy import defaults
 from sandboxd.policy.defaults import OPENAI_IDEMPOTENCY_SECONDS
 from sandboxd.policy.rules import Limits
 from tests.agents.test_heldrequests import running_session
@@ -180,3 +181,25 @@ class StreamedTextTests(SynchronousTestCase):
             if e.event.endswith("output_text.delta") and e.data["item_id"] == cut["id"]
         ]
         self.assertEqual("".join(deltas), "abcd" * 25)
+
+    def test_tool_output_kept_to_its_end(self) -> None:
+        """
+        A tool call's output over the bound is kept by its end, after a line
+        saying how much went; one within it is kept whole.
+        """
+        self.patch(defaults, "OPENAI_ITEM_OUTPUT_CHARS", 100)
+        for call, text in (("t1", "a" * 50 + "b" * 100), ("t2", "short")):
+            self.engine.emit("tool_call", tool_call_id=call, kind="read", title=call)
+            self.engine.emit(
+                "tool_call.update",
+                tool_call_id=call,
+                status="completed",
+                delta={
+                    "content": [
+                        {"type": "content", "content": {"type": "text", "text": text}}
+                    ]
+                },
+            )
+        long, short = self.turn.items
+        self.assertEqual(long["output"], "[50 characters not kept]\n" + "b" * 100)
+        self.assertEqual(short["output"], "short")
