@@ -18,6 +18,7 @@ a hidden name (``O_EXCL | O_NOFOLLOW``) for the whole write.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -161,6 +162,12 @@ def parse_mode(raw: Any) -> int | None:
         raise bad_request("'mode' must be within 000..777")
     return mode
 
+
+#: Held by a conditional write (``If-Match``; an edit, over what it read)
+#: from its check of the target to its rename: writes commit on the pool's
+#: threads, and two of them could otherwise both find the version they
+#: expect and both replace it, the first one's change lost though answered.
+_CHECK_AND_REPLACE = threading.Lock()
 
 #: The daemon's own temporary names (see :func:`temporary_name`); a watch
 #: never shows them (SPEC §9: an upload is one ``created`` or ``modified``).
@@ -338,24 +345,30 @@ class AtomicWrite:
             whose larger change fails later can put it back.  Where the
             file system cannot swap, the old file is replaced as usual.
         """
+        conditional = (
+            _CHECK_AND_REPLACE
+            if self.if_match is not None
+            else contextlib.nullcontext()
+        )
         try:
-            self._check_target()
-            st = os.fstat(self.fd)
-            dfd = self.location.dir_fd
-            if not self.overwrite:
-                # link() refuses an existing name: no window for a racing writer.
-                self._link_as(self.location.name)
-            elif not self.named:
-                name_file(self.fd, dfd, self.tmp_name)
-                self.named = True
-            self._close()
-            if self.overwrite:
-                try:
-                    self._replace(keep_old)
-                except OSError as e:
-                    if e.errno != errno.EBUSY:
-                        raise
-                    st = self._in_place(keep_old)
+            with conditional:
+                self._check_target()
+                st = os.fstat(self.fd)
+                dfd = self.location.dir_fd
+                if not self.overwrite:
+                    # link() refuses an existing name: no window for a racing writer.
+                    self._link_as(self.location.name)
+                elif not self.named:
+                    name_file(self.fd, dfd, self.tmp_name)
+                    self.named = True
+                self._close()
+                if self.overwrite:
+                    try:
+                        self._replace(keep_old)
+                    except OSError as e:
+                        if e.errno != errno.EBUSY:
+                            raise
+                        st = self._in_place(keep_old)
             self.tmp_name = ""
             _UNFINISHED.discard(self)
         except FileExistsError:

@@ -9,7 +9,7 @@ import os
 import stat
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
 
 from tests.routes.test_files import FilesCase
 
@@ -158,6 +158,26 @@ class EditTests(FilesCase):
         read = yield self.get("/download", "app.py")
         reply = yield self.edit(dict(edit, if_match=read.json()["etag"]))
         self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_concurrent_edits(self) -> Any:
+        """
+        Edits sent at once, none naming an ETag: each lands or is 412 (the
+        file changed since it read it); none answered 200 is lost.
+        """
+        self.put("race.txt", b"")
+        replies = yield gatherResults(
+            [
+                self.edit({"path": "race.txt", "insert_line": 0, "new_text": f"L{i}\n"})
+                for i in range(30)
+            ]
+        )
+        landed = {f"L{i}" for i, r in enumerate(replies) if r.status == 200}
+        self.assertEqual(
+            {r.status for r in replies} - {200, 412}, set(), [r.body for r in replies]
+        )
+        self.assertTrue(landed)
+        self.assertEqual(set(self.read("race.txt").decode().splitlines()), landed)
 
     @inlineCallbacks
     def test_bad_input(self) -> Any:
