@@ -35,7 +35,7 @@ from sandboxd.errors import (
     payload_too_large,
 )
 from sandboxd.files.atomic import AtomicWrite, Undo
-from sandboxd.files.walk import visible, walk
+from sandboxd.files.walk import display_name, visible, walk
 from sandboxd.policy.defaults import ARCHIVE_MAX_NAME_BYTES, WALK_DEPTH
 
 FORMATS = ("tar.gz", "zip")
@@ -231,6 +231,10 @@ def _add(
     buffer: io.BytesIO,
 ) -> None:
     mode = stat.S_IMODE(st.st_mode)
+    if fmt == "zip":
+        # A zip names its members in UTF-8 (or CP437), never in raw bytes:
+        # a name that is not UTF-8 is stored as files_list shows it.
+        name = display_name(name)
     if stat.S_ISLNK(st.st_mode):
         try:
             link = os.readlink(path)
@@ -240,7 +244,7 @@ def _add(
         if fmt == "zip":
             info = zipfile.ZipInfo(name)
             info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            writer.writestr(info, link)
+            writer.writestr(info, os.fsencode(link))
         else:
             ti = tarfile.TarInfo(name)
             ti.type = tarfile.SYMTYPE

@@ -881,6 +881,37 @@ class SeedFormTests(FilesCase):
                 names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
             self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
 
+    @inlineCallbacks
+    def test_archive_names_not_utf8(self) -> Any:
+        """
+        A name that is not UTF-8 is stored: in a tar as its bytes, in a zip
+        (whose names are UTF-8) as files_list shows it; a link's target too.
+        """
+        folder = os.path.join(self.base_dir, "odd")
+        os.makedirs(folder)
+        with open(os.path.join(os.fsencode(folder), b"bad\xffname"), "wb") as f:
+            f.write(b"data")
+        os.symlink(b"bad\xffname", os.path.join(os.fsencode(folder), b"link\xfe"))
+        for fmt in ("tar.gz", "zip"):
+            reply = yield self.request(
+                "POST", "/files/archive", {"paths": ["odd"], "format": fmt}
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            data = base64.b64decode(reply.json()["content_base64"])
+            if fmt == "zip":
+                archive = zipfile.ZipFile(io.BytesIO(data))
+                self.assertEqual(
+                    sorted(archive.namelist()), ["odd/bad\\xffname", "odd/link\\xfe"]
+                )
+                self.assertEqual(archive.read("odd/bad\\xffname"), b"data")
+                self.assertEqual(archive.read("odd/link\\xfe"), b"bad\xffname")
+            else:
+                members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+                self.assertEqual(
+                    sorted(os.fsencode(m.name) for m in members),
+                    [b"odd/bad\xffname", b"odd/link\xfe"],
+                )
+
 
 class _CountingTransport(StringTransport):
     """A connection that counts the writes it is handed."""

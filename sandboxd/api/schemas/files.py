@@ -492,7 +492,9 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Members are stored relative to base_dir; symlinks are stored as links, "
-        "never followed out of the boundary.",
+        "never followed out of the boundary. A name that is not UTF-8 is kept as its "
+        "bytes in a tar; a zip names members in UTF-8, so there it is stored as "
+        "files_list shows it (each such byte as \\xNN).",
     ),
     "files_extract": Schema(
         body=(
