@@ -411,6 +411,11 @@ def output_end(event: PtyEvent, current: int | None) -> int | None:
     """The output offset after ``event`` (bytes of output seen)."""
     if event.kind != "output":
         return current
+    end = event.raw.get("end")
+    if isinstance(end, int) and not isinstance(end, bool):
+        # The daemon's own count: output that was not UTF-8 arrived as
+        # U+FFFD, whose length is not the bytes it stands for.
+        return end
     size = len(event.data.encode("utf-8", "surrogatepass"))
     start = event.offset if event.offset is not None else (current or 0)
     return start + size

@@ -109,10 +109,15 @@ def _nothing_queued(transport: Any) -> bool:
         return False
 
 
-def output_frame(text: str, offset: int) -> bytes:
-    """An ``{"type": "output"}`` frame: ``offset`` bytes of output came before it."""
+def output_frame(text: str, offset: int, end: int) -> bytes:
+    """
+    An ``{"type": "output"}`` frame: ``offset`` bytes of output came before
+    it, ``end`` with it.  ``end`` is where a client resumes: the text's own
+    length says less where output that is not UTF-8 became U+FFFD.
+    """
     return json.dumps(
-        {"type": "output", "data": text, "offset": offset}, ensure_ascii=False
+        {"type": "output", "data": text, "offset": offset, "end": end},
+        ensure_ascii=False,
     ).encode()
 
 
@@ -355,7 +360,7 @@ class PtySession:
         start = self.emitted
         self.emitted = self.scrollback.end - len(self._decoder.getstate()[0])
         if self.clients:
-            frame = output_frame(text, start)
+            frame = output_frame(text, start, self.emitted)
             for client in list(self.clients):
                 client.send_frame(frame)
 
@@ -387,7 +392,9 @@ class PtySession:
         client.send_frame(event_frame("started", session_id=self.id, pid=self.pid))
         begin, kept = self.scrollback.since(offset, self.emitted)
         if kept:
-            client.send_frame(output_frame(kept.decode("utf-8", "replace"), begin))
+            client.send_frame(
+                output_frame(kept.decode("utf-8", "replace"), begin, begin + len(kept))
+            )
         if self.ended:
             client.session_ended(self._exited_frame())
             return True
@@ -628,7 +635,7 @@ class PtySession:
             self.exit_code = exit_code(reason)
         tail = self._decoder.decode(b"", final=True)
         if tail and self.clients:
-            frame = output_frame(tail, self.emitted)
+            frame = output_frame(tail, self.emitted, self.scrollback.end)
             for client in list(self.clients):
                 client.send_frame(frame)
         self.emitted = self.scrollback.end

@@ -101,7 +101,8 @@ class SocketTests(ProtocolCase):
         self.session.output("é".encode())
         pump.flush()
         self.assertEqual(
-            client.received[-1], {"type": "output", "data": "é", "offset": 0}
+            client.received[-1],
+            {"type": "output", "data": "é", "offset": 0, "end": 2},
         )
         self.assertIsNone(client.close_code)
 

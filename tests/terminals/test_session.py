@@ -163,10 +163,12 @@ class OutputTests(SynchronousTestCase):
             {"type": "event", "event": "started", "session_id": "s1", "pid": 42},
         )
         self.assertEqual(
-            client.frames[1], {"type": "output", "data": "before ", "offset": 0}
+            client.frames[1],
+            {"type": "output", "data": "before ", "offset": 0, "end": 7},
         )
         self.assertEqual(
-            client.frames[2], {"type": "output", "data": "after", "offset": 7}
+            client.frames[2],
+            {"type": "output", "data": "after", "offset": 7, "end": 12},
         )
 
     def test_reconnect_with_offset(self) -> None:
@@ -176,8 +178,26 @@ class OutputTests(SynchronousTestCase):
         client = FakeClient()
         session.attach(client, offset=4)
         self.assertEqual(
-            client.frames[1], {"type": "output", "data": "two three", "offset": 4}
+            client.frames[1],
+            {"type": "output", "data": "two three", "offset": 4, "end": 13},
         )
+
+    def test_resume_after_output_not_utf8(self) -> None:
+        """
+        A frame's ``end`` counts the bytes, not the text that stands for
+        them: resumed from it after output that is not UTF-8 (two bytes, two
+        U+FFFD, six bytes as text), nothing that followed is skipped.
+        """
+        session, _, _ = make_session()
+        first = FakeClient()
+        session.attach(first)
+        session.output(b"bad\xff\xfe")
+        session.output(b"\r\nnext")
+        frame = first.frames[1]
+        self.assertEqual((frame["data"], frame["end"]), ("bad\ufffd\ufffd", 5))
+        again = FakeClient()
+        session.attach(again, offset=frame["end"])
+        self.assertEqual(again.frames[1]["data"], "\r\nnext")
 
     def test_scrollback_bounded(self) -> None:
         """Only the last 64 KiB is replayed, however much was printed."""

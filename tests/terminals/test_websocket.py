@@ -129,7 +129,7 @@ class MessageTests(ProtocolCase):
             client.received,
             [
                 {"type": "event", "event": "started", "session_id": "s1", "pid": 4242},
-                {"type": "output", "data": "hello", "offset": 0},
+                {"type": "output", "data": "hello", "offset": 0, "end": 5},
             ],
         )
 

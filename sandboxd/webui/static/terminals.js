@@ -66,17 +66,20 @@ class TerminalTab {
     if (frame.type === "output") {
       let bytes = encoder.encode(frame.data);
       const start = typeof frame.offset === "number" ? frame.offset : this.offset || 0;
+      // Where the next frame starts: the daemon says (output that was not
+      // UTF-8 arrives as U+FFFD, whose length is not the bytes it stands for).
+      const end = typeof frame.end === "number" ? frame.end : start + bytes.length;
       if (this.offset !== null && start < this.offset) {
         // Already on the screen (a replay that overlaps): write only the rest.
         const skip = this.offset - start;
         if (skip >= bytes.length) return;
         bytes = bytes.subarray(skip);
         this.term.write(bytes);
-        this.offset = start + skip + bytes.length;
+        this.offset = end;
         return;
       }
       this.term.write(bytes);
-      this.offset = start + bytes.length;
+      this.offset = end;
     } else if (frame.type === "event" && frame.event === "exited") {
       this.term.write(`\r\n[exited ${frame.exit_code}]\r\n`);
       this.page.forget(this);
