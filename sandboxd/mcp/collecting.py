@@ -12,6 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 
 #: ``(new output, bytes so far)`` for a call that asked for progress.
@@ -121,7 +122,7 @@ class CollectingChannel:
         self.events_sent += 1
         if event in ("stdout", "stderr") and isinstance(data, dict):
             line = str(data.get("data", ""))
-            if self.lines:
+            if self.lines and data.get("newline", True) is not False:
                 line += "\n"
             size = len(line.encode("utf-8"))
             self.seen += size
@@ -140,10 +141,27 @@ class CollectingChannel:
             self.gap = data
 
     def result(self) -> dict[str, Any]:
-        """The stream as one tool result."""
+        """
+        The stream as one tool result, within :data:`MCP_RESULT_JSON_BYTES`
+        as JSON: output that would take it past is cut (its start kept) and
+        the result says ``truncated``.
+        """
+        stdout = "".join(self.output["stdout"])
+        stderr = "".join(self.output["stderr"])
+        while True:
+            answer = self._answer(stdout, stderr)
+            if (stdout or stderr) and len(
+                json.dumps(answer)
+            ) > defaults.MCP_RESULT_JSON_BYTES:
+                self.truncated = True
+                stdout, stderr = stdout[: len(stdout) // 2], stderr[: len(stderr) // 2]
+                continue
+            return answer
+
+    def _answer(self, stdout: str, stderr: str) -> dict[str, Any]:
         structured: dict[str, Any] = {
-            "stdout": "".join(self.output["stdout"]),
-            "stderr": "".join(self.output["stderr"]),
+            "stdout": stdout,
+            "stderr": stderr,
             "exit_code": self.exit_code,
             "truncated": self.truncated,
             "event_count": self.events_sent,

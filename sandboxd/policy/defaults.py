@@ -340,6 +340,10 @@ WEBHOOK_ANSWER_BYTES = 64 * KIB
 #: MCP (SPEC §17): output of a stream kept in one tool result; the rest is
 #: counted, reported as progress, and marked ``truncated``.
 MCP_RESULT_BYTES = MIB
+#: MCP: a stream's tool result as JSON, at most (its output cut to fit): the
+#: official SDK refuses an SSE event over 1 MiB, and the result carries the
+#: output twice (as text and as ``structuredContent``), escaped.
+MCP_RESULT_JSON_BYTES = 960 * KIB
 
 #: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
 MCP_REPLAY_BYTES = MIB

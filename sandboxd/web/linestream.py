@@ -29,6 +29,14 @@ _PREFIX = {
 _SUFFIX = b'"}\n\n'
 
 
+def _line_event(line: bytes, newline: bool) -> dict[str, Any]:
+    """A ``stdout``/``stderr`` event's data: ``newline: false`` only when none ended it."""
+    data: dict[str, Any] = {"data": line.decode("utf-8", "replace")}
+    if not newline:
+        data["newline"] = False
+    return data
+
+
 def _between_characters(data: bytes, limit: int) -> int:
     """
     Where to cut ``data`` (longer than ``limit``) into a piece of at most
@@ -75,7 +83,8 @@ class LineStream:
         self._partial = {1: b"", 2: b""}
         self._live = {1: cap // 2, 2: cap // 2}
         self._tail_cap = cap - cap // 2
-        self._tail: dict[int, deque[bytes]] = {1: deque(), 2: deque()}
+        #: Lines kept for the end, each with whether a newline ended it.
+        self._tail: dict[int, deque[tuple[bytes, bool]]] = {1: deque(), 2: deque()}
         self._tail_len = {1: 0, 2: 0}
         self.dropped = {1: 0, 2: 0}
         self._pending: list[bytes] = []
@@ -113,27 +122,30 @@ class LineStream:
                     self._line(fd, line)
         while len(buf) > self.max_line:
             cut = _between_characters(buf, self.max_line)
-            self._line(fd, buf[:cut])
+            self._line(fd, buf[:cut], newline=False)
             buf = buf[cut:]
         self._partial[fd] = buf
         self._queued()
 
-    def _line(self, fd: int, line: bytes) -> None:
-        if line.endswith(b"\r"):
+    def _line(self, fd: int, line: bytes, newline: bool = True) -> None:
+        """
+        One line, or with ``newline`` false a piece of one that no newline
+        ended (of a line too long to wait for, or the output's last): its
+        event says so, for a client that puts the output back together.
+        """
+        if newline and line.endswith(b"\r"):
             line = line[:-1]
         size = len(line) + 1
         if size <= self._live[fd]:
             self._live[fd] -= size
-            self._add(
-                frame(STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")})
-            )
+            self._add(frame(STREAM_NAMES[fd], _line_event(line, newline)))
             return
         self._live[fd] = 0
         tail = self._tail[fd]
-        tail.append(line)
+        tail.append((line, newline))
         self._tail_len[fd] += size
         while self._tail_len[fd] > self._tail_cap and tail:
-            old = tail.popleft()
+            old, _ = tail.popleft()
             self._tail_len[fd] -= len(old) + 1
             self.dropped[fd] += len(old) + 1
 
@@ -190,7 +202,7 @@ class LineStream:
         """The child's pipes are closed: last partial lines, then the kept tails."""
         for fd in (1, 2):
             if self._partial[fd]:
-                self._line(fd, self._partial[fd])
+                self._line(fd, self._partial[fd], newline=False)
                 self._partial[fd] = b""
         for fd in (1, 2):
             if self.dropped[fd] or self._tail[fd]:
@@ -202,10 +214,8 @@ class LineStream:
                             "dropped_bytes": self.dropped[fd],
                         },
                     )
-                for line in self._tail[fd]:
-                    self.event(
-                        STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")}
-                    )
+                for line, newline in self._tail[fd]:
+                    self.event(STREAM_NAMES[fd], _line_event(line, newline))
                 self._tail[fd].clear()
 
     def close(self) -> None:

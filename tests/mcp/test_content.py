@@ -50,7 +50,35 @@ class OutputTests(McpTestCase):
         long, page = yield self.with_client(body)
         stdout = long.structured_content["stdout"]
         self.assertNotIn("\ufffd", stdout)
-        self.assertEqual(stdout.replace("\n", ""), "\u20ac" * (LONG_LINE_CHARS + 100))
+        # The pieces the line was sent in are joined again: the output as printed.
+        self.assertEqual(stdout, "\u20ac" * (LONG_LINE_CHARS + 100) + "\n")
         content = page.structured_content
         self.assertEqual([e["data"] for e in content["events"]], ["\U0001f600z\n"])
         self.assertEqual((content["dropped"], content["dropped_bytes"]), (False, 0))
+
+    @inlineCallbacks
+    def test_output_as_printed_and_within_the_sdk_bound(self) -> Any:
+        """
+        Output without a last newline comes back without one; output too
+        large for one message of the SDK's (1 MiB) comes back cut to fit,
+        its start kept and ``truncated`` said, rather than the SDK failing.
+        """
+
+        async def body(client: Any) -> Any:
+            bare = await client.call_tool(
+                "shell_stream", {"command": "printf 'a%.0s' $(seq 70000)"}
+            )
+            big = await client.call_tool(
+                "shell_stream",
+                {
+                    "command": "python3 -c \"print(('x' * 99 + '\\\\n') * 9000, end='')\""
+                },
+            )
+            return bare, big
+
+        bare, big = yield self.with_client(body)
+        self.assertEqual(bare.structured_content["stdout"], "a" * 70000)
+        content = big.structured_content
+        self.assertTrue(content["truncated"])
+        self.assertTrue(content["stdout"].startswith("x" * 99 + "\n"))
+        self.assertLess(len(content["stdout"]), 900_000)

@@ -443,7 +443,11 @@ class ShellStreamTests(ProcessCase):
                 ("stdout", {"data": f"out{i}"}),
                 ("stderr", {"data": f"err{i}"}),
             ]
-        expected += [("stdout", {"data": "tail"}), ("exit", {"exit_code": 0})]
+        # The last line had no newline: its event says so.
+        expected += [
+            ("stdout", {"data": "tail", "newline": False}),
+            ("exit", {"exit_code": 0}),
+        ]
         self.assertEqual(got, expected)
 
     @inlineCallbacks
@@ -565,7 +569,7 @@ class ShellStreamTests(ProcessCase):
             b'event: stdout\ndata: {"data":"t\\tx"}\n\n'
             b'event: stdout\ndata: {"data":"\xef\xbf\xbdz"}\n\n'
             b'event: stdout\ndata: {"data":"3"}\n\n'
-            b'event: stdout\ndata: {"data":"end"}\n\n'
+            b'event: stdout\ndata: {"data":"end","newline":false}\n\n'
             b'event: exit\ndata: {"exit_code":0}\n\n',
         )
 

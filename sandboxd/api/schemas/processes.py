@@ -114,7 +114,9 @@ SCHEMAS: dict[str, Schema] = {
                 "stdout",
                 '{"data": one line without its newline (U+FFFD for bytes that '
                 "are not UTF-8; a line over 64 KiB comes in pieces, each cut "
-                "between characters)}, or with output=bytes "
+                'between characters), "newline": false when none followed it '
+                "(such a piece, or output's last line without one)}, or with "
+                "output=bytes "
                 '{"data_base64": the bytes of one read}',
             ),
             Event("stderr", "as stdout"),
