@@ -164,6 +164,11 @@ class Methods:
         if method == "ping":
             return result(rid, {})
         if method == "tools/list":
+            if params.get("cursor") is not None:
+                # The list is one page (no nextCursor): a cursor is none of ours.
+                return error(
+                    rid, INVALID_PARAMS, "unknown cursor: the list is one page"
+                )
             names = self.visible(session.identity)
             session.listed = frozenset(names)
             tools = [self._descriptor(n) for n in names]

@@ -94,6 +94,20 @@ class LifecycleTests(McpTestCase):
         self.assertIn("exists", tools["files_stat"].output_schema["properties"])
 
     @inlineCallbacks
+    def test_unknown_cursor(self) -> Any:
+        """The list is one page: a cursor it never gave is invalid params."""
+
+        async def body(client: Any) -> Any:
+            try:
+                await client.list_tools(cursor="nope")
+            except MCPError as e:
+                return e.error.code
+            return None
+
+        code = yield self.with_client(body)
+        self.assertEqual(code, -32602)
+
+    @inlineCallbacks
     def test_legacy_mode_both_revisions(self) -> Any:
         """An initialize asking for 2025-06-18 or 2025-11-25 gets it back."""
         for version in ("2025-06-18", "2025-11-25"):
