@@ -579,7 +579,12 @@ class PortWaitTests(DaemonTestCase):
     @inlineCallbacks
     def test_wait_runs_out(self) -> Any:
         """Nothing listening within the wait: 200, ready false, after the wait."""
-        number = self.free_port()
+        # Held (bound, not listening) so that no other test's server takes it
+        # meanwhile, as a port only picked as free could be.
+        held = socket.socket()
+        self.addCleanup(held.close)
+        held.bind(("127.0.0.1", 0))
+        number = held.getsockname()[1]
         began = reactor.seconds()
         reply = yield self.request("GET", f"/ports?port={number}&wait=0.6")
         self.assertEqual(reply.status, 200)
