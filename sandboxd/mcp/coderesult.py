@@ -10,10 +10,12 @@ native result document's shape. A cancelled call interrupts the execution
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from sandboxd.mcp.collecting import CollectingChannel, Progress
+from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 
 #: What the MCP door adds to a ``code_execute`` call's body.
@@ -70,9 +72,59 @@ class CodeCollector(CollectingChannel):
             self.gap = data
 
     def result(self) -> dict[str, Any]:
-        """Text, images, and the result document."""
+        """
+        Text, images, and the result document, within
+        :data:`~sandboxd.policy.defaults.MCP_RESULT_JSON_BYTES` as JSON (the
+        official SDK refuses a bigger message): the biggest piece goes
+        first, a display value (named in its place, its ``refs`` kept) or
+        half the output (its start kept), until it fits; the result then
+        says ``truncated``.
+        """
         stdout = "".join(self.output["stdout"])
         stderr = "".join(self.output["stderr"])
+        left_out: set[tuple[int, str]] = set()
+        while True:
+            answer = self._code_answer(stdout, stderr, left_out)
+            if len(json.dumps(answer)) <= defaults.MCP_RESULT_JSON_BYTES:
+                return answer
+            self.truncated = True
+            value = self._largest_value(left_out)
+            output = len(stdout) + len(stderr)
+            if value is not None and value[0] >= output:
+                left_out.add(value[1])
+            elif output:
+                stdout, stderr = stdout[: len(stdout) // 2], stderr[: len(stderr) // 2]
+            elif self.code_error is not None and self._cut_error():
+                continue
+            else:
+                return self._code_answer(stdout, stderr, left_out)
+
+    def _largest_value(
+        self, left_out: set[tuple[int, str]]
+    ) -> tuple[int, tuple[int, str]] | None:
+        """The size and place of the biggest display value still in."""
+        best: tuple[int, tuple[int, str]] | None = None
+        for index, item in enumerate(self.results):
+            for mime, value in (item.get("data") or {}).items():
+                size = len(value) if isinstance(value, str) else len(json.dumps(value))
+                if (index, mime) not in left_out and (best is None or size > best[0]):
+                    best = (size, (index, mime))
+        return best
+
+    def _cut_error(self) -> bool:
+        """Halve the error's value and traceback; False when nothing is left."""
+        assert self.code_error is not None
+        evalue = str(self.code_error.get("evalue") or "")
+        traceback = [str(line) for line in self.code_error.get("traceback") or []]
+        if not evalue and not any(traceback):
+            return False
+        self.code_error["evalue"] = evalue[: len(evalue) // 2]
+        self.code_error["traceback"] = [line[: len(line) // 2] for line in traceback]
+        return True
+
+    def _code_answer(
+        self, stdout: str, stderr: str, left_out: set[tuple[int, str]]
+    ) -> dict[str, Any]:
         state = self.ended.get("state", "lost")
         structured: dict[str, Any] = {
             "execution_id": self.ended.get("execution_id"),
@@ -88,11 +140,15 @@ class CodeCollector(CollectingChannel):
         }
         content: list[dict[str, Any]] = []
         text = stdout + (f"\n[stderr]\n{stderr}" if stderr else "")
-        for item in self.results:
+        for index, item in enumerate(self.results):
             data = dict(item.get("data") or {})
-            for mime in IMAGE_TYPES:
-                value = data.get(mime)
-                if isinstance(value, str):
+            for mime, value in data.items():
+                size = len(value) if isinstance(value, str) else len(json.dumps(value))
+                if (index, mime) in left_out:
+                    data[mime] = (
+                        f"({mime}, {size} characters, left out: too big for one result)"
+                    )
+                elif mime in IMAGE_TYPES and isinstance(value, str):
                     content.append(
                         {"type": "image", "data": value.strip(), "mimeType": mime}
                     )

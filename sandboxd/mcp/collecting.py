@@ -62,11 +62,11 @@ class CollectingChannel:
         if self.open:
             self._event(event, data)
 
-    def write_raw(self, data: bytes) -> None:
-        """Pre-formatted frames (as ``SSEChannel.write_raw``)."""
+    def write_raw(self, data: bytes | list[bytes]) -> None:
+        """Pre-formatted frames, or one frame in parts (as ``SSEChannel.write_raw``)."""
         if not self.open:
             return
-        self._partial += data
+        self._partial += data if isinstance(data, bytes) else b"".join(data)
         *frames, self._partial = self._partial.split(b"\n\n")
         for frame in frames:
             self._frame(frame)

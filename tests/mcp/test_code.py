@@ -72,6 +72,51 @@ class CodeToolTests(McpTestCase):
         self.assertIn("plotting 3", "".join(seen))
 
     @inlineCallbacks
+    def test_a_big_chunk_of_output(self) -> Any:
+        """A chunk of output the stream sends in parts comes back whole."""
+
+        async def body(client: Any) -> Any:
+            ctx = await client.call_tool("code_context_create", {})
+            return await client.call_tool(
+                "code_execute",
+                {"cid": ctx.structured_content["id"], "code": "print('z' * 70000)"},
+            )
+
+        result = yield self.with_client(body)
+        self.assertEqual(result.structured_content["stdout"], "z" * 70000 + "\n")
+        self.assertFalse(result.structured_content["truncated"])
+
+    @inlineCallbacks
+    def test_within_the_sdk_bound(self) -> Any:
+        """
+        Output and a picture too big together for one message of the SDK's
+        (1 MiB) come back cut to fit: the picture named in its place, the
+        output's start kept, ``truncated`` said, rather than the SDK failing.
+        """
+
+        async def body(client: Any) -> Any:
+            ctx = await client.call_tool("code_context_create", {})
+            return await client.call_tool(
+                "code_execute",
+                {
+                    "cid": ctx.structured_content["id"],
+                    "code": "import os\nfrom IPython.display import Image, display\n"
+                    "print(('y' * 99 + '\\n') * 6000, end='')\n"
+                    "display(Image(data=b'\\x89PNG' + os.urandom(700000), format='png'))",
+                },
+            )
+
+        result = yield self.with_client(body)
+        content = result.structured_content
+        self.assertEqual(content["state"], "ok")
+        self.assertTrue(content["truncated"])
+        self.assertTrue(content["stdout"].startswith("y" * 99 + "\n"))
+        self.assertLess(len(content["stdout"]), 600_000)
+        [item] = content["results"]
+        self.assertIn("left out", item["data"]["image/png"])
+        self.assertEqual([c.type for c in result.content], ["text"])
+
+    @inlineCallbacks
     def test_error_is_an_error_result(self) -> Any:
         """An exception is ``isError`` with the traceback in the text."""
 
