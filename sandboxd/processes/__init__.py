@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         HeadTail,
         OutputCallback,
         signal_child,
+        signal_exited_tree,
         timeout_error,
     )
     from sandboxd.processes.managed import Managed
@@ -62,6 +63,7 @@ _EXPORTS = {
     "HeadTail": "sandboxd.processes.child",
     "OutputCallback": "sandboxd.processes.child",
     "signal_child": "sandboxd.processes.child",
+    "signal_exited_tree": "sandboxd.processes.child",
     "timeout_error": "sandboxd.processes.child",
     "ENV_PROGRAM": "sandboxd.processes.run",
     "RunResult": "sandboxd.processes.run",
@@ -91,6 +93,7 @@ __all__ = [
     "end_all",
     "run_collect",
     "signal_child",
+    "signal_exited_tree",
     "spawn",
     "timeout_error",
 ]

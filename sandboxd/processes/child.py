@@ -44,6 +44,7 @@ from sandboxd.processes.tree import (
     never_signalled,
     reap_orphans,
     signal_group,
+    signal_leftovers,
     signal_member,
     tree_members,
     tree_table,
@@ -617,6 +618,20 @@ def signal_child(child: Child, sig: int) -> None:
     for pid, start in members.items():
         if table[pid].pgid != child.pid:
             signal_member(pid, start, sig)
+
+
+def signal_exited_tree(child: Child, sig: int) -> int:
+    """
+    Send ``sig`` to what an exited child's tree left running (a command
+    that started something in the background and ended): how many
+    processes that was.  9 then ends them all, as it does a running tree.
+    """
+    count = signal_leftovers(child.pid, child.marker, sig)
+    if count and sig == signal.SIGKILL:
+        kill_tree(
+            child.clock, child.pid, child.marker, grace=0, leader_reaped=True
+        ).addBoth(lambda _: reap_orphans() and None)
+    return count
 
 
 def timeout_message(seconds: float | None, idle: bool = False) -> str:

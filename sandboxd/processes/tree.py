@@ -390,6 +390,25 @@ def _names_tree(
     return any(p.pgid == leader or p.sid == leader for p in table.values())
 
 
+def signal_leftovers(leader: int, marker: str | None, sig: int) -> int:
+    """
+    Send ``sig`` to what a reaped leader's tree left running: its group
+    while a member still holds the number, and every member found by
+    ``marker``; how many members there were (0 when nothing is left).
+    """
+    if never_signalled(leader):
+        return 0
+    table = _look(leader)
+    by_id = _names_tree(table, leader, None)
+    members = tree_members(leader, marker, table, by_id)
+    if by_id:
+        signal_group(leader, sig)
+    for pid, start in members.items():
+        if not (by_id and table[pid].pgid == leader):
+            signal_member(pid, start, sig)
+    return len(members)
+
+
 def kill_tree(
     clock: Any,
     leader: int,

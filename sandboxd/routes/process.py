@@ -563,10 +563,15 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
             narrowed=number in BUILT_IN_SIGNALS,
         )
     managed = _managed(request)
-    if not managed.running:
-        raise not_found(f"process {pid} has exited")
-    processes.signal_child(managed.child, number)
-    return {"pid": pid, "signal": number}
+    if managed.running:
+        processes.signal_child(managed.child, number)
+        return {"pid": pid, "signal": number}
+    # The command ended, but what it started in the background may not
+    # have: that is still this process's to stop.
+    left = processes.signal_exited_tree(managed.child, number)
+    if not left:
+        raise not_found(f"process {pid} has exited, and nothing it started is running")
+    return {"pid": pid, "signal": number, "exited": True, "leftovers": left}
 
 
 def process_output(request: ServerRequest) -> Any:

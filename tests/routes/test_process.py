@@ -696,6 +696,44 @@ class BackgroundTests(ProcessCase):
         self.assertIn(f"process {os.getpid()} not found", reply.json()["error"])
 
     @inlineCallbacks
+    def test_signal_what_an_exited_command_left(self) -> Any:
+        """
+        A command that started something in the background and ended can
+        still be signalled: what it left running (in its group, and one
+        that left the group) gets the signal; once nothing is left, 404.
+        """
+        m = self.marker
+        started = yield self.start_process(f"sleep {m} & setsid sleep {m} & echo ok")
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        self.assertEqual(len(marked_pids(m)), 2)
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": "TERM"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(), {"pid": pid, "signal": 15, "exited": True, "leftovers": 2}
+        )
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 15})
+        self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
+        self.assertIn("nothing it started is running", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_kill_what_an_exited_command_left(self) -> Any:
+        """9 ends what an exited command left, a process that ignores TERM too."""
+        m = self.marker
+        started = yield self.start_process(
+            f"(trap '' TERM; setsid sleep {m}) & sleep {m} & echo ok"
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(reply.json()["exited"])
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
     def test_signal_rules(self) -> Any:
         """Signals outside the allowlist are 400; pid 1 and the daemon are 403."""
         started = yield self.start_process(f"sleep {self.marker}")

@@ -193,7 +193,16 @@ SCHEMAS: dict[str, Schema] = {
                 example=15,
             ),
         ),
-        response=(F("pid", "integer"), F("signal", "integer")),
+        response=(
+            F("pid", "integer"),
+            F("signal", "integer"),
+            F(
+                "exited",
+                "boolean",
+                "only once the command has exited: what it left running was signalled",
+            ),
+            F("leftovers", "integer", "with exited: how many processes that was"),
+        ),
         errors=(
             E(400, "invalid_param", "pid or signal malformed"),
             E(
@@ -212,9 +221,16 @@ SCHEMAS: dict[str, Schema] = {
                 "pid 1 or the daemon itself",
                 "PermissionError",
             ),
-            E(404, "not_found", "not managed, or already exited", "NotFoundError"),
+            E(
+                404,
+                "not_found",
+                "not managed, or exited with nothing it started left running",
+                "NotFoundError",
+            ),
         ),
-        notes="Sent to the process group (and descendants that left it).",
+        notes="Sent to the process group (and descendants that left it). Once the "
+        "command has exited, what it started in the background and left running "
+        "is still its to signal.",
     ),
     "process_output": Schema(
         query=(
