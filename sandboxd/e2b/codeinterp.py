@@ -32,6 +32,7 @@ from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
 from sandboxd.waiters import Waiters
 from sandboxd.web import params
 from sandboxd.web.jsonbody import json_bytes, line_safe
+from sandboxd.web.messages import ServerResponse
 from sandboxd.web.sending import write_chunk_now
 
 log = Logger(namespace="sandboxd.e2b")
@@ -387,16 +388,27 @@ def output(call: Call, _: Any) -> Any:
     """
     parts = call.request.path.decode("latin-1").strip("/").split("/")
     request = call.server_request(path_params={"cid": parts[2], "oid": parts[4]})
-    response = _routes().code_output_get(request)
-    raw = call.request
-    raw.setResponseCode(response.status)
-    call.status = response.status
-    for name, value in response.headers.items():
-        raw.setHeader(name.encode(), value.encode())
-    call.bytes_out = len(response.raw)
-    raw.write(response.raw)
-    raw.finish()
-    call.done()
+
+    def send(response: ServerResponse) -> None:
+        raw = call.request
+        raw.setResponseCode(response.status)
+        call.status = response.status
+        for name, value in response.headers.items():
+            raw.setHeader(name.encode(), value.encode())
+        body = response.raw or b""
+        call.bytes_out = len(body)
+        raw.write(body)
+        raw.finish()
+        call.done()
+
+    def failed(failure: Any) -> None:
+        error = failure.value if isinstance(failure.value, ApiError) else None
+        if error is None:
+            log.failure("sandboxd: e2b output read failed", failure)
+            error = internal("the output could not be read")
+        call.door.fail(call, error)
+
+    _routes().code_output_get(request).addCallbacks(send, failed)
     return NOT_DONE_YET
 
 

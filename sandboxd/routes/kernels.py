@@ -480,27 +480,39 @@ def code_execution_input(request: ServerRequest) -> dict[str, Any]:
     return {"execution_id": x.id}
 
 
-def code_output_get(request: ServerRequest) -> ServerResponse:
+def code_output_get(request: ServerRequest) -> Deferred[ServerResponse]:
     """
     A spilled display item, raw, with its MIME type; never run in the
-    daemon's origin (``nosniff``, ``CSP: sandbox``).
+    daemon's origin (``nosniff``, ``CSP: sandbox``).  Read on a worker
+    thread: an item may be megabytes, on a disk as slow as the sandbox's.
     """
     ctx = context_of(request)
-    path, mime, _, digest = service(request).output(ctx, request.path_params["oid"])
-    with open(path, "rb") as f:
-        data = f.read()
-    return ServerResponse(
-        status=200,
-        raw=data,
-        headers={
-            "Content-Type": mime if "/" in mime else "application/octet-stream",
-            "X-Content-Type-Options": "nosniff",
-            "Content-Security-Policy": "sandbox",
-            # The digest taken when it was spilled: hashing megabytes again
-            # for each download would hold the reactor up.
-            "ETag": '"' + digest[:32] + '"',
-        },
-    )
+    oid = request.path_params["oid"]
+    path, mime, _, digest = service(request).output(ctx, oid)
+
+    def read() -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            # Dropped meanwhile: its context was closed or restarted.
+            raise not_found(f"no output {oid!r} in {ctx.id}") from None
+
+    def answer(data: bytes) -> ServerResponse:
+        return ServerResponse(
+            status=200,
+            raw=data,
+            headers={
+                "Content-Type": mime if "/" in mime else "application/octet-stream",
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "sandbox",
+                # The digest taken when it was spilled: hashing megabytes
+                # again for each download would hold a thread up for nothing.
+                "ETag": '"' + digest[:32] + '"',
+            },
+        )
+
+    return request.context.in_thread(read).addCallback(answer)
 
 
 HANDLERS = {

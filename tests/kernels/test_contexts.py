@@ -12,6 +12,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from twisted.internet import reactor
@@ -884,6 +885,36 @@ class BoundsTests(CodeTestCase):
             self.assertEqual(raw.header("etag"), f'"{ref["sha256"][:32]}"')
             if ref["mime"] == "image/png":
                 self.assertTrue(raw.body.startswith(b"\x89PNG"))
+
+    @inlineCallbacks
+    def test_output_read_off_the_reactor(self) -> Any:
+        """
+        A spilled item is read on a worker thread: a slow read (here a FIFO
+        whose writer comes late) holds no other call up.
+        """
+        ctx = yield self.context()
+        code = self.daemon.context.code
+        assert code is not None
+        fifo = os.path.abspath(self.mktemp())
+        os.mkfifo(fifo)
+        code.get().outputs["slow"] = (ctx["id"], fifo, "text/plain", 2, "0" * 64)
+
+        def write_late() -> None:
+            with open(fifo, "wb") as f:
+                f.write(b"ok")
+
+        writer = threading.Timer(1.5, write_late)
+        writer.start()
+        self.addCleanup(writer.join)
+        read = self.request("GET", f"/code/contexts/{ctx['id']}/outputs/slow")
+        answered: list[Any] = []
+        read.addCallback(lambda raw: answered.append(raw) or raw)
+        yield deferLater(reactor, 0.3, lambda: None)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        self.assertEqual(answered, [])
+        raw = yield read
+        self.assertEqual((raw.status, raw.body), (200, b"ok"))
 
     @inlineCallbacks
     def test_display_spill_refused_by_the_disk(self) -> Any:
