@@ -113,17 +113,103 @@ class UrlPolicy:
         )
 
 
-def normalise(url: str) -> str:
-    """The URL with scheme and host in lower case, as globs are matched."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.scheme:
-        return url
-    return parts._replace(
-        scheme=parts.scheme.lower(), netloc=parts.netloc.lower()
-    ).geturl()
+#: The port a URL without one means, by scheme.
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ssh": 22}
+
+
+@dataclass(frozen=True)
+class UrlTarget:
+    """
+    What ``url_allow`` and ``url_deny`` globs are matched against: a URL's
+    scheme, host (lower case, no brackets) and port, and its path with the
+    query.  Never its ``user:pass@`` part, which names no place.
+    """
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+
+    @classmethod
+    def of(cls, url: str) -> UrlTarget | None:
+        """The target of ``url``, or None when it has no scheme and host."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            return None
+        if not parts.scheme or not parts.hostname:
+            return None
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return cls(parts.scheme.lower(), parts.hostname.lower(), port, path)
+
+    def shown_host(self) -> str:
+        """The host as a URL writes it (an IPv6 address in brackets)."""
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    def forms(self) -> list[str]:
+        """``host/path`` and ``scheme://host[:port]/path``, as deny globs also see it."""
+        host = self.shown_host()
+        port = "" if self.port is None else f":{self.port}"
+        return [host + self.path, f"{self.scheme}://{host}{port}{self.path}"]
+
+
+def _split_glob(pattern: str) -> tuple[str | None, str, str | None]:
+    """A glob's scheme (or None), host and path (or None: any path)."""
+    scheme: str | None = None
+    rest = pattern
+    if "://" in pattern:
+        scheme, rest = pattern.split("://", 1)
+    host, slash, path = rest.partition("/")
+    return scheme, host, ("/" + path) if slash else None
+
+
+def glob_names(pattern: str, target: UrlTarget) -> bool:
+    """
+    Whether a ``url_allow``/``url_deny`` glob names ``target``: its host
+    part against the host (with the port when the glob gives one), so no
+    ``*`` there reaches into the path, then its path part, if it has one,
+    against the path and query.  ``https://*.example.com/*``,
+    ``example.com`` (any scheme, port and path), ``*/private/*``.
+    """
+    scheme, host, path = _split_glob(pattern.strip())
+    if scheme is not None and not fnmatch.fnmatchcase(target.scheme, scheme.lower()):
+        return False
+    shown = target.shown_host()
+    host = host.lower()
+    if ":" in (host.rpartition("]")[2] if host.startswith("[") else host):
+        # The glob names a port: the URL's, or its scheme's default.
+        port = target.port or DEFAULT_PORTS.get(target.scheme)
+        shown += f":{port}"
+    # Brackets in a host are an IPv6 address's, not a glob's set.
+    literal = "".join({"[": "[[]", "]": "[]]"}.get(c, c) for c in host)
+    if not fnmatch.fnmatchcase(shown, literal):
+        return False
+    return path is None or fnmatch.fnmatchcase(target.path, path)
+
+
+def url_refusal(
+    deny: tuple[str, ...], allow: tuple[str, ...] | None, target: UrlTarget
+) -> tuple[str, str] | None:
+    """
+    Which glob refuses ``target``, as ``(pattern, leaf key)``, or None.
+
+    A deny glob refuses when it names the target or matches one of its
+    :meth:`~UrlTarget.forms` as a whole (what a deny written as one glob
+    over the URL means); an allow glob lets through only what it names, so
+    an address cannot borrow an allowed host by carrying it in its path.
+    """
+    forms = target.forms()
+    for pattern in deny:
+        if glob_names(pattern, target) or any(
+            fnmatch.fnmatchcase(form, pattern) for form in forms
+        ):
+            return pattern, "params.url_deny"
+    if allow is not None and not any(glob_names(p, target) for p in allow):
+        return "", "params.url_allow"
+    return None
 
 
 def check_url(policy: UrlPolicy, url: str) -> None:
@@ -149,19 +235,17 @@ def check_url(policy: UrlPolicy, url: str) -> None:
             f"the scheme {scheme!r} is not allowed (allowed: {', '.join(policy.schemes)})",
             policy.rule("params.url_schemes"),
         )
-    text = normalise(url)
-    for pattern in policy.deny:
-        if fnmatch.fnmatchcase(text, pattern):
+    target = UrlTarget.of(url)
+    if target is None:
+        raise Refusal(f"the URL has no host: {url!r}", "guard:url")
+    refused = url_refusal(policy.deny, policy.allow, target)
+    if refused is not None:
+        pattern, leaf = refused
+        if pattern:
             raise Refusal(
-                f"the URL {url} is denied by policy ({pattern})",
-                policy.rule("params.url_deny"),
+                f"the URL {url} is denied by policy ({pattern})", policy.rule(leaf)
             )
-    if policy.allow is not None and not any(
-        fnmatch.fnmatchcase(text, p) for p in policy.allow
-    ):
-        raise Refusal(
-            f"the URL {url} is not in the allowed list", policy.rule("params.url_allow")
-        )
+        raise Refusal(f"the URL {url} is not in the allowed list", policy.rule(leaf))
     if policy.block_private and parts.hostname:
         check_host(policy, url, parts.hostname)
 

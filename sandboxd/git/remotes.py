@@ -23,7 +23,12 @@ from urllib.parse import unquote, urlsplit
 import attrs
 
 from sandboxd.access.audit import redact_url_secrets, secret_param
-from sandboxd.browser.urlpolicy import ip_literal, is_loopback_name, is_private_address
+from sandboxd.browser.urlpolicy import (
+    UrlTarget,
+    ip_literal,
+    is_loopback_name,
+    is_private_address,
+)
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -161,15 +166,15 @@ def parse_remote(url: Any, rule: EffectiveRule) -> Remote:
     )
 
 
-def match_forms(remote: Remote) -> list[str]:
-    """What ``url_allow``/``url_deny`` globs are matched against: ``host/path`` and the URL."""
+def match_target(remote: Remote) -> UrlTarget:
+    """What ``url_allow``/``url_deny`` globs are matched against."""
     path = remote.path if remote.path.startswith("/") else "/" + remote.path
-    return [remote.host + path, redact_url_secrets(remote.url)]
+    return UrlTarget(remote.scheme, remote.host.lower(), remote.port, path)
 
 
 def _checked(remote: Remote, rule: EffectiveRule) -> Remote:
     """Apply the ``url_deny`` and ``url_allow`` globs."""
-    refused = rule.params.url_refusal(match_forms(remote))
+    refused = rule.params.url_refusal(match_target(remote))
     if refused is not None:
         why, leaf = refused
         shown = redact_url_secrets(remote.url)

@@ -60,7 +60,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sandboxd.access.audit import make_record
-from sandboxd.browser.urlpolicy import ip_literal, is_loopback_name, is_private_address
+from sandboxd.browser.urlpolicy import (
+    UrlTarget,
+    ip_literal,
+    is_loopback_name,
+    is_private_address,
+)
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.openai_api.face import new_id
@@ -153,9 +158,9 @@ def check_url(url: Any, rule: EffectiveRule) -> str:
             f"{scheme} URLs are not allowed here",
             policy_rule(rule, "params.url_schemes"),
         )
-    refused = rule.params.url_refusal(
-        [parts.hostname.lower() + (parts.path or "/"), url]
-    )
+    target = UrlTarget.of(url)
+    assert target is not None  # a scheme and a host, checked above
+    refused = rule.params.url_refusal(target)
     if refused is not None:
         why, leaf = refused
         raise _refused(f"the URL is {why}", policy_rule(rule, leaf))

@@ -10,12 +10,11 @@ derived from these classes.
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from sandboxd.browser.urlpolicy import UrlTarget, url_refusal
 from sandboxd.policy.defaults import AGENT_FULL_ACCESS_MODES
 
 
@@ -174,22 +173,21 @@ class Params:
     confine_tcp_connect: tuple[int, ...] | None = None
     confine_tcp_bind: tuple[int, ...] | None = None
 
-    def url_refusal(self, forms: Sequence[str]) -> tuple[str, str] | None:
+    def url_refusal(self, target: UrlTarget) -> tuple[str, str] | None:
         """
-        What ``url_deny`` and ``url_allow`` say of a URL, matched in any of
-        its ``forms`` (``host/path``, the URL): None when they let it pass,
-        else why (``denied by policy (PATTERN)``, ``not in url_allow``) and
-        the leaf key that decided it (for :func:`sandboxd.errors.policy_rule`).
+        What ``url_deny`` and ``url_allow`` say of a URL (see
+        :func:`~sandboxd.browser.urlpolicy.url_refusal`): None when they let
+        it pass, else why (``denied by policy (PATTERN)``, ``not in
+        url_allow``) and the leaf key that decided it (for
+        :func:`sandboxd.errors.policy_rule`).
         """
-        for pattern in self.url_deny:
-            if any(fnmatch.fnmatchcase(form, pattern) for form in forms):
-                return f"denied by policy ({pattern})", "params.url_deny"
-        allow = self.url_allow
-        if allow is not None and not any(
-            fnmatch.fnmatchcase(form, p) for form in forms for p in allow
-        ):
-            return "not in url_allow", "params.url_allow"
-        return None
+        refused = url_refusal(self.url_deny, self.url_allow, target)
+        if refused is None:
+            return None
+        pattern, leaf = refused
+        if pattern:
+            return f"denied by policy ({pattern})", leaf
+        return "not in url_allow", leaf
 
 
 #: The sections of a rule and the class describing each.
