@@ -40,6 +40,17 @@ class AuditTests(SynchronousTestCase):
             "access_token=%2A%2A%2A&path=x&api_key=%2A%2A%2A",
         )
 
+    def test_links_masked_whatever_carries_them(self) -> None:
+        """
+        A capability link is masked as the preview door's ``sbx_link``, as
+        the value of any other parameter, and as a parameter's name: it is
+        a bearer credential wherever it shows up.
+        """
+        self.assertEqual(
+            redact_query("sbx_link=sbxl_eyJh.c2ln&path=x&next=sbxl_eyJh.c2ln&sbxl_a.b"),
+            "sbx_link=%2A%2A%2A&path=x&next=%2A%2A%2A&%2A%2A%2A=",
+        )
+
     def test_rotation(self) -> None:
         """Past the size bound the file rotates, keeping a bounded number of old files."""
         path = os.path.join(os.path.abspath(self.mktemp()))
@@ -308,4 +319,10 @@ class UrlSecretTests(SynchronousTestCase):
         )
         self.assertEqual(
             redact_url_secrets("ada@example.com git@h:r"), "ada@example.com git@h:r"
+        )
+        self.assertEqual(
+            redact_url_secrets(
+                "http://h/?sbx_link=x&a=1 -HX-Access-Token:sbxl_eyJ-_.c2l"
+            ),
+            "http://h/?sbx_link=***&a=1 -HX-Access-Token:***",
         )

@@ -309,6 +309,31 @@ class SpanTests(TracedDaemon):
         self.assertIn("echo traced", " ".join(attributes(span)["sandboxd.argv"]))
 
     @inlineCallbacks
+    def test_link_in_argv_masked(self) -> Any:
+        """
+        A capability link a command passes on (in a URL's query, in a
+        header) is masked in the span's argv and the audit line's alike.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"]},
+            token="a",
+        )
+        self.assertEqual(minted.status, 201, minted.body)
+        link = minted.json()["token"]
+        command = f"true 'http://h/?sbx_link={link}' -H 'X-Access-Token: {link}'"
+        reply = yield self.request("POST", "/shell", {"command": command}, token="a")
+        self.assertEqual(reply.status, 200, reply.body)
+        [span] = yield self.spans(name="shell")
+        argv = " ".join(attributes(span)["sandboxd.argv"])
+        self.assertIn("?sbx_link=***", argv)
+        self.assertIn("X-Access-Token: ***", argv)
+        self.assertNotIn("sbxl_", argv)
+        line = [r for r in self.audit_lines() if r["endpoint"] == "shell"][-1]
+        self.assertNotIn("sbxl_", json.dumps(line))
+
+    @inlineCallbacks
     def test_unsampled_caller(self) -> Any:
         """
         A caller that does not sample its trace gets no span, but its ids

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from twisted.logger import Logger
 
+from sandboxd.access.links import PREFIX as LINK_PREFIX
 from sandboxd.policy.defaults import (
     AUDIT_ARG_MAX_CHARS,
     AUDIT_ARGV_MAX_CHARS,
@@ -31,7 +32,15 @@ from sandboxd.policy.defaults import (
 if TYPE_CHECKING:
     from sandboxd.access.auditfile import AuditFile
 
-_SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
+#: ``sbx_link`` is the preview door's own parameter (a capability link).
+_SECRET_PARAM = re.compile(
+    r"token|secret|key|password|credential|auth|sbx_link", re.IGNORECASE
+)
+
+#: A capability link (``sbxl_`` + base64url claims + ``.`` + base64url MAC),
+#: wherever it shows up: a link is a bearer credential whatever carries it
+#: (a query parameter of any name, an argument, a header a command sends).
+_LINK = re.compile(re.escape(LINK_PREFIX) + r"[A-Za-z0-9_.\-]*")
 
 #: The audit file and its rotations: the daemon's alone (a record names
 #: commands, paths and identities that other users of the sandbox must not read).
@@ -103,8 +112,11 @@ def audit_argv(
 #: ``scheme://userinfo@``: a password or token in a URL's authority.
 _URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
 
-#: What in a query parameter's name says its value is a secret.
-_SECRET_NAME = r"token|secret|key|password|passwd|pwd|signature|sig|credential|auth"
+#: What in a query parameter's name says its value is a secret
+#: (``sbx_link``: the preview door's link parameter).
+_SECRET_NAME = (
+    r"token|secret|key|password|passwd|pwd|signature|sig|credential|auth|sbx_link"
+)
 
 #: ``name=value`` in a URL's query (or a command's argument) whose name
 #: says it holds a secret: ``?access_token=…``, ``&api_key=…``.
@@ -126,12 +138,21 @@ def secret_param(name: str) -> bool:
     return _SECRET_NAME_IN.search(name) is not None
 
 
+def redact_links(text: str) -> str:
+    """``text`` with every capability link (``sbxl_...``) in it masked."""
+    if LINK_PREFIX in text:
+        text = _LINK.sub(MASK, text)
+    return text
+
+
 def redact_url_secrets(text: str) -> str:
     """
-    ``text`` with every URL's userinfo (``https://user:pass@``) and every
-    token-like query value masked: what clients put in URLs that they then
-    pass as command arguments (the E2B SDK's git module does).
+    ``text`` with every URL's userinfo (``https://user:pass@``), every
+    token-like query value and every capability link masked: what clients
+    put in URLs that they then pass as command arguments (the E2B SDK's
+    git module does).
     """
+    text = redact_links(text)
     if "@" in text:
         text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     if "=" in text:
@@ -140,11 +161,19 @@ def redact_url_secrets(text: str) -> str:
 
 
 def redact_query(query: str) -> str:
-    """The query string with the values of token-like parameters removed."""
+    """
+    The query string with the values of token-like parameters removed, and
+    any capability link masked whatever parameter carries it.
+    """
     if not query:
         return ""
     pairs = parse_qsl(query, keep_blank_values=True)
-    return urlencode([(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in pairs])
+    return urlencode(
+        [
+            (redact_links(k), MASK if _SECRET_PARAM.search(k) else redact_links(v))
+            for k, v in pairs
+        ]
+    )
 
 
 def should_record(mode: str, status: int) -> bool:

@@ -139,20 +139,26 @@ def _entries(
     (descriptor None).  The path's descriptor is closed when the walk ends.
     """
     with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
-        st = loc.lstat()
-        assert st is not None
-        if loc.name == "":
-            fd = os.open(
-                ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=loc.dir_fd
-            )
-        else:
-            fd = os.open(
-                loc.name,
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                dir_fd=loc.dir_fd,
-            )
+        # The entry may be removed, or swapped for a link, once resolved:
+        # it is judged by what was opened (fstat), and a swap is answered
+        # as files_list and files_search answer it (404 gone, 403 a link
+        # out), never as a failure of the daemon's.
+        try:
+            if loc.name == "":
+                fd = os.open(
+                    ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=loc.dir_fd
+                )
+            else:
+                fd = os.open(
+                    loc.name,
+                    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    dir_fd=loc.dir_fd,
+                )
+        except OSError as e:
+            raise os_error(e, path) from None
         top = loc.path
     try:
+        st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             yield top, top, st, fd
             return

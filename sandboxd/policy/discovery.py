@@ -250,7 +250,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 reason=Code.MISSING_SCOPE,
             )
     if out["allowed"] and params:
-        refusal = check_params(rule, params)
+        refusal = check_params(rule, params, endpoint_id)
         if refusal is not None:
             out.update(allowed=False, reason=refusal["code"], **refusal)
     decisions = [decide(rule, p, op or default_op(endpoint)) for p in paths]
@@ -261,14 +261,28 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     return out
 
 
-def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] | None:
+def check_params(
+    rule: EffectiveRule, params: dict[str, Any], endpoint_id: str = ""
+) -> dict[str, Any] | None:
     """
-    Decide the parameter rules a hypothetical call would meet.
+    Decide the parameter rules a hypothetical call would meet, with the
+    very checks the call makes, in the order it makes them: what check
+    answers is what the call would.
 
-    Understands ``command`` (and ``shell``), ``language`` and ``signal``;
-    returns ``{code, rule, param}`` for the first refusal, or None.
+    Understands ``command``, ``shell`` (with a command, as ``/shell``
+    takes it; alone, as a terminal's), ``language`` and ``signal``;
+    returns ``{code, rule, param}`` for the first refusal (naming the
+    parameter that was refused), or None.
     """
-    from sandboxd.processes.command import command_argv
+    from sandboxd.processes.command import (
+        check_command_allowed,
+        check_shell,
+        command_argv,
+        command_text,
+        language_name,
+        signal_number,
+    )
+    from sandboxd.web.params import integer
 
     def lexical(path: str) -> str:
         # What the guard would decide, from the policy alone (no file system).
@@ -280,27 +294,54 @@ def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] 
             )
         return decision.target or path
 
-    if "command" in params:
+    def refused(error: ApiError, param: str) -> dict[str, Any]:
+        return {"code": error.code, "rule": error.extra.get("rule"), "param": param}
+
+    with_command = "command" in params
+    shell = params.get("shell")
+    # Beside a command, false is no shell (``/shell``); a terminal takes
+    # no command, and its ``shell`` must name one.
+    given_shell = shell is not None and not (with_command and shell is False)
+    if with_command:
         try:
-            command_argv(
-                {"command": params["command"], "shell": params.get("shell")},
-                rule,
-                lexical,
-            )
+            command_text(params)
         except ApiError as e:
-            return {"code": e.code, "rule": e.extra.get("rule"), "param": "command"}
-    language = params.get("language")
-    if language is not None and language not in rule.params.languages:
-        return {
-            "code": Code.LANGUAGE_NOT_ALLOWED,
-            "rule": policy_rule(rule, "params.languages"),
-            "param": "language",
-        }
-    signal = params.get("signal")
-    if signal is not None and signal not in rule.params.allowed_signals:
-        return {
-            "code": Code.SIGNAL_NOT_ALLOWED,
-            "rule": policy_rule(rule, "params.allowed_signals"),
-            "param": "signal",
-        }
+            return refused(e, "command")
+    if given_shell:
+        try:
+            name = check_shell(shell, rule)
+            if with_command:
+                check_command_allowed(rule, [name])
+        except ApiError as e:
+            return refused(e, "shell")
+    if with_command:
+        try:
+            command_argv({"command": params["command"], "shell": shell}, rule, lexical)
+        except ApiError as e:
+            return refused(e, "command")
+    if params.get("language") is not None:
+        try:
+            language = language_name(params["language"])
+        except ApiError as e:
+            return refused(e, "language")
+        if language not in rule.params.languages:
+            return {
+                "code": Code.LANGUAGE_NOT_ALLOWED,
+                "rule": policy_rule(rule, "params.languages"),
+                "param": "language",
+            }
+    if params.get("signal") is not None:
+        try:
+            if endpoint_id == "agents_terminal_kill":
+                number = integer(params["signal"], "signal")
+            else:
+                number = signal_number(params["signal"])
+        except ApiError as e:
+            return refused(e, "signal")
+        if number not in rule.params.allowed_signals:
+            return {
+                "code": Code.SIGNAL_NOT_ALLOWED,
+                "rule": policy_rule(rule, "params.allowed_signals"),
+                "param": "signal",
+            }
     return None

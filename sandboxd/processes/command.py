@@ -56,6 +56,26 @@ def shell_allowed(shell: str, allowed: Sequence[str]) -> bool:
     return False
 
 
+def check_shell(shell: Any, rule: EffectiveRule) -> str:
+    """
+    ``shell`` as a request names it (a name or a path), if the policy's
+    ``shells`` allow it: the one decision ``command_argv`` and a terminal's
+    start make, and that ``/capabilities/check`` answers with.
+
+    :raises ApiError: 400 ``invalid_param`` for what is no shell name,
+        403 ``param_not_allowed`` for a shell the policy leaves out.
+    """
+    if not isinstance(shell, str) or not shell or "\x00" in shell:
+        raise bad_request("'shell' must be a shell name or path")
+    if not shell_allowed(shell, rule.params.shells):
+        raise forbidden(
+            f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(rule, "params.shells"),
+        )
+    return shell
+
+
 def _runnable(path: str) -> bool:
     return os.access(path, os.X_OK) and not os.path.isdir(path)
 
@@ -202,22 +222,10 @@ def command_argv(
         shell; 403 ``command_not_allowed`` for a refused command,
         ``param_not_allowed`` for a refused shell.
     """
-    command = body.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise bad_request("'command' must be a non-empty string")
-    if "\x00" in command:
-        raise bad_request("'command' must not contain NUL")
+    command = command_text(body)
     shell = body.get("shell")
     if shell is not None and shell is not False:
-        if not isinstance(shell, str) or not shell:
-            raise bad_request("'shell' must be a shell name")
-        if not shell_allowed(shell, rule.params.shells):
-            raise forbidden(
-                f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
-                Code.PARAM_NOT_ALLOWED,
-                rule=policy_rule(rule, "params.shells"),
-            )
-        argv = [shell, "-c", command]
+        argv = [check_shell(shell, rule), "-c", command]
         check_command_allowed(rule, [shell])
         check_command_allowed(rule, _words(command))
         return argv
@@ -228,6 +236,20 @@ def command_argv(
     if not argv:
         raise bad_request("'command' is empty")
     return check_command_allowed(rule, argv, resolve)
+
+
+def command_text(body: Mapping[str, Any]) -> str:
+    """
+    A request's ``command``, before any rule decides it.
+
+    :raises ApiError: 400 ``invalid_param`` for no text, or text with NUL.
+    """
+    command = body.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise bad_request("'command' must be a non-empty string")
+    if "\x00" in command:
+        raise bad_request("'command' must not contain NUL")
+    return command
 
 
 #: Characters that make ``shlex.split`` differ from ``str.split``: quotes,
@@ -505,6 +527,55 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     if entry.pw_uid == euid:
         return None  # the daemon's own user (root named as root): no switch
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def signal_number(value: Any) -> int:
+    """
+    A request's ``signal``: a number, its decimal text, or a name with or
+    without ``SIG`` in any case (``15``, ``"15"``, ``"TERM"``, ``"SIGTERM"``).
+
+    :raises ApiError: 400 ``invalid_param`` for anything else.
+    """
+    if isinstance(value, bool) or value is None:
+        raise bad_request("'signal' must be a signal number or name")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        name = text if text.startswith("SIG") else "SIG" + text
+        try:
+            return int(signal.Signals[name])
+        except KeyError:
+            pass
+    raise bad_request(f"unknown signal {value!r}")
+
+
+#: Each language ``/code/run`` runs: its interpreters, first found on the
+#: child's PATH wins, and the flag that runs a program given as an
+#: argument.  Passing the code as an argument (not a file) keeps the
+#: seed's behaviour: Python's ``sys.path[0]`` and Node's ``require``
+#: resolve against the cwd.
+RUNTIMES: dict[str, tuple[tuple[str, ...], str]] = {
+    "python": (("python3", "python"), "-c"),
+    "node": (("node", "nodejs"), "-e"),
+    "bash": (("bash",), "-c"),
+}
+
+
+def language_name(value: Any) -> str:
+    """
+    A language :data:`RUNTIMES` knows, named in any case.
+
+    :raises ApiError: 400 ``invalid_param`` naming the ones it knows.
+    """
+    name = value.lower() if isinstance(value, str) else value
+    if isinstance(name, str) and name in RUNTIMES:
+        return name
+    raise bad_request(
+        f"Unsupported language {value!r}; use one of: {', '.join(RUNTIMES)}"
+    )
 
 
 def signal_name(number: int) -> str:

@@ -34,8 +34,10 @@ from sandboxd.policy import defaults
 from sandboxd.policy.confinement import confinement_of
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import (
+    RUNTIMES,
     check_command_allowed,
     find_executable,
+    language_name,
     resolve_user,
 )
 from sandboxd.processes.environment import (
@@ -47,16 +49,6 @@ from sandboxd.processes.environment import (
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import flag, seconds, string
-
-#: Each language's interpreters, first found on the child's PATH wins, and
-#: the flag that runs a program given as an argument.  Passing the code as
-#: an argument (not a file) keeps the seed's behaviour: Python's
-#: ``sys.path[0]`` and Node's ``require`` resolve against the cwd.
-RUNTIMES: dict[str, tuple[tuple[str, ...], str]] = {
-    "python": (("python3", "python"), "-c"),
-    "node": (("node", "nodejs"), "-e"),
-    "bash": (("bash",), "-c"),
-}
 
 
 def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
@@ -73,20 +65,6 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _language(value: Any) -> str:
-    """
-    A language :data:`RUNTIMES` knows, named in any case.
-
-    :raises ApiError: 400 ``invalid_param`` naming the ones it knows.
-    """
-    name = value.lower() if isinstance(value, str) else value
-    if isinstance(name, str) and name in RUNTIMES:
-        return name
-    raise bad_request(
-        f"Unsupported language {value!r}; use one of: {', '.join(RUNTIMES)}"
-    )
-
-
 async def code_run(request: ServerRequest) -> dict[str, Any]:
     """
     ``POST /code/run {"language"?, "code", "timeout"?, "cwd"?, "env"?, "user"?}``.
@@ -96,7 +74,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
     """
     body = request.body
     rule = request.rule
-    language = _language(body.get("language", "python"))
+    language = language_name(body.get("language", "python"))
     if language not in rule.params.languages:
         raise forbidden(
             f"the language {language!r} is not allowed"

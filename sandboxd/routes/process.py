@@ -14,7 +14,6 @@ import base64
 import binascii
 import errno
 import os
-import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -47,6 +46,7 @@ from sandboxd.processes.command import (
     RunAs,
     command_argv,
     resolve_user,
+    signal_number,
     system_program,
 )
 from sandboxd.processes.environment import (
@@ -515,23 +515,6 @@ def process_detail(request: ServerRequest) -> dict[str, Any]:
     return _managed(request).describe()
 
 
-def _signal_number(value: Any) -> int:
-    if isinstance(value, bool) or value is None:
-        raise bad_request("'signal' must be a signal number or name")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        text = value.strip().upper()
-        if text.lstrip("-").isdigit():
-            return int(text)
-        name = text if text.startswith("SIG") else "SIG" + text
-        try:
-            return int(signal.Signals[name])
-        except KeyError:
-            pass
-    raise bad_request(f"unknown signal {value!r}")
-
-
 #: The signals a process may be sent when no policy narrows the list.
 BUILT_IN_SIGNALS = frozenset(Params().allowed_signals)
 
@@ -554,7 +537,7 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
         )
     if "signal" not in request.body:
         raise bad_request("'signal' is required")
-    number = _signal_number(request.body["signal"])
+    number = signal_number(request.body["signal"])
     allowed = request.rule.params.allowed_signals
     if number not in allowed:
         raise signal_not_allowed(

@@ -20,15 +20,12 @@ from twisted.logger import Logger
 
 from sandboxd.daemon.readiness import Opening
 from sandboxd.errors import (
-    Code,
     bad_request,
-    forbidden,
     internal,
-    policy_rule,
 )
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
-from sandboxd.processes.command import find_executable, shell_allowed
+from sandboxd.processes.command import check_shell, find_executable, shell_allowed
 from sandboxd.terminals.table import TerminalTable
 
 if TYPE_CHECKING:
@@ -166,15 +163,8 @@ def choose_shell(
     bash or sh, whichever the policy allows and the child's PATH has."""
     allowed = rule.params.shells
     if requested is not None:
-        if not isinstance(requested, str) or not requested or "\x00" in requested:
-            raise bad_request("'shell' must be a shell name or path")
+        requested = check_shell(requested, rule)
         name = os.path.basename(requested)
-        if not shell_allowed(requested, allowed):
-            raise forbidden(
-                f"the shell {requested!r} is not allowed (allowed: {', '.join(allowed)})",
-                Code.PARAM_NOT_ALLOWED,
-                rule=policy_rule(rule, "params.shells"),
-            )
         path = find_executable(requested, env)
         if path is None:
             raise bad_request(f"shell not found: {requested}")

@@ -266,6 +266,108 @@ class CheckParamsTests(DaemonTestCase):
         self.assertEqual(body["code"], "signal_not_allowed")
 
 
+class CheckAgreesWithTheCallTests(DaemonTestCase):
+    """
+    ``/capabilities/check``'s answer about a call's params is the call's
+    own: allowed when the call goes through, else the call's code and rule,
+    naming the param that was refused.
+    """
+
+    policy = {
+        "groups": {"dev_tools": True},
+        "endpoints": {
+            "shell": {"params": {"deny_commands": ["rm"]}},
+            "code_run": {"params": {"languages": ["python"]}},
+            "process_signal": {"params": {"allowed_signals": [9, 15]}},
+        },
+    }
+
+    @inlineCallbacks
+    def agree(
+        self, endpoint: str, method: str, path: str, params: dict[str, Any]
+    ) -> Any:
+        """Ask check about ``params``, then make the call; the check's answer."""
+        reply = yield self.request(
+            "POST", "/capabilities/check", {"endpoint": endpoint, "params": params}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        check = reply.json()
+        real = yield self.request(method, path, params)
+        self.assertEqual(check["allowed"], real.status < 300, (params, real.body))
+        if not check["allowed"]:
+            answer = real.json()
+            self.assertEqual(
+                (check["code"], check["rule"]),
+                (answer["code"], answer.get("rule")),
+                params,
+            )
+        elif endpoint == "pty_create_session":
+            session = real.json()["session_id"]
+            yield self.request("DELETE", f"/pty/sessions/{session}")
+        return check
+
+    @inlineCallbacks
+    def test_terminal_shell(self) -> Any:
+        """A terminal's shell is decided alone: a refused one, by name or path, is refused."""
+        for shell in ("python3", "/usr/bin/python3"):
+            check = yield self.agree(
+                "pty_create_session", "POST", "/pty/sessions", {"shell": shell}
+            )
+            self.assertEqual(
+                (check["code"], check["param"]), ("param_not_allowed", "shell")
+            )
+        check = yield self.agree(
+            "pty_create_session", "POST", "/pty/sessions", {"shell": "sh"}
+        )
+        self.assertTrue(check["allowed"])
+
+    @inlineCallbacks
+    def test_command_and_shell(self) -> Any:
+        """With a command, a refused shell is named as ``shell``, a refused command as ``command``."""
+        check = yield self.agree(
+            "shell", "POST", "/shell", {"command": "print(1)", "shell": "python3"}
+        )
+        self.assertEqual(check["param"], "shell")
+        check = yield self.agree(
+            "shell", "POST", "/shell", {"command": "rm -rf x", "shell": "sh"}
+        )
+        self.assertEqual(
+            (check["code"], check["param"]), ("command_not_allowed", "command")
+        )
+        check = yield self.agree(
+            "shell", "POST", "/shell", {"command": "true", "shell": "sh"}
+        )
+        self.assertTrue(check["allowed"])
+
+    @inlineCallbacks
+    def test_language(self) -> Any:
+        """A language is named in any case; one the policy leaves out, or none known, is refused."""
+        check = yield self.agree(
+            "code_run", "POST", "/code/run", {"language": "Python", "code": "1"}
+        )
+        self.assertTrue(check["allowed"])
+        check = yield self.agree(
+            "code_run", "POST", "/code/run", {"language": "node", "code": "1"}
+        )
+        self.assertEqual(check["param"], "language")
+        check = yield self.agree(
+            "code_run", "POST", "/code/run", {"language": "cobol", "code": "1"}
+        )
+        self.assertEqual(check["code"], "invalid_param")
+
+    @inlineCallbacks
+    def test_signal_by_name(self) -> Any:
+        """A signal is decided by name as by number, as the call reads it."""
+        started = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        path = f"/process/{pid}/signal"
+        check = yield self.agree("process_signal", "POST", path, {"signal": "INT"})
+        self.assertEqual(check["param"], "signal")
+        check = yield self.agree("process_signal", "POST", path, {"signal": "SIGTERM"})
+        self.assertTrue(check["allowed"])
+
+
 class OpenAPITests(DaemonTestCase):
     """``GET /openapi.json`` is made once per policy in force."""
 

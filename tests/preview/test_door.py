@@ -321,6 +321,40 @@ class RoutingAndAuthTests(DoorCase):
         )
 
     @inlineCallbacks
+    def test_link_never_in_the_audit(self) -> None:
+        """
+        A live link presented as ``?sbx_link=`` (on a refused POST, on a
+        GET traded for the cookie) or under another parameter's name is
+        masked in every audit line: the audit file never holds a link that
+        would open the app.
+        """
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+        response, _ = yield self.fetch(
+            "POST",
+            f"/?sbx_link={link}",
+            token=None,
+            headers={"origin": "http://evil.example"},
+        )
+        self.assertIn(response.code, (401, 403))
+        response, _ = yield self.fetch("GET", f"/nope?sbx_link={link}", token=None)
+        self.assertEqual(response.code, 303)
+        response, _ = yield self.fetch("GET", f"/headers?next={link}", token=None)
+        self.assertEqual(response.code, 401)
+        lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
+        self.assertEqual(
+            [r["query"] for r in lines[-3:]],
+            ["sbx_link=%2A%2A%2A", "sbx_link=%2A%2A%2A", "next=%2A%2A%2A"],
+        )
+        with open(self.audit_path) as f:
+            written = f.read()
+        self.assertNotIn("sbxl_", written)
+        # The link is live: it is what the audit must not have held.
+        response, _ = yield self.fetch("GET", "/", token=link)
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
     def test_public_and_path_mode(self) -> None:
         """A public exposure needs nothing; /p/PORT/ reaches it on the door's own host."""
         yield self.expose(public=True)

@@ -318,6 +318,73 @@ class ArchiveTests(FilesCase):
         self.assertEqual(self.read("dst/f.txt"), b"new")
 
 
+#: The guard's own resolution, for the tests that run code right after it.
+_LOCATE = PathGuard.locate
+
+
+class ArchiveRaceTests(OutsideCase):
+    """
+    A directory asked for in ``/files/archive``, removed or swapped for a
+    link to outside once the guard resolved it (what a process racing the
+    call does): the call answers as files_list does, 404 for what is gone
+    and 403 for a link out, never a 500, and nothing from outside.
+    """
+
+    def swap_after(self, calls: int, swap: Any) -> None:
+        """Run ``swap`` right after the guard resolves ``race`` for the ``calls``-th time."""
+        real = _LOCATE
+        seen = []
+
+        def locate(guard: PathGuard, path: Any, *args: Any, **kwargs: Any) -> Any:
+            loc = real(guard, path, *args, **kwargs)
+            if path == "race":
+                seen.append(path)
+                if len(seen) == calls:
+                    swap()
+            return loc
+
+        self.patch(PathGuard, "locate", locate)
+
+    def to_outside(self) -> None:
+        race = os.path.join(self.base_dir, "race")
+        os.rename(race, race + ".old")
+        os.symlink(self.outside, race)
+
+    def removed(self) -> None:
+        race = os.path.join(self.base_dir, "race")
+        os.rename(race, race + ".old")
+
+    @inlineCallbacks
+    def test_swapped_or_gone(self) -> Any:
+        """
+        Swapped before the count (the call's second resolution) or before
+        the packing (its third): 403 ``path_not_allowed``; removed: 404.
+        """
+        for calls, swap, answer in (
+            (2, self.to_outside, (403, "path_not_allowed")),
+            (3, self.to_outside, (403, "path_not_allowed")),
+            (2, self.removed, (404, "not_found")),
+        ):
+            race = os.path.join(self.base_dir, "race")
+            for left in (race, race + ".old"):
+                if os.path.islink(left):
+                    os.unlink(left)
+                elif os.path.isdir(left):
+                    os.rename(left, self.mktemp())
+            self.put("race/inside.txt", b"inside")
+            self.swap_after(calls, swap)
+            reply = yield self.request("POST", "/files/archive", {"paths": ["race"]})
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), answer, (calls, reply.body)
+            )
+            self.assertNotIn(b"OUTSIDE", reply.body)
+        # Untouched, the same directory packs as ever.
+        self.patch(PathGuard, "locate", _LOCATE)
+        self.put("race.old/again.txt", b"again")
+        reply = yield self.request("POST", "/files/archive", {"paths": ["race.old"]})
+        self.assertEqual(reply.status, 200, reply.body)
+
+
 class BombTests(FilesCase):
     policy = {
         "endpoints": {
