@@ -115,7 +115,9 @@ def open_session(
     limits = request.rule.limits
     try:
         session = _service(request).table.create(
-            request.identity.id,
+            # A link's terminal is its minter's: the minter's to attach to
+            # and close.
+            request.identity.root,
             spec,
             limits.max_sessions or 10,
             limits.idle_timeout_seconds,
