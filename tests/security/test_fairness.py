@@ -112,6 +112,63 @@ class FairShareTests(DaemonTestCase):
         self.assertEqual(shared, 200)
 
 
+class TerminalAndProcessShareTests(DaemonTestCase):
+    """Terminals and background processes keep a share for the others too."""
+
+    environ = {"ALICE": "alice-token", "BOB": "bob-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "ALICE", "scopes": ["*"]},
+                {"id": "bob", "token_env": "BOB", "scopes": ["*"]},
+            ]
+        },
+        "endpoints": {
+            "pty_create_session": {"limits": {"max_sessions": 4}},
+            "process_start": {"limits": {"max_processes": 4}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_terminals(self) -> Any:
+        """
+        Alice opens 2 of 4 terminals, the third is 429 naming
+        max_per_identity; Bob still opens one.
+        """
+        codes = []
+        for _ in range(3):
+            reply = yield self.request(
+                "POST", "/pty/sessions", {"shell": "sh"}, token="alice-token"
+            )
+            codes.append(reply.status)
+        self.assertEqual(codes, [200, 200, 429])
+        self.assertEqual(reply.json()["code"], "too_many_sessions")
+        self.assertIn("max_per_identity", reply.json()["rule"])
+        bob = yield self.request(
+            "POST", "/pty/sessions", {"shell": "sh"}, token="bob-token"
+        )
+        self.assertEqual(bob.status, 200, bob.body)
+
+    @inlineCallbacks
+    def test_processes(self) -> Any:
+        """
+        Alice runs 2 of 4 background processes, the third is 429 naming
+        max_per_identity; Bob still starts one.
+        """
+        start = {"command": "sleep 30", "shell": "sh"}
+        codes = []
+        for _ in range(3):
+            reply = yield self.request(
+                "POST", "/process/start", start, token="alice-token"
+            )
+            codes.append(reply.status)
+        self.assertEqual(codes, [200, 200, 429])
+        self.assertEqual(reply.json()["code"], "too_many_processes")
+        self.assertIn("max_per_identity", reply.json()["rule"])
+        bob = yield self.request("POST", "/process/start", start, token="bob-token")
+        self.assertEqual(bob.status, 200, bob.body)
+
+
 class LinkShareTests(DaemonTestCase):
     """
     A capability link counts against its minter's bounds: minting links
