@@ -47,6 +47,16 @@ class Identity:
         namespace, colon, _ = scope.partition(":")
         return bool(colon) and f"{namespace}:*" in self.scopes
 
+    @property
+    def root(self) -> str:
+        """
+        Who this caller acts for: a link's minter, else the caller itself.
+        Every per-identity bound (``rate_per_minute``, ``max_per_identity``
+        and the like) counts against it, and what a caller opens belongs to
+        it: a token that mints links gets no more than its own share.
+        """
+        return self.on_behalf_of or self.id
+
     def acts_for(self, owner: str) -> bool:
         """
         Whether this identity may see and drive what ``owner`` made (a

@@ -402,7 +402,7 @@ def admit(
         limits = rule.limits
         if limits.rate_per_minute is not None:
             try:
-                context.rates.take(identity.id, endpoint.id, limits.rate_per_minute)
+                context.rates.take(identity.root, endpoint.id, limits.rate_per_minute)
             except ApiError as e:
                 e.extra.setdefault("rule", rule.source("limits.rate_per_minute"))
                 raise

@@ -222,7 +222,7 @@ class Link:
 
 def root_of(identity: Identity) -> str:
     """Who a caller acts for: a link's minter, else the caller itself."""
-    return identity.on_behalf_of or identity.id
+    return identity.root
 
 
 #: Why a well-formed link fails its check when the key is made at each

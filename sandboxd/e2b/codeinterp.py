@@ -161,7 +161,7 @@ async def _target(call: Call, body: dict[str, Any]) -> Any:
             raise bad_request("'context_id' must be a string")
         return service.get(context_id, call.identity)
     lang = str(language or "python").lower()
-    key = (call.identity.id, lang)
+    key = (call.identity.root, lang)
     pending = service.e2b_pending.get(key)
     if pending is not None:
         # Calls that come while the default is being made share it: each

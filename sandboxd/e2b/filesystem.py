@@ -386,7 +386,7 @@ def create_watcher(call: Call, message: dict[str, Any]) -> Any:
     """``CreateWatcher``: a watcher to poll with ``GetWatcherEvents``."""
     guard = _guard(call)
     include = bool_field(message, "include_entry")
-    owner = call.identity.id
+    owner = call.identity.root
 
     def ready(opened: tuple[str, Watch]) -> dict[str, Any]:
         root, watch = opened
@@ -402,7 +402,7 @@ def create_watcher(call: Call, message: dict[str, Any]) -> Any:
 def get_watcher_events(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``GetWatcherEvents``: what happened since the last poll."""
     watchers = _watchers(call)
-    watcher = watchers.get(_path(message, "watcher_id"), call.identity.id)
+    watcher = watchers.get(_path(message, "watcher_id"), call.identity.root)
     watchers.touch(watcher)
     # The debounce holds the newest events back for a moment: take them now.
     watcher.watch._flush()
@@ -419,7 +419,7 @@ def get_watcher_events(call: Call, message: dict[str, Any]) -> dict[str, Any]:
 def remove_watcher(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``RemoveWatcher``."""
     watchers = _watchers(call)
-    watcher = watchers.get(_path(message, "watcher_id"), call.identity.id)
+    watcher = watchers.get(_path(message, "watcher_id"), call.identity.root)
     watchers.remove(watcher.id)
     return {}
 

@@ -172,7 +172,7 @@ class CodeService(Service):
             raise _too_many(
                 f"{len(live)} code contexts are open (max_contexts {total})", total
             )
-        own = sum(1 for c in live if c.owner == identity.id)
+        own = sum(1 for c in live if c.owner == identity.root)
         if own >= mine:
             raise _too_many(
                 f"you have {own} code contexts open (max_contexts_per_identity {mine})",

@@ -87,7 +87,13 @@ class LspService(Service):
         self._forget_failed()
         self.check_room(identity, limits)
         session = LspSession(
-            self.reactor, self.context.children, spec, identity.id, root, run_as, limits
+            self.reactor,
+            self.context.children,
+            spec,
+            identity.root,
+            root,
+            run_as,
+            limits,
         )
         self.sessions[session.id] = session
         session.start(argv, env, confine).addErrback(lambda _: None)
@@ -126,7 +132,7 @@ class LspService(Service):
             len(self.context.policy.tokens.ids()),
             limits.get("max_per_identity"),
         )
-        own = sum(1 for s in live if s.owner == identity.id)
+        own = sum(1 for s in live if s.owner == identity.root)
         if own >= mine:
             raise _too_many(
                 f"you have {own} language servers running (max_per_identity {mine})",

@@ -221,8 +221,14 @@ class SessionTable:
         return session
 
     def held_by(self, identity: Identity) -> int:
-        """How many open sessions ``identity`` holds."""
-        return sum(1 for s in self.sessions.values() if s.identity.id == identity.id)
+        """
+        How many open sessions count against ``identity``'s share: its own
+        and its minter's links' (a link's are its minter's).  Using one
+        stays with the exact identity that opened it (:meth:`get`), whose
+        scopes its calls carry.
+        """
+        root = identity.root
+        return sum(1 for s in self.sessions.values() if s.identity.root == root)
 
     def get(self, session_id: str, identity: Identity) -> Session | None:
         """

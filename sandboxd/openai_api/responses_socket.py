@@ -134,7 +134,7 @@ def agents_responses_connect(request: ServerRequest) -> UpgradeResponse:
         )
     factory = factory_of(request)
     limit = request.rule.limits.max_sessions
-    if limit and len(factory.sockets.get(request.identity.id, ())) >= limit:
+    if limit and len(factory.sockets.get(request.identity.root, ())) >= limit:
         raise limit_exceeded(
             429,
             f"at most {limit} Responses WebSockets open per caller; close one first",
@@ -877,12 +877,12 @@ class ResponsesSocketFactory(WebSocketServerFactory):
         )
 
     def opened(self, socket: ResponsesSocket) -> None:
-        """Count a socket against its owner's bound."""
-        self.sockets.setdefault(socket.admitted.identity.id, set()).add(socket)
+        """Count a socket against its owner's bound (a link's: its minter's)."""
+        self.sockets.setdefault(socket.admitted.identity.root, set()).add(socket)
 
     def closed(self, socket: ResponsesSocket) -> None:
         """Uncount it."""
-        owner = socket.admitted.identity.id
+        owner = socket.admitted.identity.root
         held = self.sockets.get(owner)
         if held is not None:
             held.discard(socket)

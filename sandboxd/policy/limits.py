@@ -3,11 +3,14 @@
 Rate and concurrency limits (SPEC §5.5).
 
 Rates are token buckets per (identity, endpoint) that refill over a minute;
-concurrency counts requests and streams in flight per endpoint.  The
-endpoints are fixed by the policy, and so are its tokens; but every
-capability link is an identity of its own, so the buckets of the callers
-of the last minute are kept, no more: a bucket unused for a minute is full
-again, and a full bucket is what a new one is.
+concurrency counts requests and streams in flight per endpoint.  A
+capability link spends its minter's bucket (the gate keys by
+``Identity.root``): counted as an identity of its own, every link a token
+minted would be a fresh minute's worth of calls.  The endpoints are fixed
+by the policy, and so are its tokens; still only the buckets of the
+callers of the last minute are kept, no more (whatever names a door
+passes in, the table cannot grow past them): a bucket unused for a minute
+is full again, and a full bucket is what a new one is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from sandboxd.policy.defaults import RATE_BUCKETS_PRUNED_PAST
 
 
 class RateLimiter:
-    """Token buckets of ``rate_per_minute`` per identity and endpoint."""
+    """
+    Token buckets of ``rate_per_minute`` per identity and endpoint (a link's
+    key is its minter's).
+    """
 
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock

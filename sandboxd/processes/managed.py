@@ -54,6 +54,9 @@ class Managed:
         #: seed answers both.
         self.capture_output: bool | None = None
         self.ended_at: float | None = None
+        #: The identity whose ``max_per_identity`` share it counts against
+        #: (a link's minter; None: started by the daemon itself).
+        self.owner: str | None = None
         self._decoders = {
             fd: codecs.getincrementaldecoder("utf-8")("surrogateescape")
             for fd in STREAM_NAMES

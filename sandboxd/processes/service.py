@@ -28,6 +28,7 @@ from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PROCESS_HISTORY,
     PROCESS_HISTORY_BYTES,
+    identity_cap,
 )
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes import reaping
@@ -73,7 +74,7 @@ class ProcessService(Service):
         self.grace = grace
         self.table: OrderedDict[int, Managed] = OrderedDict()
         #: Started, with the spawn still on a worker thread (not in the table yet).
-        self.starting = 0
+        self.starting: list[Managed] = []
         self.reaper = OrphanReaper(reactor)
         self.subreaper = False
 
@@ -105,23 +106,48 @@ class ProcessService(Service):
 
     def running_count(self) -> int:
         """Background processes not yet exited (or still being spawned)."""
-        return self.starting + sum(1 for m in self.table.values() if m.running)
+        return len(self.starting) + sum(1 for m in self.table.values() if m.running)
 
-    def check_room(self, rule: EffectiveRule) -> None:
+    def check_room(
+        self, rule: EffectiveRule, owner: str | None = None, identities: int = 1
+    ) -> None:
         """
         Refuse a new background process at ``rule``'s ``max_processes``
-        running ones (SPEC §11.4), before anything is started.
+        running ones (SPEC §11.4), or at ``owner``'s share of them
+        (``max_per_identity``, by default half when ``identities`` > 1), before
+        anything is started: background processes have no idle timeout, so
+        one identity holding them all would lock the others out until
+        someone signals them.
 
+        :param owner: who starts it (None: the daemon's own, e.g. an agent's
+            install, bound by the cap alone).
         :raises ApiError: 429 ``too_many_processes``.
         """
         limit = rule.limits.max_processes
-        if limit is not None and self.running_count() >= limit:
+        if limit is None:
+            return
+        if self.running_count() >= limit:
             raise limit_exceeded(
                 429,
                 f"too many processes running (at most {limit})",
                 Code.TOO_MANY_PROCESSES,
                 rule=limit_rule(rule, "max_processes"),
                 limit="max_processes",
+            )
+        if owner is None:
+            return
+        mine = identity_cap(limit, identities, rule.limits.max_per_identity)
+        held = sum(1 for m in self.starting if m.owner == owner) + sum(
+            1 for m in self.table.values() if m.running and m.owner == owner
+        )
+        if held >= mine:
+            raise limit_exceeded(
+                429,
+                f"you have {held} processes running, your share of {limit} "
+                "(max_per_identity); end one first",
+                Code.TOO_MANY_PROCESSES,
+                rule=limit_rule(rule, "max_per_identity"),
+                limit="max_per_identity",
             )
 
     def start(
@@ -139,9 +165,13 @@ class ProcessService(Service):
         idle_timeout: float | None = None,
         may_wait: bool = False,
         confine: Confinement | None = None,
+        owner: str | None = None,
     ) -> Managed:
         """
         Start a background process and record it.
+
+        :param owner: the identity whose share it counts against (None: the
+            daemon's own).
 
         With ``may_wait`` (see :func:`spawn`) the spawn may still be on a
         worker thread on return: the process is recorded once it runs, and
@@ -162,6 +192,7 @@ class ProcessService(Service):
             self.reactor, on_output, timeout=timeout, idle_timeout=idle_timeout
         )
         managed = Managed(child, command, tag, retention)
+        managed.owner = owner
         holder.append(managed)
         spawn(
             self.reactor,
@@ -178,15 +209,15 @@ class ProcessService(Service):
         if not child.pending:
             self._record(managed)
             return managed
-        self.starting += 1
+        self.starting.append(managed)
 
         def spawned(_: object) -> None:
-            self.starting -= 1
+            self.starting.remove(managed)
             self._record(managed)
 
         def not_spawned(_: Failure) -> None:
             # Whoever started it hears why through its own when_spawned().
-            self.starting -= 1
+            self.starting.remove(managed)
 
         child.when_spawned().addCallbacks(spawned, not_spawned)
         return managed

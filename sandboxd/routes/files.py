@@ -989,7 +989,8 @@ def files_watch(request: ServerRequest) -> Any:
             frame("change", change, event.seq) for change in seed_changes(data)
         )
 
-    owner = request.identity.id if request.identity is not None else ""
+    # A link's watches are its minter's share.
+    owner = request.identity.root if request.identity is not None else ""
     mine = identity_cap(
         MAX_WATCHES,
         len(request.context.policy.tokens.ids()),

@@ -185,7 +185,7 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
     ctx = CodeContext(
         svc,
         spec,
-        request.identity.id,
+        request.identity.root,
         cwd,
         env,
         run_as,

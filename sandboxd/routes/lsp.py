@@ -162,7 +162,7 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
         request.context.reactor,
         request.context.children,
         spec,
-        request.identity.id,
+        request.identity.root,
         root,
         run_as,
         limits,
@@ -262,7 +262,7 @@ def running(
         home = server_environment(request, run_as).get("HOME")
         confine = confinement_of(request.rule, home)
     for spec in specs:
-        session = svc.find(request.identity.id, spec, root, run_as, confine)
+        session = svc.find(request.identity.root, spec, root, run_as, confine)
         if session is not None:
             return session
     return None

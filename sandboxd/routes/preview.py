@@ -147,7 +147,7 @@ async def preview_expose(request: ServerRequest) -> ServerResponse:
         label,
         public,
         host_header,
-        request.identity.on_behalf_of or request.identity.id,
+        request.identity.root,
         ttl,
         rule.limits.max_sessions,
         limit_rule(rule, "max_sessions"),

@@ -465,16 +465,19 @@ def start_managed(
 ) -> processes.Managed:
     """
     Start ``spec`` as one of the daemon's background processes, within the
-    endpoint's ``max_processes``, its output kept up to ``max_output_bytes``
+    endpoint's ``max_processes`` and the caller's share of them
+    (``max_per_identity``), its output kept up to ``max_output_bytes``
     (for ``/process/start`` and the doors' calls that start a process).
 
     :param command: how listings show it (default: the request's command).
-    :raises ApiError: 429 past ``max_processes`` running.
+    :raises ApiError: 429 past ``max_processes`` running, or the caller's share.
     :raises OSError: the spawn failed at once (each caller says how).
     """
     service = _service(request)
     rule = request.rule
-    service.check_room(rule)
+    # A link's processes count against its minter's share.
+    owner = request.identity.root
+    service.check_room(rule, owner, len(request.context.policy.tokens.ids()))
     retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     return service.start(
         spec.argv,
@@ -489,6 +492,7 @@ def start_managed(
         idle_timeout=spec.idle_timeout,
         may_wait=True,
         confine=spec.confine,
+        owner=owner,
     )
 
 

@@ -27,13 +27,16 @@ from sandboxd.errors import (
     out_of_resources,
 )
 from sandboxd.policy.confinement import confinement_of
+from sandboxd.policy.defaults import ENDPOINT_LIMITS, identity_cap
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import PtySession, SpawnRequest
-from sandboxd.terminals.table import TooManySessions
+from sandboxd.terminals.table import ShareTaken, TooManySessions
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import dimension
+
+_DEFAULTS = ENDPOINT_LIMITS["pty_create_session"]
 
 
 def _service(request: ServerRequest) -> TerminalService:
@@ -106,20 +109,38 @@ def open_session(
 ) -> PtySession:
     """
     Start ``spec`` on a terminal of the caller's, within the endpoint's
-    ``max_sessions``, idle and duration bounds, audited when it ends (the
+    ``max_sessions`` (and the caller's share of it, ``max_per_identity``),
+    idle and duration bounds, audited when it ends (the
     terminal routes' own, and a door's that runs a command on a PTY).
 
     :raises ApiError: 429 ``too_many_sessions``, 503 when out of
         descriptors or processes, 500 when the PTY cannot be opened.
     """
     limits = request.rule.limits
+    total = limits.max_sessions or _DEFAULTS["max_sessions"]
+    mine = identity_cap(
+        total, len(request.context.policy.tokens.ids()), limits.max_per_identity
+    )
     try:
         session = _service(request).table.create(
-            request.identity.id,
+            # A link's terminal is its minter's: its share, and the minter's
+            # to attach to and close.
+            request.identity.root,
             spec,
-            limits.max_sessions or 10,
+            total,
             limits.idle_timeout_seconds,
+            mine=mine,
         )
+    except ShareTaken as e:
+        raise limit_exceeded(
+            429,
+            f"you have {e.args[0]} PTY sessions open, your share of {total} "
+            "(max_per_identity); close one first",
+            Code.TOO_MANY_SESSIONS,
+            rule=limit_rule(request.rule, "max_per_identity"),
+            type="RuntimeError",
+            limit=e.args[0],
+        ) from None
     except TooManySessions as e:
         raise limit_exceeded(
             429,

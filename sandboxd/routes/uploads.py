@@ -54,8 +54,12 @@ def _table(request: ServerRequest) -> UploadTable:
 
 
 def _owner(request: ServerRequest) -> str:
-    """Who an upload belongs to: the token identity that created it."""
-    return request.identity.id if request.identity is not None else ""
+    """
+    Who an upload belongs to: the token identity that created it, or that
+    minted the link that did (its share is the minter's, and the minter may
+    carry the upload on or drop it).
+    """
+    return request.identity.root if request.identity is not None else ""
 
 
 def _upload(request: ServerRequest) -> Upload:

@@ -25,6 +25,10 @@ class TooManySessions(Exception):
     """The session table is full."""
 
 
+class ShareTaken(TooManySessions):
+    """The owner holds its share of the table (``max_per_identity``)."""
+
+
 class TerminalTable:
     """
     Every terminal session of the daemon, by id.
@@ -64,11 +68,16 @@ class TerminalTable:
         max_sessions: int,
         idle_timeout: float | None,
         spawn: Spawn | None = None,
+        mine: int | None = None,
     ) -> PtySession:
         """
         Start a shell (by ``spawn``, default a real PTY) and keep its session.
 
+        :param mine: how many of the table's live sessions ``owner`` may
+            hold (None: all), so that one identity cannot hold every
+            terminal while the idle timeout keeps them for half an hour.
         :raises TooManySessions: ``max_sessions`` shells already run.
+        :raises ShareTaken: ``owner`` already runs ``mine`` of them.
         :raises OSError: the PTY or the fork failed.
         """
         from sandboxd.terminals.session import PtySession, new_session_id, spawn_shell
@@ -76,6 +85,10 @@ class TerminalTable:
         self.reap()
         if len(self.sessions) >= max_sessions:
             raise TooManySessions(max_sessions)
+        if mine is not None:
+            held = sum(1 for s in self.sessions.values() if s.owner == owner)
+            if held >= mine:
+                raise ShareTaken(mine)
         session = PtySession(
             id=new_session_id(),
             owner=owner,

@@ -8,6 +8,7 @@ in, or the endpoint's ``limits.max_per_identity``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -109,3 +110,175 @@ class FairShareTests(DaemonTestCase):
         # Following a watch someone else started costs nothing.
         shared = yield self.open_watch("bob-token", "w1")
         self.assertEqual(shared, 200)
+
+
+class TerminalAndProcessShareTests(DaemonTestCase):
+    """Terminals and background processes keep a share for the others too."""
+
+    environ = {"ALICE": "alice-token", "BOB": "bob-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "ALICE", "scopes": ["*"]},
+                {"id": "bob", "token_env": "BOB", "scopes": ["*"]},
+            ]
+        },
+        "endpoints": {
+            "pty_create_session": {"limits": {"max_sessions": 4}},
+            "process_start": {"limits": {"max_processes": 4}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_terminals(self) -> Any:
+        """
+        Alice opens 2 of 4 terminals, the third is 429 naming
+        max_per_identity; Bob still opens one.
+        """
+        codes = []
+        for _ in range(3):
+            reply = yield self.request(
+                "POST", "/pty/sessions", {"shell": "sh"}, token="alice-token"
+            )
+            codes.append(reply.status)
+        self.assertEqual(codes, [200, 200, 429])
+        self.assertEqual(reply.json()["code"], "too_many_sessions")
+        self.assertIn("max_per_identity", reply.json()["rule"])
+        bob = yield self.request(
+            "POST", "/pty/sessions", {"shell": "sh"}, token="bob-token"
+        )
+        self.assertEqual(bob.status, 200, bob.body)
+
+    @inlineCallbacks
+    def test_processes(self) -> Any:
+        """
+        Alice runs 2 of 4 background processes, the third is 429 naming
+        max_per_identity; Bob still starts one.
+        """
+        start = {"command": "sleep 30", "shell": "sh"}
+        codes = []
+        for _ in range(3):
+            reply = yield self.request(
+                "POST", "/process/start", start, token="alice-token"
+            )
+            codes.append(reply.status)
+        self.assertEqual(codes, [200, 200, 429])
+        self.assertEqual(reply.json()["code"], "too_many_processes")
+        self.assertIn("max_per_identity", reply.json()["rule"])
+        bob = yield self.request("POST", "/process/start", start, token="bob-token")
+        self.assertEqual(bob.status, 200, bob.body)
+
+
+class LinkShareTests(DaemonTestCase):
+    """
+    A capability link counts against its minter's bounds: minting links
+    gets a token no more calls and no bigger share than its own.
+    """
+
+    environ = {"ALICE": "alice-token", "BOB": "bob-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "alice",
+                    "token_env": "ALICE",
+                    "scopes": ["files:read", "files:write", "links:mint"],
+                },
+                {"id": "bob", "token_env": "BOB", "scopes": ["*"]},
+            ]
+        },
+        "endpoints": {
+            "files_stat": {"limits": {"rate_per_minute": 3}},
+            "files_uploads_create": {"limits": {"max_sessions": 4}},
+        },
+    }
+
+    @inlineCallbacks
+    def link(self) -> Any:
+        """A console link of Alice's with her file scopes."""
+        reply = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read", "files:write"]},
+            token="alice-token",
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        return reply.json()["token"]
+
+    @inlineCallbacks
+    def test_rate(self) -> Any:
+        """
+        Alice spends her 3 calls a minute; a link she mints then is 429
+        too, and one minted before spends the same bucket.
+        """
+        early = yield self.link()
+        with open(os.path.join(self.base_dir, "f"), "w") as f:
+            f.write("x")
+        codes = []
+        for token in ("alice-token", early, "alice-token"):
+            reply = yield self.request("GET", "/files/stat?path=f", token=token)
+            codes.append(reply.status)
+        self.assertEqual(codes, [200, 200, 200])
+        late = yield self.link()
+        for token in (late, early, "alice-token"):
+            reply = yield self.request("GET", "/files/stat?path=f", token=token)
+            self.assertEqual(reply.status, 429, reply.body)
+            self.assertEqual(reply.json()["code"], "rate_limited")
+        bob = yield self.request("GET", "/files/stat?path=f", token="bob-token")
+        self.assertEqual(bob.status, 200, bob.body)
+
+    @inlineCallbacks
+    def test_uploads(self) -> Any:
+        """
+        Alice's links open uploads out of her share (2 of 4): the second
+        link's is 429, Bob still opens one, and Alice may read and drop the
+        upload her link opened.
+        """
+        first = yield self.link()
+        second = yield self.link()
+        codes = []
+        ids = []
+        for n, token in enumerate(("alice-token", first, second)):
+            reply = yield self.request(
+                "POST", "/files/uploads", {"path": f"a{n}.bin", "size": 10}, token=token
+            )
+            codes.append(reply.status)
+            ids.append(reply.json().get("upload_id"))
+        self.assertEqual(codes, [201, 201, 429])
+        self.assertIn("max_per_identity", reply.json()["rule"])
+        bob = yield self.request(
+            "POST", "/files/uploads", {"path": "b.bin", "size": 10}, token="bob-token"
+        )
+        self.assertEqual(bob.status, 201, bob.body)
+        seen = yield self.request(
+            "GET", f"/files/uploads/{ids[1]}", token="alice-token"
+        )
+        self.assertEqual(seen.status, 200, seen.body)
+        dropped = yield self.request(
+            "DELETE", f"/files/uploads/{ids[1]}", token="alice-token"
+        )
+        self.assertEqual(dropped.status, 200, dropped.body)
+        again = yield self.request(
+            "POST", "/files/uploads", {"path": "a3.bin", "size": 10}, token=second
+        )
+        self.assertEqual(again.status, 201, again.body)
+
+    @inlineCallbacks
+    def test_mcp_sessions(self) -> Any:
+        """Of 32 MCP sessions, Alice's share (16) holds her links' sessions too."""
+        token = yield self.link()
+        codes = []
+        for n in range(17):
+            reply = yield self.daemon.request(
+                "POST",
+                "/mcp",
+                INIT,
+                headers=MCP_HEADERS,
+                token="alice-token" if n % 2 else token,
+            )
+            codes.append(reply.status)
+        self.assertEqual(codes, [200] * 16 + [429])
+        bob = yield self.daemon.request(
+            "POST", "/mcp", INIT, headers=MCP_HEADERS, token="bob-token"
+        )
+        self.assertEqual(bob.status, 200)

@@ -15,7 +15,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.terminals.session import PtySession, Scrollback, SpawnRequest
-from sandboxd.terminals.table import TerminalTable, TooManySessions
+from sandboxd.terminals.table import ShareTaken, TerminalTable, TooManySessions
 
 
 class FakePTY:
@@ -358,6 +358,21 @@ class TableTests(SynchronousTestCase):
         first.shell_ended(Failure(ProcessDone(0)))
         table.create("me", spec, 2, None, spawn=self.spawn)
         self.assertNotIn(first.id, table.sessions)
+
+    def test_share_of_the_cap(self) -> None:
+        """
+        Past its share one owner's creation fails while another's still
+        succeeds, and an ended session gives its owner the slot back.
+        """
+        table = TerminalTable(Clock())
+        spec = SpawnRequest("/bin/sh", ["sh"], {}, "/", 80, 24)
+        first = table.create("me", spec, 4, None, spawn=self.spawn, mine=2)
+        table.create("me", spec, 4, None, spawn=self.spawn, mine=2)
+        with self.assertRaises(ShareTaken):
+            table.create("me", spec, 4, None, spawn=self.spawn, mine=2)
+        table.create("you", spec, 4, None, spawn=self.spawn, mine=2)
+        first.shell_ended(Failure(ProcessDone(0)))
+        table.create("me", spec, 4, None, spawn=self.spawn, mine=2)
 
 
 class KeystrokeTests(SynchronousTestCase):

@@ -156,7 +156,8 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_processes",
-                "max_processes (100) are running",
+                "max_processes (100) are running, or the caller's share of "
+                "them (max_per_identity)",
                 "ResourceError",
             ),
         ),

@@ -36,7 +36,13 @@ SCHEMAS: dict[str, Schema] = {
             E(400, "invalid_param", "cols/rows not integers in range, bad env or user"),
             E(403, "param_not_allowed", "shell or user refused by params"),
             *GUARD[1:],
-            E(429, "too_many_sessions", "max_sessions (10) are open", "RuntimeError"),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions (10) are open, or the caller's share of them "
+                "(max_per_identity)",
+                "RuntimeError",
+            ),
             E(500, "internal", "the PTY could not be created", "OSError"),
         ),
         notes="TERM=xterm-256color; the shell runs in its own session. Closed after "
