@@ -50,6 +50,7 @@ from sandboxd.mcp.tools import Toolbox
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     ENDPOINT_LIMITS,
+    MCP_SESSION_QUIET_SECONDS,
     MCP_SWEEP_SECONDS,
     identity_cap,
 )
@@ -159,6 +160,8 @@ class McpDoor(Service):
         if len(self.sessions) >= limit:
             self.sessions.expire(now, self._idle())
         if len(self.sessions) >= limit:
+            self._make_room(now, None)
+        if len(self.sessions) >= limit:
             return limit_exceeded(
                 429,
                 f"too many MCP sessions ({limit} open); end one with DELETE",
@@ -171,6 +174,8 @@ class McpDoor(Service):
             limit, len(self.context.policy.tokens.ids()), rule.limits.max_per_identity
         )
         if self.sessions.held_by(identity) >= mine:
+            self._make_room(now, identity.root)
+        if self.sessions.held_by(identity) >= mine:
             return limit_exceeded(
                 429,
                 f"this identity has {mine} MCP sessions open, its share of "
@@ -182,6 +187,22 @@ class McpDoor(Service):
         session = self.sessions.create(identity, version, now)
         self._schedule_sweep()
         return session
+
+    def _make_room(self, now: float, root: str | None) -> None:
+        """
+        Close the quietest session whose client is likely gone (of
+        ``root``'s share when given): its client, if it comes back, is told
+        the session is unknown and initializes anew, as MCP clients do.
+        """
+        victim = self.sessions.quietest(now, MCP_SESSION_QUIET_SECONDS, root)
+        if victim is not None:
+            self.sessions.remove(victim)
+            log.info(
+                "sandboxd: MCP session {id} closed, quiet for {seconds:.0f} s, "
+                "to make room for a new one",
+                id=victim.id[:8],
+                seconds=now - victim.last_seen,
+            )
 
     # -- reload ------------------------------------------------------------
 

@@ -188,6 +188,13 @@ class Session:
 
         channel.on_disconnect(gone)
 
+    def connected(self) -> bool:
+        """Whether a connection shows any of its streams."""
+        return any(
+            stream.channel is not None and stream.channel.open
+            for stream in self.streams.values()
+        )
+
     def close(self) -> None:
         """End the session: cancel its calls, close its connections."""
         self.closed = True
@@ -244,6 +251,24 @@ class SessionTable:
         """Close and forget a session."""
         self.sessions.pop(session.id, None)
         session.close()
+
+    def quietest(
+        self, now: float, quiet: float, root: str | None = None
+    ) -> Session | None:
+        """
+        The session least recently used of those with no call running and
+        no connection open for ``quiet`` seconds (of ``root``'s share when
+        given): one whose client is likely gone, to close for a new one.
+        """
+        candidates = [
+            s
+            for s in self.sessions.values()
+            if not s.calls
+            and not s.connected()
+            and now - s.last_seen >= quiet
+            and (root is None or s.identity.root == root)
+        ]
+        return min(candidates, key=lambda s: s.last_seen, default=None)
 
     def expire(self, now: float, idle: float) -> list[Session]:
         """Close the sessions idle for ``idle`` seconds with no call running."""

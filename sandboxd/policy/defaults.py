@@ -348,6 +348,11 @@ MCP_RESULT_JSON_BYTES = 960 * KIB
 #: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
 MCP_REPLAY_BYTES = MIB
 
+#: MCP: a session with no call running and no connection open for this
+#: long (a client that crashed, or went without a DELETE) is closed to make
+#: room when a new one would be past ``max_sessions`` or an identity's share.
+MCP_SESSION_QUIET_SECONDS = 60.0
+
 #: MCP: how often idle sessions are looked for (at most; shorter when the
 #: idle timeout is).
 MCP_SWEEP_SECONDS = 60.0

@@ -23,6 +23,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from sandboxd.mcp import door as door_module
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
 from tests.browser.test_supervisor import DOOR_START_SECONDS, SlowChromium
@@ -872,6 +873,28 @@ class TransportTests(McpTestCase):
         refused = yield self.initialize()
         self.assertEqual(refused.status_code, 429)
         self.assertEqual(refused.json()["error"]["data"]["code"], "too_many_sessions")
+
+    @inlineCallbacks
+    def test_quiet_session_makes_room(self) -> Any:
+        """
+        At max_sessions, a session left with no call and no connection (a
+        client that crashed) is closed for a new one; its id is then
+        unknown (404), as an MCP client expects before initializing anew.
+        """
+        self.patch(door_module, "MCP_SESSION_QUIET_SECONDS", 0.3)
+        first = yield self.initialize()
+        second = yield self.initialize()
+        yield _sleep(0.2)
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        used = yield self.http("POST", ping, self._session_headers(second))
+        self.assertEqual(used.status_code, 200)
+        yield _sleep(0.2)
+        third = yield self.initialize()
+        self.assertEqual(third.status_code, 200, third.text)
+        gone = yield self.http("POST", ping, self._session_headers(first))
+        self.assertEqual(gone.status_code, 404)
+        kept = yield self.http("POST", ping, self._session_headers(second))
+        self.assertEqual(kept.status_code, 200)
 
     @inlineCallbacks
     def test_bad_messages(self) -> Any:

@@ -64,6 +64,27 @@ class SessionTableTests(SynchronousTestCase):
         self.assertTrue(idle.closed)
         self.assertEqual({s.id for s in table}, {busy.id, fresh.id})
 
+    def test_quietest_is_one_whose_client_is_likely_gone(self) -> None:
+        """
+        Only a session with no call running and no connection open, quiet
+        long enough, may be closed for a new one: the least recently used,
+        of one identity's share when asked.
+        """
+        table = SessionTable()
+        older = table.create(ALICE, "2025-11-25", 0.0)
+        old = table.create(ALICE, "2025-11-25", 1.0)
+        watched = table.create(ALICE, "2025-11-25", 0.0)
+        watched.attach(watched.standalone, FakeChannel(), 0)  # type: ignore[arg-type]
+        busy = table.create(BOB, "2025-11-25", 0.0)
+        busy.calls["x"] = object()  # type: ignore[assignment]
+        bobs = table.create(BOB, "2025-11-25", 2.0)
+        self.assertIs(table.quietest(10.0, 5.0), older)
+        self.assertIs(table.quietest(10.0, 5.0, "bob"), bobs)
+        self.assertIsNone(table.quietest(6.0, 5.0, "bob"))
+        self.assertIs(table.quietest(5.5, 5.0), older)
+        table.remove(older)
+        self.assertIs(table.quietest(10.0, 5.0, "alice"), old)
+
 
 class StreamTests(SynchronousTestCase):
     """Events, their ids, and resuming after a lost connection."""
