@@ -426,8 +426,9 @@ class ModelToolsTests(McpTestCase):
         self.assertLessEqual(len(tools), 30)
         # 6000 until files_edit and files_grep, the tools a model edits and
         # searches files with, joined it (files_archive and files_extract
-        # left it then).
-        self.assertLessEqual(size / 4, 6500, size)
+        # left it then); 6500 until process_signal's answer said what an
+        # exited command left running.
+        self.assertLessEqual(size / 4, 6550, size)
         names = {t["name"] for t in tools}
         self.assertIn("shell", names)
         self.assertFalse(any(n.startswith("pty_") for n in names), names)

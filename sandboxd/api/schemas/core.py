@@ -44,9 +44,8 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F(
                 "endpoint",
-                doc="the endpoint id to decide (an id no endpoint has is "
-                "answered allowed: false, code unknown_endpoint, with the "
-                "nearest id in reason)",
+                doc="the endpoint id to decide (an unknown id: unknown_endpoint, "
+                "the nearest id in reason)",
                 required=True,
                 min_length=1,
                 example="shell",

@@ -197,12 +197,8 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("pid", "integer"),
             F("signal", "integer"),
-            F(
-                "exited",
-                "boolean",
-                "only once the command has exited: what it left running was signalled",
-            ),
-            F("leftovers", "integer", "with exited: how many processes that was"),
+            F("exited", "boolean", "set when the command had exited"),
+            F("leftovers", "integer", "then: how many it left running"),
         ),
         errors=(
             E(400, "invalid_param", "pid or signal malformed"),
@@ -225,13 +221,12 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 404,
                 "not_found",
-                "not managed, or exited with nothing it started left running",
+                "not managed, or exited leaving nothing running",
                 "NotFoundError",
             ),
         ),
-        notes="Sent to the process group (and descendants that left it). Once the "
-        "command has exited, what it started in the background and left running "
-        "is still its to signal.",
+        notes="Also to descendants that left the group, and to what an exited "
+        "command left running.",
     ),
     "process_output": Schema(
         query=(
