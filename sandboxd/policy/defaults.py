@@ -140,6 +140,10 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: the requests an editor's server has sent it and it
+#: has not answered yet, kept by id (an answer to any other id is dropped).
+LSP_EDITOR_PENDING_REQUESTS = 1024
+
 #: Language servers: how long a server stopped politely (``shutdown``,
 #: ``exit``) has before its tree is ended.
 LSP_SHUTDOWN_SECONDS = 1.0

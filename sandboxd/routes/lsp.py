@@ -157,6 +157,8 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
         root,
         rule.params.lsp_commands,
         policy_rule(rule, "params.lsp_commands"),
+        rule.params.lsp_settings,
+        policy_rule(rule, "params.lsp_settings"),
     )
     relay = EditorRelay(
         request.context.reactor,

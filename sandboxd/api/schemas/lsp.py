@@ -234,7 +234,9 @@ SCHEMAS: dict[str, Schema] = {
         "workspace must lie within root: a refused request is answered with error "
         "-32803 (data: {code, rule}) and not passed on, a refused notification is "
         "dropped and a window/logMessage says so. workspace/executeCommand runs only "
-        "the commands in params.lsp_commands. A frame that is not a JSON object is "
+        "the commands in params.lsp_commands. The editor's settings (initializationOptions, "
+        "workspace/didChangeConfiguration, answers to workspace/configuration) are "
+        "removed unless params.lsp_settings is true. A frame that is not a JSON object is "
         "answered with -32700 or -32600. Binary frames close 1003, messages over "
         "max_message_bytes 1009; the server exiting or breaking its framing closes "
         "1011; closing the socket ends the server's whole tree.",
