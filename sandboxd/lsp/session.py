@@ -39,6 +39,7 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.catalog import ServerSpec
+from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import ENCODINGS
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
@@ -406,6 +407,28 @@ class LspSession:
         doc.digest = digest
         self.diagnostics.setdefault(doc.uri, Diagnostics())
         return True
+
+    def refresh(self, texts: dict[str, str | None]) -> None:
+        """
+        Bring open documents up to date with ``texts``, their text on disk
+        now (:func:`~sandboxd.lsp.sources.texts_now`): a changed one is
+        sent, one that could not be read is closed (the server reads it
+        itself, if it can).
+        """
+        for path, text in texts.items():
+            doc = self.documents.get(path)
+            if doc is None:
+                continue
+            if text is None:
+                del self.documents[path]
+                self.conn.notify(
+                    "textDocument/didClose", {"textDocument": {"uri": doc.uri}}
+                )
+                self.diagnostics.pop(doc.uri, None)
+                continue
+            digest = digest_of(text)
+            if digest != doc.digest:
+                self.sync(path, doc.language, text, digest)
 
     def _close_oldest(self) -> None:
         while len(self.documents) > defaults.LSP_OPEN_DOCUMENTS:

@@ -44,7 +44,7 @@ from sandboxd.lsp.editor_socket import connect_editor
 from sandboxd.lsp.relay import EditorRelay
 from sandboxd.lsp.service import LspService
 from sandboxd.lsp.session import LspSession
-from sandboxd.lsp.sources import Source, placed, read_source
+from sandboxd.lsp.sources import Source, placed, read_source, texts_now
 from sandboxd.lsp.text import Text
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import confinement_of
@@ -553,6 +553,15 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
     dry_run = flag(body.get("dry_run", False), "dry_run", words=False)
     q = await question(request)
     q.needs("renameProvider", "renames")
+    cap = limits_of(request.rule)["max_bytes"]
+    # The server's edits are of the texts it has: every file it has open
+    # is sent as it is on disk now (a rename before this one, or anyone,
+    # may have changed it), or the edits would not fit the files.
+    others = [p for p in q.session.documents if p != q.source.path]
+    if others:
+        q.session.refresh(
+            await request.context.in_thread(texts_now, q.guard, others, cap)
+        )
     result = await q.session.ask(
         "textDocument/rename", {**q.position(body), "newName": new_name}
     )
@@ -567,10 +576,9 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
             f"the language server found nothing to rename at line {body.get('line')}",
             kind="not_found",
         )
-    cap = limits_of(request.rule)["max_bytes"]
     sent = {path: doc.digest for path, doc in q.session.documents.items()}
 
-    def job() -> list[dict[str, Any]]:
+    def job() -> tuple[list[workspace.Planned], list[dict[str, Any]]]:
         planned = workspace.plan(
             q.guard,
             edits,
@@ -581,9 +589,12 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
         )
         if not dry_run:
             workspace.write(q.guard, planned)
-        return [workspace.describe(p) for p in planned]
+        return planned, [workspace.describe(p) for p in planned]
 
-    files = await request.context.in_thread(job)
+    planned, files = await request.context.in_thread(job)
+    if not dry_run:
+        # What the server has open is now what was written.
+        q.session.refresh({p.path: p.new for p in planned})
     return q.answer(files=files, applied=not dry_run)
 
 

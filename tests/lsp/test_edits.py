@@ -103,13 +103,18 @@ class PlanAndWriteTests(SynchronousTestCase):
         self.assertEqual((self.read(a), self.read(b)), ("f\n", "f\n"))
 
     def test_changed_since_sent(self) -> None:
-        """A file that is no longer the text the server was sent is 412."""
+        """
+        A file that is no longer the text the server was sent is 412, said
+        as a change during the rename (the caller gave no ETag).
+        """
         a = self.put("a.py", "f\n")
         sent = {a: hashlib.sha256(b"other\n").digest()}
         guard = PathGuard(make_rule(self.base))
         with self.assertRaises(ApiError) as caught:
             self.run_plan(guard, {a: [(span(0, 0, 1), "g")]}, sent)
         self.assertEqual(caught.exception.status, 412)
+        self.assertNotIn("ETag", caught.exception.message)
+        self.assertIn("ask again", caught.exception.message)
 
     def test_failure_puts_every_file_back(self) -> None:
         """The second file's write fails: the first file is put back as it was."""

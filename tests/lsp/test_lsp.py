@@ -234,6 +234,45 @@ class QuestionTests(LspTestCase):
         self.assertEqual(out["locations"][0]["text"], "def welcome(name: str) -> str:")
 
     @inlineCallbacks
+    def test_renames_in_a_row(self) -> Any:
+        """
+        A rename after one that changed a file the server has open works:
+        the server is sent the texts the daemon wrote (it was 412, for
+        ever, naming an ETag nobody gave).  A file changed on disk by
+        someone else before a rename is sent again too.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/pkg/__init__.py", "")
+        lib = self.write(
+            "proj/pkg/lib.py",
+            'def greet(name):\n    return "hi " + name\n\n\nclass Counter:\n    pass\n',
+        )
+        app = self.write(
+            "proj/app.py",
+            'from pkg.lib import greet, Counter\n\nprint(greet("w"))\nc = Counter()\n',
+        )
+        yield self.ask("diagnostics", path="proj/pkg/lib.py")  # lib.py is open
+        yield self.ask(
+            "rename", path="proj/app.py", line=3, column=7, new_name="welcome"
+        )
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=4, column=5, new_name="Tally"
+        )
+        self.assertEqual(sorted(f["path"] for f in out["files"]), [app, lib])
+        with open(lib) as f:
+            self.assertEqual(
+                f.read(),
+                'def welcome(name):\n    return "hi " + name\n\n\nclass Tally:\n    pass\n',
+            )
+        with open(lib, "a") as f:
+            f.write("\n\nwelcome('again')\n")
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=3, column=7, new_name="hello"
+        )
+        with open(lib) as f:
+            self.assertTrue(f.read().endswith("\n\nhello('again')\n"))
+
+    @inlineCallbacks
     def test_one_server_per_project(self) -> Any:
         """Questions about one project share a server; another project gets its own."""
         self.project()
