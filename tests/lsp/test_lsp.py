@@ -461,6 +461,42 @@ class BrokenServerTests(LspTestCase):
         self.assertFalse(alive(session["pid"]))
 
 
+class HungServerTests(LspTestCase):
+    """A server that stops answering is replaced, not waited on for ever."""
+
+    policy = lsp_policy(limits={"timeout_seconds": 2})
+
+    @inlineCallbacks
+    def test_hung_server_is_restarted(self) -> Any:
+        """
+        A stopped server: the first question is 504 saying it will be
+        restarted and how to do it now; the second 504 says it was
+        stopped, and its process is gone; the third is answered by a new
+        server.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/m.py", "def f():\n    pass\n")
+        first = yield self.ask("symbols", path="proj/m.py")
+        sid = first["session_id"]
+        reply = yield self.request("GET", f"/lsp/sessions/{sid}")
+        pid = reply.json()["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(lambda: alive(pid) and os.kill(pid, signal.SIGKILL))
+        out = yield self.ask("symbols", 504, path="proj/m.py")
+        self.assertEqual(out["code"], "timeout")
+        self.assertIn(f"DELETE /lsp/sessions/{sid}", out["error"])
+        out = yield self.ask("symbols", 504, path="proj/m.py")
+        self.assertIn("next question starts a new one", out["error"])
+        for _ in range(100):
+            if not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))
+        again = yield self.ask("symbols", path="proj/m.py")
+        self.assertNotEqual(again["session_id"], sid)
+        self.assertEqual([s["name"] for s in again["symbols"]], ["f"])
+
+
 class IdleTests(LspTestCase):
     """A server nobody asks is stopped."""
 
