@@ -167,6 +167,9 @@ class LspSession:
         self._ready: Waiters[None] = Waiters()
         #: Questions in a row the server let time out.
         self.timeouts = 0
+        #: Questions being answered with this session (none is stopped to
+        #: make room while one is).
+        self.held = 0
 
     # -- life ----------------------------------------------------------------
 
@@ -306,6 +309,21 @@ class LspSession:
     def touch(self) -> None:
         """A question came: the idle clock restarts."""
         self.last_activity = time.monotonic()
+
+    def hold(self) -> None:
+        """A question uses the session until :meth:`release`."""
+        self.held += 1
+        self.touch()
+
+    def release(self) -> None:
+        """A question is answered: the idle clock restarts from its end."""
+        self.held -= 1
+        self.touch()
+
+    @property
+    def idle(self) -> bool:
+        """Ready, and no question is being answered with it."""
+        return self.state == "ready" and self.held <= 0
 
     # -- questions -----------------------------------------------------------
 

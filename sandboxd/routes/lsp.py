@@ -14,6 +14,9 @@ cannot show what a read could not.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import attrs
@@ -299,6 +302,37 @@ async def session_for(
     return session
 
 
+#: The sessions the question being answered uses (:func:`holds_sessions`).
+_held: ContextVar[list[LspSession] | None] = ContextVar("lsp_held", default=None)
+
+
+def holds_sessions(handler: Callable[[ServerRequest], Any]) -> Any:
+    """
+    ``handler``, with the session its question uses held until it has
+    answered: a session is stopped to make room only while no question
+    uses it (:meth:`~sandboxd.lsp.service.LspService.check_room`).
+    """
+
+    @functools.wraps(handler)
+    async def run(request: ServerRequest) -> Any:
+        held: list[LspSession] = []
+        _held.set(held)
+        try:
+            return await handler(request)
+        finally:
+            for session in held:
+                session.release()
+
+    return run
+
+
+def _hold(session: LspSession) -> None:
+    held = _held.get()
+    if held is not None:
+        session.hold()
+        held.append(session)
+
+
 # -- the file asked about --------------------------------------------------------
 
 
@@ -404,6 +438,7 @@ async def question(request: ServerRequest) -> Question:
         run_as = resolve_user(body.get("user"), request.rule)
         session = await session_for(request, specs, root, run_as)
         language = language or session.spec.languages[0]
+    _hold(session)
     fresh = session.sync(source.path, language, source.text, source.digest)
     text = source.lines.in_encoding(session.encoding)
     return Question(session, source, text, fresh, guard)
@@ -605,11 +640,11 @@ HANDLERS = {
     "lsp_session_get": lsp_session_get,
     "lsp_session_delete": lsp_session_delete,
     "lsp_connect": lsp_connect,
-    "lsp_diagnostics": lsp_diagnostics,
-    "lsp_definition": lsp_definition,
-    "lsp_references": lsp_references,
-    "lsp_hover": lsp_hover,
-    "lsp_symbols": lsp_symbols,
-    "lsp_completions": lsp_completions,
-    "lsp_rename": lsp_rename,
+    "lsp_diagnostics": holds_sessions(lsp_diagnostics),
+    "lsp_definition": holds_sessions(lsp_definition),
+    "lsp_references": holds_sessions(lsp_references),
+    "lsp_hover": holds_sessions(lsp_hover),
+    "lsp_symbols": holds_sessions(lsp_symbols),
+    "lsp_completions": holds_sessions(lsp_completions),
+    "lsp_rename": holds_sessions(lsp_rename),
 }

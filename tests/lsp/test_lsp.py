@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import gatherResults, inlineCallbacks
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest
 
@@ -365,15 +365,30 @@ class SessionTests(LspTestCase):
 
     @inlineCallbacks
     def test_max_sessions(self) -> Any:
-        """A third project's server is 429 too_many_sessions while two run."""
+        """
+        A third project's server, while two run idle, takes the place of
+        the least recently used one (it was 429 until that one's idle
+        timeout): that server is stopped, the other keeps running.
+        """
         for name in ("a", "b", "c"):
             self.write(f"{name}/pyproject.toml", "")
             self.write(f"{name}/m.py", "x = 1\n")
-        yield gatherResults(
-            [self.ask("symbols", path="a/m.py"), self.ask("symbols", path="b/m.py")]
+        a = yield self.ask("symbols", path="a/m.py")
+        b = yield self.ask("symbols", path="b/m.py")
+        yield self.ask("symbols", path="a/m.py")  # b is now the least recently used
+        reply = yield self.request("GET", f"/lsp/sessions/{b['session_id']}")
+        b_pid = reply.json()["pid"]
+        c = yield self.ask("symbols", path="c/m.py")
+        reply = yield self.request("GET", "/lsp/sessions")
+        self.assertEqual(
+            sorted(s["id"] for s in reply.json()["sessions"]),
+            sorted([a["session_id"], c["session_id"]]),
         )
-        out = yield self.ask("symbols", 429, path="c/m.py")
-        self.assertEqual(out["code"], "too_many_sessions")
+        for _ in range(100):
+            if not alive(b_pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(b_pid))
 
     @inlineCallbacks
     def test_killed_server(self) -> Any:
@@ -538,7 +553,10 @@ class IdentityTests(LspTestCase):
 
     @inlineCallbacks
     def test_share_and_privacy(self) -> Any:
-        """Alice's second server is 429 while Bob still starts his; neither sees the other's."""
+        """
+        Alice's second server takes the place of her first, idle one (her
+        share is one), and Bob still starts his; neither sees the other's.
+        """
         for name in ("a", "b", "c"):
             self.write(f"{name}/pyproject.toml", "")
             self.write(f"{name}/m.py", "x = 1\n")
@@ -546,15 +564,18 @@ class IdentityTests(LspTestCase):
         def ask(token: str, path: str) -> Any:
             return self.request("POST", "/lsp/symbols", {"path": path}, token=token)
 
-        first = yield ask("alice-token", "a/m.py")
+        first = yield ask("alice-token", "c/m.py")
         self.assertEqual(first.status, 200, first.body)
-        second = yield ask("alice-token", "b/m.py")
-        self.assertEqual(
-            (second.status, second.json()["code"]), (429, "too_many_sessions")
-        )
+        second = yield ask("alice-token", "a/m.py")
+        self.assertEqual(second.status, 200, second.body)
         bobs = yield ask("bob-token", "b/m.py")
         self.assertEqual(bobs.status, 200, bobs.body)
-        sid = first.json()["session_id"]
+        listed = yield self.request("GET", "/lsp/sessions", token="alice-token")
+        self.assertEqual(
+            [s["id"] for s in listed.json()["sessions"]],
+            [second.json()["session_id"]],
+        )
+        sid = second.json()["session_id"]
         seen = yield self.request("GET", f"/lsp/sessions/{sid}", token="bob-token")
         self.assertEqual(seen.status, 404)
         listed = yield self.request("GET", "/lsp/sessions", token="bob-token")
