@@ -103,7 +103,12 @@ _ERRORS = (
     E(403, "param_not_allowed", "a refused user"),
     E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
     E(413, "payload_too_large", "the file is over max_bytes (4 MiB)"),
-    E(429, "too_many_sessions", "max_sessions language servers run", "ResourceError"),
+    E(
+        429,
+        "too_many_sessions",
+        "max_sessions language servers run and none is idle (an idle one gives its place)",
+        "ResourceError",
+    ),
     E(
         501,
         "unsupported",
@@ -219,7 +224,8 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions language servers run (sessions and editors' sockets together)",
+                "max_sessions language servers run (sessions and editors' sockets "
+                "together) and no session is idle (an idle one gives its place)",
                 "ResourceError",
             ),
             E(
