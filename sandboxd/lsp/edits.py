@@ -22,7 +22,13 @@ from typing import Any
 import attrs
 
 from sandboxd.access.guard import PathGuard, refusal
-from sandboxd.errors import ApiError, Code, server_unavailable, unmet_precondition
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    forbidden,
+    server_unavailable,
+    unmet_precondition,
+)
 from sandboxd.files.atomic import AtomicWrite, Undo
 from sandboxd.files.edit import decode
 from sandboxd.files.stream import read_all
@@ -56,15 +62,31 @@ def plan(
     Each file's new text (blocking: in a thread).
 
     :param sent: the digest of the text the server was sent, by path.
-    :raises ApiError: a refused path (403), a file over ``max_bytes``
-        (413), not text (400), changed since the server was sent it (412),
-        or edits that overlap (502: the server's error).
+    :raises ApiError: a refused path (403: named only when the caller may
+        read it, as a question's answer shows no more than a read would),
+        a file over ``max_bytes`` (413), not text (400), changed since the
+        server was sent it (412), or edits that overlap (502: the server's
+        error).
     """
+    refused = [
+        (path, decision)
+        for path in sorted(edits)
+        if not (decision := guard.decide(path, "write")).allowed
+    ]
+    hidden = [d for path, d in refused if not guard.decide(path, "read").allowed]
+    if hidden:
+        raise forbidden(
+            f"the rename would also change {len(hidden)} "
+            f"{'file' if len(hidden) == 1 else 'files'} you may not read "
+            "(not named here); nothing was written",
+            hidden[0].code or Code.PATH_NOT_ALLOWED,
+            rule=hidden[0].rule,
+            outside=len(hidden),
+        )
+    if refused:
+        raise refusal(refused[0][1])
     out = []
     for path, items in sorted(edits.items()):
-        decision = guard.decide(path, "write")
-        if not decision.allowed:
-            raise refusal(decision)
         with guard.open_file(path) as f:
             if f.stat.st_size > max_bytes:
                 raise too_large(f.stat.st_size)

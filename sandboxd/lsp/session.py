@@ -266,7 +266,7 @@ class LspSession:
         )
 
     def _exited(self, code: int | None, signal: str | None) -> None:
-        how = f"killed by {signal}" if signal else f"exited with status {code}"
+        how = f"was killed by {signal}" if signal else f"exited with status {code}"
         self._fail(f"it {how}")
 
     def _broken(self, reason: str) -> None:

@@ -607,10 +607,7 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
             "files, which sandboxd does not do"
         )
     if not edits:
-        raise bad_request(
-            f"the language server found nothing to rename at line {body.get('line')}",
-            kind="not_found",
-        )
+        raise _nothing_to_rename(q.text, body)
     sent = {path: doc.digest for path, doc in q.session.documents.items()}
 
     def job() -> tuple[list[workspace.Planned], list[dict[str, Any]]]:
@@ -631,6 +628,24 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
         # What the server has open is now what was written.
         q.session.refresh({p.path: p.new for p in planned})
     return q.answer(files=files, applied=not dry_run)
+
+
+def _nothing_to_rename(text: Text, body: dict[str, Any]) -> ApiError:
+    """400: no edits; past the line's end, says how long the line is."""
+    line = integer(body.get("line"), "line", low=1)
+    column = integer(body.get("column", 1), "column", low=1)
+    length = len(text.lines[line - 1])
+    if column > length + 1:
+        return bad_request(
+            f"column {column} is past the end of line {line}, which has {length} "
+            f"characters (columns 1 to {length + 1}): the language server found "
+            "nothing to rename there",
+            kind="past_end",
+        )
+    return bad_request(
+        f"the language server found nothing to rename at line {line}, column {column}",
+        kind="not_found",
+    )
 
 
 HANDLERS = {

@@ -312,6 +312,12 @@ class QuestionTests(LspTestCase):
         self.assertEqual(out["allowed"], ["pylsp"])
         out = yield self.ask("definition", 400, path="proj/a.py")
         self.assertEqual(out["code"], "invalid_param")
+        out = yield self.ask(
+            "rename", 400, path="proj/a.py", line=1, column=40, new_name="y"
+        )
+        self.assertEqual(out["kind"], "past_end")
+        self.assertIn("column 40 is past the end of line 1", out["error"])
+        self.assertIn("has 5 characters", out["error"])
 
 
 class GuardTests(LspTestCase):
@@ -332,6 +338,28 @@ class GuardTests(LspTestCase):
         self.assertGreaterEqual(out["outside"], 1)
         out = yield self.ask("diagnostics", 403, path="proj/secret/keys.py")
         self.assertEqual(out["code"], "path_denied")
+
+    @inlineCallbacks
+    def test_rename_into_a_denied_file(self) -> Any:
+        """
+        A rename whose edits reach a denied file is 403, nothing written,
+        and the file is not named (it was: the caller learnt its name and
+        that it uses the symbol); it is counted, as a definition counts it.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/secret/__init__.py", "")
+        keys = self.write("proj/secret/keys.py", "from lib import greet\ngreet()\n")
+        lib = self.write("proj/lib.py", "def greet():\n    pass\n")
+        out = yield self.ask(
+            "rename", 403, path="proj/lib.py", line=1, column=5, new_name="hello"
+        )
+        self.assertEqual((out["code"], out["outside"]), ("path_denied", 1))
+        self.assertNotIn("keys", out["error"])
+        self.assertNotIn("secret", out["error"])
+        with open(lib) as f:
+            self.assertEqual(f.read(), "def greet():\n    pass\n")
+        with open(keys) as f:
+            self.assertEqual(f.read(), "from lib import greet\ngreet()\n")
 
 
 class SessionTests(LspTestCase):
@@ -403,6 +431,7 @@ class SessionTests(LspTestCase):
             "symbols", 502, path="proj/m.py", session_id=first["session_id"]
         )
         self.assertEqual(out["code"], "upstream_unavailable")
+        self.assertIn("(it was killed by SIGKILL)", out["error"])
         second = yield self.ask("symbols", path="proj/m.py")
         self.assertNotEqual(second["session_id"], first["session_id"])
 
