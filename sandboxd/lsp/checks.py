@@ -14,11 +14,28 @@ root; ``workspace/executeCommand`` runs only the commands
 ``params.lsp_commands`` names, since a command does whatever the server
 makes of it.  A URI of another scheme is refused: nobody would check what
 the server reads for it.
+
+Settings are kept from the server unless ``params.lsp_settings`` lets
+them through: servers take settings that name programs to run or
+interpreters to use (pylsp's pylint ``executable`` and ``args``, jedi's
+``environment``, pyright's ``pythonPath``, typescript-language-server's
+``tsserver.path``, gopls' and rust-analyzer's build commands), so an
+editor that could set them would run what it likes with no more than
+``lsp:use``.  Every way an editor gives settings is closed:
+``initialize``'s ``initializationOptions`` is removed,
+``workspace/didChangeConfiguration`` is passed on with no ``settings``
+(the server may still ask, and the relay answers its
+``workspace/configuration`` itself, with none), and either given with
+positional ``params`` is refused.  A method is recognised however a
+server would: pylsp takes ``WORKSPACE/did_change_configuration`` and
+``$initialize`` for the same methods, so names are compared without case
+or punctuation (:func:`method_key`).
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from typing import Any
 
 import attrs
@@ -32,6 +49,24 @@ _ROOT_URIS = frozenset({"rootUri"})
 _FOLDER_LISTS = frozenset({"workspaceFolders"})
 #: ``workspace/didChangeWorkspaceFolders`` names its new folders ``added``.
 _CHANGE_FOLDERS = "workspace/didChangeWorkspaceFolders"
+
+_NOT_NAME = re.compile(r"[^a-z0-9]")
+
+
+def method_key(method: str) -> str:
+    """
+    ``method`` as every server's dispatch would take it: lower case,
+    letters and digits only (pylsp drops ``$``, turns ``/`` into ``__``
+    and camel case into snake case before it looks a method up).
+    """
+    return _NOT_NAME.sub("", method.lower())
+
+
+_EXECUTE = method_key("workspace/executeCommand")
+_INITIALIZE = method_key("initialize")
+_CHANGE_SETTINGS = method_key("workspace/didChangeConfiguration")
+#: The methods that carry an editor's settings, and the key that holds them.
+_SETTINGS = {_INITIALIZE: "initializationOptions", _CHANGE_SETTINGS: "settings"}
 
 
 @attrs.frozen
@@ -62,17 +97,66 @@ class EditorRules:
     commands: tuple[str, ...]
     #: Where ``params.lsp_commands`` was set, for a refusal's ``rule``.
     commands_rule: str
+    #: Whether the editor's settings reach the server (``params.lsp_settings``).
+    settings: bool = False
+    #: Where ``params.lsp_settings`` was set, for what the editor is told.
+    settings_rule: str = "default:params.lsp_settings"
 
     def refusal(self, message: dict[str, Any]) -> Refusal | None:
         """None when ``message`` may go to the server, else why not."""
         method = message.get("method")
-        if method == "workspace/executeCommand":
+        key = method_key(method) if isinstance(method, str) else ""
+        if key == _EXECUTE:
             refused = self._command(message.get("params"))
             if refused is not None:
                 return refused
+        params = message.get("params")
+        if key in _SETTINGS and not self.settings and not isinstance(params, dict):
+            if params is not None:
+                return Refusal(
+                    f"the params of {method} must be an object",
+                    Code.INVALID_PARAM,
+                )
         if isinstance(method, str):
-            return self._walk(message.get("params"), method)
+            return self._walk(params, method)
         return self._walk(message.get("result"), "")
+
+    def keeps_settings(self, message: dict[str, Any]) -> tuple[bool, str | None]:
+        """
+        Take the settings out of ``message`` (in place) unless the policy
+        lets them through: whether it carries settings at all (then it is
+        sent as parsed, never as its bytes, which a server's parser might
+        read otherwise) and what was taken out, for the editor's log.
+        """
+        method = message.get("method")
+        if self.settings or not isinstance(method, str):
+            return False, None
+        field = _SETTINGS.get(method_key(method))
+        params = message.get("params")
+        if field is None or not isinstance(params, dict):
+            return False, None
+        if params.get(field) is None:
+            return True, None
+        if field == "settings":
+            params[field] = None
+        else:
+            del params[field]
+        return True, (
+            f"the {field} of {method}: an editor's settings reach the server "
+            f"only when params.lsp_settings allows it ({self.settings_rule})"
+        )
+
+    def keeps_from_editor(self, method: Any) -> bool:
+        """
+        Whether the relay answers the server's request ``method`` itself,
+        with no settings, rather than ask the editor
+        (``workspace/configuration`` unless the policy lets settings through).
+        """
+        return (
+            not self.settings
+            and isinstance(method, str)
+            and method_key(method) == method_key("workspace/configuration")
+        )
 
     def _command(self, params: Any) -> Refusal | None:
         command = params.get("command") if isinstance(params, dict) else None

@@ -10,8 +10,12 @@ unchanged.  What the editor sends is looked at first
 with a JSON-RPC error; a request naming a file the caller may not read is
 answered with an error and not passed on, a notification is dropped and
 the editor told with a ``window/logMessage``, an answer to the server's
-own request is turned into an error for the server.  Everything else goes
-to the server byte for byte.
+own request is turned into an error for the server; an answer to a
+request the server never sent the editor is dropped.  The editor's
+settings are taken out unless the policy lets them through, and the
+server's ``workspace/configuration`` is then answered by the relay, with
+none (:meth:`~sandboxd.lsp.checks.EditorRules.keeps_settings`).
+Everything else goes to the server byte for byte.
 
 The server runs as :class:`~sandboxd.lsp.session.LspSession`'s does (its
 own session, the request's user, no secrets, the root as its working
@@ -22,6 +26,7 @@ directory); its output is not read while the editor is not reading
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
@@ -35,10 +40,12 @@ from sandboxd.jsonrpc import (
     encode,
     error,
     notification,
+    result,
 )
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.checks import EditorRules, Refusal
 from sandboxd.lsp.session import server_child
+from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
 
@@ -49,8 +56,9 @@ NORMAL = 1000
 GOING_AWAY = 1001
 INTERNAL_ERROR = 1011
 
-#: ``window/logMessage`` type of an error.
+#: ``window/logMessage`` types.
 LOG_ERROR = 1
+LOG_WARNING = 2
 
 
 class Editor(Protocol):
@@ -96,6 +104,9 @@ class EditorRelay:
         #: Why the server's output is not read now (the editor's socket is
         #: not open yet, or its client is not reading).
         self._holds: set[str] = set()
+        #: The server's requests the editor was given and has not answered
+        #: (by their ids as JSON): only these may it answer.
+        self._asked: OrderedDict[str, None] = OrderedDict()
 
     # -- life ----------------------------------------------------------------
 
@@ -177,14 +188,43 @@ class EditorRelay:
     # -- server -> editor ----------------------------------------------------
 
     def _message(self, body: bytes) -> None:
-        """One message of the server's: to the editor as it came."""
+        """
+        One message of the server's: to the editor as it came; a request's
+        id is kept (what the editor may answer), and one the relay
+        answers itself (:meth:`EditorRules.keeps_from_editor`) is not sent on.
+        """
         try:
             body.decode("utf-8")
         except UnicodeDecodeError:
             self._broken("a message that is not UTF-8")
             return
+        if b'"method"' in body and b'"id"' in body and self._server_request(body):
+            return
         if self.editor is not None:
             self.editor.send(body)
+
+    def _server_request(self, body: bytes) -> bool:
+        """Keep a request's id; True when the relay answered it instead of the editor."""
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(message, dict) or "id" not in message:
+            return False
+        method = message.get("method")
+        if not isinstance(method, str):
+            return False
+        if self.rules.keeps_from_editor(method):
+            params = message.get("params")
+            items = params.get("items") if isinstance(params, dict) else None
+            count = len(items) if isinstance(items, list) else 0
+            answer = result(message["id"], [None] * count)
+            self.process.write(content_length_frame(encode(answer)))
+            return True
+        self._asked[_id_key(message["id"])] = None
+        while len(self._asked) > defaults.LSP_EDITOR_PENDING_REQUESTS:
+            self._asked.popitem(last=False)
+        return False
 
     # -- editor -> server ----------------------------------------------------
 
@@ -202,12 +242,28 @@ class EditorRelay:
                 error(None, INVALID_REQUEST, "a message is one JSON object")
             )
             return
+        method = message.get("method")
+        if method is None and "id" in message:
+            key = _id_key(message["id"])
+            if key not in self._asked:
+                self._log(
+                    LOG_ERROR,
+                    f"sandboxd did not pass on an answer to {key}: the language "
+                    "server has no request of that id waiting on the editor",
+                )
+                return
+            del self._asked[key]
         refused = self.rules.refusal(message)
         if refused is not None:
             self._refuse(message, refused)
             return
-        if message.get("method") == "exit":
+        if method == "exit":
             self.exit_sent = True
+        rewritten, removed = self.rules.keeps_settings(message)
+        if removed is not None:
+            self._log(LOG_WARNING, f"sandboxd did not pass on {removed}")
+        if rewritten:
+            payload = encode(message)
         self.process.write(content_length_frame(payload))
 
     def _refuse(self, message: dict[str, Any], refused: Refusal) -> None:
@@ -237,16 +293,22 @@ class EditorRelay:
             what = "an answer to the language server"
         else:
             what = str(method)
+        self._log(LOG_ERROR, f"sandboxd did not pass on {what}: {refused.message}")
+
+    def _log(self, kind: int, text: str) -> None:
+        """A ``window/logMessage`` to the editor."""
         self._tell_editor(
-            notification(
-                "window/logMessage",
-                {
-                    "type": LOG_ERROR,
-                    "message": f"sandboxd did not pass on {what}: {refused.message}",
-                },
-            )
+            notification("window/logMessage", {"type": kind, "message": text})
         )
 
     def _tell_editor(self, message: dict[str, Any]) -> None:
         if self.editor is not None:
             self.editor.send(encode(message))
+
+
+def _id_key(request_id: Any) -> str:
+    """A request id as its JSON (``1`` and ``"1"`` are different ids)."""
+    try:
+        return json.dumps(request_id, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(request_id)

@@ -5,6 +5,13 @@ asks, which server, which project root and which user; the editors' own
 servers (``lsp_connect``); the daemon-wide and per-identity bounds, which
 count both; the idle sweep (of sessions: an editor's socket has its own
 pings); the orderly stop.
+
+A session is a cache of a server's index, not a reservation: at a bound,
+the least recently used idle session (ready, no question being answered)
+is stopped to make room, the caller's own first, then, at the daemon's
+bound, anyone's (as idle agents of ``/v1`` conversations give theirs up).
+Each identity still holds at most its share, so nobody can take every
+slot; an editor's server, whose socket is open, is never stopped.
 """
 
 from __future__ import annotations
@@ -114,30 +121,63 @@ class LspService(Service):
 
     def check_room(self, identity: Any, limits: dict[str, Any]) -> None:
         """
+        Room for one more server of ``identity``'s, made by stopping the
+        least recently used idle session if need be (see the module's
+        docstring); the slot is free at once, its server ends within the
+        stop's grace.
+
         :raises ApiError: 429 at the daemon's or the identity's bound, which
-            count the sessions and the editors' servers together.
+            count the sessions and the editors' servers together, when no
+            session that could give its place is idle.
         """
-        live: list[LspSession | EditorRelay] = [
-            s for s in self.sessions.values() if s.state in ("starting", "ready")
-        ]
-        live += self.editors
         total = limits["max_sessions"]
-        if len(live) >= total:
-            raise _too_many(
-                f"{len(live)} language servers are running (max_sessions {total})",
-                total,
-            )
         mine = identity_cap(
             total,
             len(self.context.policy.tokens.ids()),
             limits.get("max_per_identity"),
         )
-        own = sum(1 for s in live if s.owner == identity.root)
-        if own >= mine:
-            raise _too_many(
-                f"you have {own} language servers running (max_per_identity {mine})",
-                mine,
+        while True:
+            live: list[LspSession | EditorRelay] = [
+                s for s in self.sessions.values() if s.state in ("starting", "ready")
+            ]
+            live += self.editors
+            own = sum(1 for s in live if s.owner == identity.root)
+            if own >= mine:
+                victim = self._least_used(identity.root)
+                if victim is None:
+                    raise _too_many(
+                        f"you have {own} language servers running "
+                        f"(max_per_identity {mine}) and none is idle",
+                        mine,
+                    )
+            elif len(live) >= total:
+                victim = self._least_used(identity.root) or self._least_used(None)
+                if victim is None:
+                    raise _too_many(
+                        f"{len(live)} language servers are running "
+                        f"(max_sessions {total}) and none is idle",
+                        total,
+                    )
+            else:
+                return
+            log.info(
+                "language server {id} ({owner}, {root}) stopped to make room",
+                id=victim.id,
+                owner=victim.owner,
+                root=victim.root,
             )
+            self.remove(victim).addErrback(
+                lambda f: log.failure("stopping a language server", f)
+            )
+
+    def _least_used(self, owner: str | None) -> LspSession | None:
+        """The idle session of ``owner`` (None: anyone's) least recently used."""
+        idle = [
+            s
+            for s in self.sessions.values()
+            if s.idle and (owner is None or s.owner == owner)
+        ]
+        return min(idle, key=lambda s: s.last_activity, default=None)
 
     def get(self, sid: str, identity: Any) -> LspSession:
         """

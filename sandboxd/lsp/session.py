@@ -10,7 +10,11 @@ its new text when it changed on disk, so the answer is about the file as
 it is now; the server's own requests are answered as a plain editor
 would (no configuration, no edits applied).  Every question has a
 timeout; a server that dies fails what waits on it at once, and the
-session is ``failed`` (the next question starts a new one).
+session is ``failed`` (the next question starts a new one).  A server
+that lets :data:`~sandboxd.policy.defaults.LSP_TIMEOUTS_BEFORE_RESTART`
+questions in a row time out is taken for hung (stopped, looping): its
+tree is killed and the session failed the same way, rather than every
+later question waiting out its timeout too.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.catalog import ServerSpec
+from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import ENCODINGS
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
@@ -160,6 +165,11 @@ class LspSession:
         )
         self.conn = Connection(self.process.write, self, content_length_frame)
         self._ready: Waiters[None] = Waiters()
+        #: Questions in a row the server let time out.
+        self.timeouts = 0
+        #: Questions being answered with this session (none is stopped to
+        #: make room while one is).
+        self.held = 0
 
     # -- life ----------------------------------------------------------------
 
@@ -256,7 +266,7 @@ class LspSession:
         )
 
     def _exited(self, code: int | None, signal: str | None) -> None:
-        how = f"killed by {signal}" if signal else f"exited with status {code}"
+        how = f"was killed by {signal}" if signal else f"exited with status {code}"
         self._fail(f"it {how}")
 
     def _broken(self, reason: str) -> None:
@@ -300,6 +310,21 @@ class LspSession:
         """A question came: the idle clock restarts."""
         self.last_activity = time.monotonic()
 
+    def hold(self) -> None:
+        """A question uses the session until :meth:`release`."""
+        self.held += 1
+        self.touch()
+
+    def release(self) -> None:
+        """A question is answered: the idle clock restarts from its end."""
+        self.held -= 1
+        self.touch()
+
+    @property
+    def idle(self) -> bool:
+        """Ready, and no question is being answered with it."""
+        return self.state == "ready" and self.held <= 0
+
     # -- questions -----------------------------------------------------------
 
     def ask(self, method: str, params: Any) -> Deferred[Any]:
@@ -322,19 +347,27 @@ class LspSession:
             raise TimeoutError()
 
         d.addTimeout(timeout, self.reactor, onTimeoutCancel=given_up)
-        d.addErrback(self._answer_failed, method, timeout)
+        d.addCallbacks(
+            self._answered, self._answer_failed, errbackArgs=(method, timeout)
+        )
         return d
+
+    def _answered(self, result: Any) -> Any:
+        self.timeouts = 0
+        return result
 
     def _answer_failed(self, failure: Any, method: str, timeout: float) -> Any:
         error = failure.value
         if isinstance(error, TimeoutError):
-            raise timed_out(
+            message = (
                 f"the language server {self.spec.id} did not answer {method} "
-                f"within {timeout:g} s",
-                status=504,
-                limit=timeout,
+                f"within {timeout:g} s"
             )
+            if self.state == "ready":
+                message += self._timed_out()
+            raise timed_out(message, status=504, limit=timeout)
         if isinstance(error, RpcError):
+            self.timeouts = 0
             raise server_unavailable(
                 f"the language server {self.spec.id} refused {method}: {error.message}",
                 session_id=self.id,
@@ -343,6 +376,25 @@ class LspSession:
         if isinstance(error, ConnectionLost):
             raise self._gone()
         return failure
+
+    def _timed_out(self) -> str:
+        """
+        Count a question the server let time out; at the bound, end it.
+        What the caller is told, to follow the timeout's message.
+        """
+        self.timeouts += 1
+        bound = defaults.LSP_TIMEOUTS_BEFORE_RESTART
+        if self.timeouts < bound:
+            return (
+                f" (after {bound - self.timeouts} more in a row it is restarted; "
+                f"DELETE /lsp/sessions/{self.id} restarts it now)"
+            )
+        self._fail(f"it did not answer {bound} questions in a row: it was stopped")
+        self.process.kill()
+        return (
+            f", nor the {bound - 1} before it: it was taken for hung and stopped, "
+            "and the next question starts a new one"
+        )
 
     async def ask_warm(self, method: str, params: Any) -> Any:
         """
@@ -406,6 +458,28 @@ class LspSession:
         doc.digest = digest
         self.diagnostics.setdefault(doc.uri, Diagnostics())
         return True
+
+    def refresh(self, texts: dict[str, str | None]) -> None:
+        """
+        Bring open documents up to date with ``texts``, their text on disk
+        now (:func:`~sandboxd.lsp.sources.texts_now`): a changed one is
+        sent, one that could not be read is closed (the server reads it
+        itself, if it can).
+        """
+        for path, text in texts.items():
+            doc = self.documents.get(path)
+            if doc is None:
+                continue
+            if text is None:
+                del self.documents[path]
+                self.conn.notify(
+                    "textDocument/didClose", {"textDocument": {"uri": doc.uri}}
+                )
+                self.diagnostics.pop(doc.uri, None)
+                continue
+            digest = digest_of(text)
+            if digest != doc.digest:
+                self.sync(path, doc.language, text, digest)
 
     def _close_oldest(self) -> None:
         while len(self.documents) > defaults.LSP_OPEN_DOCUMENTS:

@@ -79,6 +79,23 @@ def read_source(
     return Source(resolved, text, root, digest_of(text), Text(text))
 
 
+def texts_now(guard: PathGuard, paths: list[str], cap: int) -> dict[str, str | None]:
+    """
+    The text on disk now of each of ``paths`` (files a server has open),
+    None for one gone, refused, over ``cap`` or not UTF-8 text.
+    """
+    out: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            with guard.open_file(path, "read") as f:
+                data = read_all(f.fd, cap + 1) if f.stat.st_size <= cap else b""
+                fits = 0 < len(data) <= cap or f.stat.st_size == 0
+            out[path] = data.decode("utf-8") if fits else None
+        except (ApiError, OSError, UnicodeDecodeError):
+            out[path] = None
+    return out
+
+
 def placed(
     guard: PathGuard,
     found: list[tuple[dict[str, Any], str, Any]],

@@ -140,6 +140,16 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: a server that lets this many questions in a row time
+#: out is taken for hung: its tree is killed and the next question starts a
+#: new one.  More than one, so that one slow question (the first over a
+#: large project) does not throw an index away.
+LSP_TIMEOUTS_BEFORE_RESTART = 2
+
+#: Language servers: the requests an editor's server has sent it and it
+#: has not answered yet, kept by id (an answer to any other id is dropped).
+LSP_EDITOR_PENDING_REQUESTS = 1024
+
 #: Language servers: how long a server stopped politely (``shutdown``,
 #: ``exit``) has before its tree is ended.
 LSP_SHUTDOWN_SECONDS = 1.0

@@ -158,6 +158,9 @@ class Params:
     # the editor socket: the workspace/executeCommand commands an editor may
     # send its server (a command runs whatever the server makes of it)
     lsp_commands: tuple[str, ...] = ()
+    # the editor socket: whether an editor's settings reach its server
+    # (settings can name programs the server runs)
+    lsp_settings: bool = False
     # the MCP door: "default" lists the tools a model uses; "all" every tool
     mcp_tools: str = "default"
     # the KEP door: the token id a call with no credential at all stands

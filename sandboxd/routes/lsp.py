@@ -14,6 +14,9 @@ cannot show what a read could not.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import attrs
@@ -44,7 +47,7 @@ from sandboxd.lsp.editor_socket import connect_editor
 from sandboxd.lsp.relay import EditorRelay
 from sandboxd.lsp.service import LspService
 from sandboxd.lsp.session import LspSession
-from sandboxd.lsp.sources import Source, placed, read_source
+from sandboxd.lsp.sources import Source, placed, read_source, texts_now
 from sandboxd.lsp.text import Text
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import confinement_of
@@ -157,6 +160,8 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
         root,
         rule.params.lsp_commands,
         policy_rule(rule, "params.lsp_commands"),
+        rule.params.lsp_settings,
+        policy_rule(rule, "params.lsp_settings"),
     )
     relay = EditorRelay(
         request.context.reactor,
@@ -297,6 +302,37 @@ async def session_for(
     return session
 
 
+#: The sessions the question being answered uses (:func:`holds_sessions`).
+_held: ContextVar[list[LspSession] | None] = ContextVar("lsp_held", default=None)
+
+
+def holds_sessions(handler: Callable[[ServerRequest], Any]) -> Any:
+    """
+    ``handler``, with the session its question uses held until it has
+    answered: a session is stopped to make room only while no question
+    uses it (:meth:`~sandboxd.lsp.service.LspService.check_room`).
+    """
+
+    @functools.wraps(handler)
+    async def run(request: ServerRequest) -> Any:
+        held: list[LspSession] = []
+        _held.set(held)
+        try:
+            return await handler(request)
+        finally:
+            for session in held:
+                session.release()
+
+    return run
+
+
+def _hold(session: LspSession) -> None:
+    held = _held.get()
+    if held is not None:
+        session.hold()
+        held.append(session)
+
+
 # -- the file asked about --------------------------------------------------------
 
 
@@ -402,6 +438,7 @@ async def question(request: ServerRequest) -> Question:
         run_as = resolve_user(body.get("user"), request.rule)
         session = await session_for(request, specs, root, run_as)
         language = language or session.spec.languages[0]
+    _hold(session)
     fresh = session.sync(source.path, language, source.text, source.digest)
     text = source.lines.in_encoding(session.encoding)
     return Question(session, source, text, fresh, guard)
@@ -551,6 +588,15 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
     dry_run = flag(body.get("dry_run", False), "dry_run", words=False)
     q = await question(request)
     q.needs("renameProvider", "renames")
+    cap = limits_of(request.rule)["max_bytes"]
+    # The server's edits are of the texts it has: every file it has open
+    # is sent as it is on disk now (a rename before this one, or anyone,
+    # may have changed it), or the edits would not fit the files.
+    others = [p for p in q.session.documents if p != q.source.path]
+    if others:
+        q.session.refresh(
+            await request.context.in_thread(texts_now, q.guard, others, cap)
+        )
     result = await q.session.ask(
         "textDocument/rename", {**q.position(body), "newName": new_name}
     )
@@ -561,14 +607,10 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
             "files, which sandboxd does not do"
         )
     if not edits:
-        raise bad_request(
-            f"the language server found nothing to rename at line {body.get('line')}",
-            kind="not_found",
-        )
-    cap = limits_of(request.rule)["max_bytes"]
+        raise _nothing_to_rename(q.text, body)
     sent = {path: doc.digest for path, doc in q.session.documents.items()}
 
-    def job() -> list[dict[str, Any]]:
+    def job() -> tuple[list[workspace.Planned], list[dict[str, Any]]]:
         planned = workspace.plan(
             q.guard,
             edits,
@@ -579,10 +621,31 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
         )
         if not dry_run:
             workspace.write(q.guard, planned)
-        return [workspace.describe(p) for p in planned]
+        return planned, [workspace.describe(p) for p in planned]
 
-    files = await request.context.in_thread(job)
+    planned, files = await request.context.in_thread(job)
+    if not dry_run:
+        # What the server has open is now what was written.
+        q.session.refresh({p.path: p.new for p in planned})
     return q.answer(files=files, applied=not dry_run)
+
+
+def _nothing_to_rename(text: Text, body: dict[str, Any]) -> ApiError:
+    """400: no edits; past the line's end, says how long the line is."""
+    line = integer(body.get("line"), "line", low=1)
+    column = integer(body.get("column", 1), "column", low=1)
+    length = len(text.lines[line - 1])
+    if column > length + 1:
+        return bad_request(
+            f"column {column} is past the end of line {line}, which has {length} "
+            f"characters (columns 1 to {length + 1}): the language server found "
+            "nothing to rename there",
+            kind="past_end",
+        )
+    return bad_request(
+        f"the language server found nothing to rename at line {line}, column {column}",
+        kind="not_found",
+    )
 
 
 HANDLERS = {
@@ -592,11 +655,11 @@ HANDLERS = {
     "lsp_session_get": lsp_session_get,
     "lsp_session_delete": lsp_session_delete,
     "lsp_connect": lsp_connect,
-    "lsp_diagnostics": lsp_diagnostics,
-    "lsp_definition": lsp_definition,
-    "lsp_references": lsp_references,
-    "lsp_hover": lsp_hover,
-    "lsp_symbols": lsp_symbols,
-    "lsp_completions": lsp_completions,
-    "lsp_rename": lsp_rename,
+    "lsp_diagnostics": holds_sessions(lsp_diagnostics),
+    "lsp_definition": holds_sessions(lsp_definition),
+    "lsp_references": holds_sessions(lsp_references),
+    "lsp_hover": holds_sessions(lsp_hover),
+    "lsp_symbols": holds_sessions(lsp_symbols),
+    "lsp_completions": holds_sessions(lsp_completions),
+    "lsp_rename": holds_sessions(lsp_rename),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.access.guard import PathGuard
@@ -116,3 +117,48 @@ class EditorRulesTests(SynchronousTestCase):
             refused.data(),
             {"code": "command_not_allowed", "rule": "policy:test:params.lsp_commands"},
         )
+
+    def test_commands_under_another_spelling(self) -> None:
+        """A spelling pylsp dispatches as workspace/executeCommand is held to the same list."""
+        for method in ("WORKSPACE/execute_command", "$workspace/executeCommand"):
+            run = {"method": method, "id": 1, "params": {"command": "pylsp.other"}}
+            self.assertEqual(self.code(run), Code.COMMAND_NOT_ALLOWED, method)
+
+    def test_settings_taken_out(self) -> None:
+        """
+        By default initializationOptions is removed and didChangeConfiguration's
+        settings emptied, under any spelling; positional params are refused;
+        with params.lsp_settings they stay.
+        """
+        init = {
+            "id": 1,
+            "method": "initialize",
+            "params": {"initializationOptions": {"a": 1}},
+        }
+        self.assertEqual(self.rules.keeps_settings(init)[0], True)
+        self.assertEqual(init["params"], {})
+        change = {
+            "method": "$Workspace/did_change_configuration",
+            "params": {"settings": {"a": 1}},
+        }
+        rewritten, removed = self.rules.keeps_settings(change)
+        self.assertTrue(rewritten)
+        assert removed is not None
+        self.assertIn("params.lsp_settings", removed)
+        self.assertEqual(change["params"], {"settings": None})
+        listed = {
+            "method": "workspace/didChangeConfiguration",
+            "params": [{"settings": 1}],
+        }
+        self.assertEqual(self.code(listed), Code.INVALID_PARAM)
+        self.assertTrue(self.rules.keeps_from_editor("workspace/configuration"))
+        allowing = attrs.evolve(self.rules, settings=True)
+        init = {
+            "id": 1,
+            "method": "initialize",
+            "params": {"initializationOptions": {"a": 1}},
+        }
+        self.assertEqual(allowing.keeps_settings(init), (False, None))
+        self.assertEqual(init["params"], {"initializationOptions": {"a": 1}})
+        self.assertIsNone(allowing.refusal(listed))
+        self.assertFalse(allowing.keeps_from_editor("workspace/configuration"))

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 from urllib.parse import urlencode
@@ -370,6 +371,211 @@ class RelayTests(ConnectCase):
         self.assertEqual((second["id"], second["error"]["code"]), (None, -32600))
 
 
+def pylint_running(marker: str) -> dict[str, Any]:
+    """
+    pylsp settings that make its pylint plugin run a program creating
+    ``marker`` (a script of its own: pylsp merges ``args`` as a set, in no
+    fixed order).
+    """
+    script = marker + ".sh"
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\ntouch {marker}\ncat >/dev/null\n")
+    os.chmod(script, 0o755)
+    return {"pylsp": {"plugins": {"pylint": {"enabled": True, "executable": script}}}}
+
+
+class SettingsCase(ConnectCase):
+    """An editor that gives pylsp settings which run a command."""
+
+    def markers(self, *names: str) -> list[str]:
+        out = os.path.realpath(self.mktemp())
+        os.makedirs(out)
+        return [os.path.join(out, n) for n in names]
+
+    def lint_with_settings(self, editor: Editor, markers: list[str]) -> Any:
+        """
+        Give pylsp settings that run a command, by every way an editor
+        could: initializationOptions, didChangeConfiguration, the same
+        under another spelling pylsp dispatches alike, and with positional
+        params; then have a file linted, which runs the command if any
+        got through.
+        """
+        by_init, by_change, by_alias, by_list = markers
+        root = os.path.join(self.base_dir, "proj")
+        rid = editor.request(
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": uri_of(root),
+                "capabilities": {},
+                "initializationOptions": pylint_running(by_init),
+            },
+        )
+        editor.answer(rid)
+        editor.notify("initialized", {})
+        editor.notify(
+            "workspace/didChangeConfiguration",
+            {"settings": pylint_running(by_change)},
+        )
+        editor.notify(
+            "WORKSPACE/did_change_configuration",
+            {"settings": pylint_running(by_alias)},
+        )
+        editor.notify(
+            "workspace/didChangeConfiguration",
+            [{"settings": pylint_running(by_list)}],  # type: ignore[arg-type]
+        )
+        bad = os.path.join(root, "bad.py")
+        editor.open(bad)
+        editor.diagnostics_of(uri_of(bad))
+        # pylsp lints with every plugin before it publishes; a moment more
+        # for a command it started to have created its file.
+        time.sleep(1)
+        return editor.seen
+
+
+class SettingsTests(SettingsCase):
+    """
+    An editor's settings, which can name programs the server runs, are
+    kept from the server by default: ``lsp:use`` runs no command.
+    """
+
+    @inlineCallbacks
+    def test_settings_that_run_a_command_do_not_reach_the_server(self) -> Any:
+        """
+        No marker file is created: the settings were taken out (the editor
+        told so with a logMessage naming params.lsp_settings), and the
+        positional form was refused.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/bad.py", "x = undefined_name\n")
+        markers = self.markers("init", "change", "alias", "list")
+        seen = yield self.talk(
+            lambda editor: self.lint_with_settings(editor, markers), root="proj"
+        )
+        self.assertEqual([m for m in markers if os.path.exists(m)], [])
+        logs = [
+            m["params"]["message"]
+            for m in seen
+            if m.get("method") == "window/logMessage"
+            and "sandboxd" in m["params"]["message"]
+        ]
+        self.assertEqual(sum("params.lsp_settings" in text for text in logs), 3, logs)
+        self.assertTrue(any("must be an object" in text for text in logs), logs)
+
+
+class SettingsAllowedTests(SettingsCase):
+    """A policy that sets ``params.lsp_settings`` lets the editor's settings through."""
+
+    policy = lsp_policy(params={"lsp_settings": True})
+
+    @inlineCallbacks
+    def test_settings_reach_the_server(self) -> Any:
+        """The command pylint's settings name runs: the marker file is created."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/bad.py", "x = undefined_name\n")
+        markers = self.markers("init", "change", "alias", "list")
+        yield self.talk(
+            lambda editor: self.lint_with_settings(editor, markers), root="proj"
+        )
+        self.assertTrue(os.path.exists(markers[2]), markers)
+
+
+#: A language server that asks its editor for settings, and for something
+#: else, then writes down every message it is sent.
+ASKING_SERVER = """\
+import json, sys
+
+log = open(sys.argv[1], "a")
+
+def read():
+    length = 0
+    while True:
+        line = sys.stdin.buffer.readline()
+        if not line:
+            sys.exit(0)
+        if line in (b"\\r\\n", b"\\n"):
+            break
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return json.loads(sys.stdin.buffer.read(length))
+
+def send(message):
+    body = json.dumps({"jsonrpc": "2.0", **message}).encode()
+    sys.stdout.buffer.write(b"Content-Length: %d\\r\\n\\r\\n" % len(body) + body)
+    sys.stdout.buffer.flush()
+
+while True:
+    message = read()
+    log.write(json.dumps(message) + "\\n")
+    log.flush()
+    if message.get("method") == "initialize":
+        send({"id": message["id"], "result": {"capabilities": {}}})
+        send({"id": 7, "method": "workspace/configuration",
+              "params": {"items": [{"section": "python"}, {"section": "pylsp"}]}})
+        send({"id": 8, "method": "window/workDoneProgress/create",
+              "params": {"token": "t"}})
+"""
+
+
+class ConfigurationTests(ConnectCase):
+    """The server's own requests for settings, and what may answer them."""
+
+    def setUp(self) -> Any:
+        self.bin = os.path.realpath(self.mktemp())
+        os.makedirs(self.bin)
+        self.log = os.path.join(self.bin, "received.jsonl")
+        with open(os.path.join(self.bin, "server.py"), "w") as f:
+            f.write(ASKING_SERVER)
+        with open(os.path.join(self.bin, "pylsp"), "w") as f:
+            f.write(
+                f"#!/bin/sh\nexec {sys.executable} {self.bin}/server.py {self.log}\n"
+            )
+        os.chmod(os.path.join(self.bin, "pylsp"), 0o755)
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = self.bin + os.pathsep + path
+        self.addCleanup(os.environ.__setitem__, "PATH", path)
+        return super().setUp()
+
+    def received(self) -> list[dict[str, Any]]:
+        """What the server was sent, once the editor's last notification came."""
+        for _ in range(WAIT * 10):
+            if os.path.exists(self.log):
+                with open(self.log) as f:
+                    got = [json.loads(line) for line in f]
+                if any(m.get("method") == "test/done" for m in got):
+                    return got
+            time.sleep(0.1)
+        raise AssertionError("the server never got test/done")
+
+    @inlineCallbacks
+    def test_settings_asked_for_are_none(self) -> Any:
+        """
+        The relay answers workspace/configuration itself, with no
+        settings; the editor never sees it, and its own answer to that id,
+        sent anyway, is dropped and it is told; its answer to the server's
+        other request goes through.
+        """
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(self.base_dir)
+            editor.until(lambda m: m.get("method") == "window/workDoneProgress/create")
+            editor.send({"id": 7, "result": [{"pythonPath": "/evil"}, None]})
+            told = editor.until(lambda m: m.get("method") == "window/logMessage")
+            editor.notify("test/done", {})
+            return told, self.received(), editor.seen
+
+        told, received, seen = yield self.talk(script)
+        self.assertNotIn("workspace/configuration", [m.get("method") for m in seen])
+        answers = {m["id"]: m for m in received if "method" not in m}
+        self.assertEqual(answers[7]["result"], [None, None])
+        self.assertEqual(answers[8]["result"], None)
+        self.assertEqual(sum(1 for m in received if m.get("id") == 7), 1)
+        self.assertNotIn("/evil", json.dumps(received))
+        self.assertIn("no request of that id", told["params"]["message"])
+
+
 class LifeTests(ConnectCase):
     """Each socket's server lives and dies with it."""
 
@@ -448,19 +654,18 @@ class HandshakeTests(ConnectCase):
     @inlineCallbacks
     def test_max_sessions_counts_rest_sessions(self) -> Any:
         """
-        With max_sessions 1 and a REST session running, the upgrade is 429
-        too_many_sessions; with the session gone, a socket's server takes
-        the place and a REST session is 429 in turn.
+        With max_sessions 1 and an idle REST session running, a socket's
+        server takes its place (the session is stopped); a REST session is
+        then 429, as an open socket's server is never stopped for room.
         """
         self.write("proj/pyproject.toml", "")
         reply = yield self.request(
             "POST", "/lsp/sessions", {"language": "python", "root": "proj"}
         )
         self.assertEqual(reply.status, 201, reply.body)
-        status, body = yield self.refused(root="proj")
-        self.assertEqual((status, body["code"]), (429, "too_many_sessions"))
-        yield self.request("DELETE", f"/lsp/sessions/{reply.json()['id']}")
         ws = yield deferToThread(self.connect, root="proj")
+        gone = yield self.request("GET", f"/lsp/sessions/{reply.json()['id']}")
+        self.assertEqual(gone.status, 404)
         again = yield self.request(
             "POST", "/lsp/sessions", {"language": "python", "root": "proj"}
         )

@@ -102,14 +102,39 @@ class PlanAndWriteTests(SynchronousTestCase):
         self.assertEqual(caught.exception.code, "read_only")
         self.assertEqual((self.read(a), self.read(b)), ("f\n", "f\n"))
 
+    def test_denied_file_counted_not_named(self) -> None:
+        """
+        A file the caller may not read stops the plan with a 403 that
+        counts it and does not name it; one it may read but not write
+        (read_only) is named, as the caller can see it anyway.
+        """
+        os.makedirs(os.path.join(self.base, "secret"))
+        a = self.put("a.py", "f\n")
+        hidden = self.put("secret/keys.py", "f\n")
+        guard = PathGuard(make_rule(self.base, deny=["**/secret/**"]))
+        with self.assertRaises(ApiError) as caught:
+            self.run_plan(
+                guard, {a: [(span(0, 0, 1), "g")], hidden: [(span(0, 0, 1), "g")]}
+            )
+        error = caught.exception
+        self.assertEqual((error.status, error.code), (403, "path_denied"))
+        self.assertNotIn("keys", error.message)
+        self.assertEqual(error.body()["outside"], 1)
+        self.assertEqual(self.read(a), "f\n")
+
     def test_changed_since_sent(self) -> None:
-        """A file that is no longer the text the server was sent is 412."""
+        """
+        A file that is no longer the text the server was sent is 412, said
+        as a change during the rename (the caller gave no ETag).
+        """
         a = self.put("a.py", "f\n")
         sent = {a: hashlib.sha256(b"other\n").digest()}
         guard = PathGuard(make_rule(self.base))
         with self.assertRaises(ApiError) as caught:
             self.run_plan(guard, {a: [(span(0, 0, 1), "g")]}, sent)
         self.assertEqual(caught.exception.status, 412)
+        self.assertNotIn("ETag", caught.exception.message)
+        self.assertIn("ask again", caught.exception.message)
 
     def test_failure_puts_every_file_back(self) -> None:
         """The second file's write fails: the first file is put back as it was."""

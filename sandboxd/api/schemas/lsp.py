@@ -103,7 +103,12 @@ _ERRORS = (
     E(403, "param_not_allowed", "a refused user"),
     E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
     E(413, "payload_too_large", "the file is over max_bytes (4 MiB)"),
-    E(429, "too_many_sessions", "max_sessions language servers run", "ResourceError"),
+    E(
+        429,
+        "too_many_sessions",
+        "max_sessions language servers run and none is idle (an idle one gives its place)",
+        "ResourceError",
+    ),
     E(
         501,
         "unsupported",
@@ -219,7 +224,8 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions language servers run (sessions and editors' sockets together)",
+                "max_sessions language servers run (sessions and editors' sockets "
+                "together) and no session is idle (an idle one gives its place)",
                 "ResourceError",
             ),
             E(
@@ -234,7 +240,9 @@ SCHEMAS: dict[str, Schema] = {
         "workspace must lie within root: a refused request is answered with error "
         "-32803 (data: {code, rule}) and not passed on, a refused notification is "
         "dropped and a window/logMessage says so. workspace/executeCommand runs only "
-        "the commands in params.lsp_commands. A frame that is not a JSON object is "
+        "the commands in params.lsp_commands. The editor's settings (initializationOptions, "
+        "workspace/didChangeConfiguration, answers to workspace/configuration) are "
+        "removed unless params.lsp_settings is true. A frame that is not a JSON object is "
         "answered with -32700 or -32600. Binary frames close 1003, messages over "
         "max_message_bytes 1009; the server exiting or breaking its framing closes "
         "1011; closing the socket ends the server's whole tree.",
