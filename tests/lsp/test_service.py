@@ -58,7 +58,7 @@ class RoomTests(SynchronousTestCase):
             self.service.sessions[s.id] = s  # type: ignore[assignment]
 
     def room(self, who: str) -> None:
-        self.service.check_room(SimpleNamespace(id=who), self.limits)
+        self.service.check_room(SimpleNamespace(id=who, root=who), self.limits)
 
     def test_own_share_takes_own_least_used(self) -> None:
         """At her share (2 of 4), Alice's least recently used session goes, not Bob's older one."""
