@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -250,6 +250,72 @@ class LinkRoutesTests(DaemonTestCase):
         # A preview link is no credential for the API.
         api = yield self.request("GET", "/capabilities", token=link)
         self.assertEqual((api.status, api.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
+    def test_refused_calls_spend_no_use(self) -> None:
+        """
+        A call the gate refuses (a missing scope, a switched-off endpoint,
+        a foreign Origin, a rate limit) spends no use of a counted link;
+        each call it lets in spends one, and then the link is used up.
+        """
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                **POLICY,
+                "endpoints": {
+                    "system_metrics": {"enabled": False},
+                    "system_info": {"limits": {"rate_per_minute": 3}},
+                },
+            }
+        )
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"], "uses": 3},
+        )
+        link = minted.json()["token"]
+        refused = [
+            ("GET", "/auth/links", {}, 403, "missing_scope"),
+            ("GET", "/system/metrics", {}, 404, "endpoint_disabled"),
+            (
+                "GET",
+                "/system/info",
+                {"Origin": "http://evil.example"},
+                403,
+                "origin_not_allowed",
+            ),
+        ]
+        for method, path, headers, status, code in refused:
+            reply = yield self.request(method, path, token=link, headers=headers)
+            self.assertEqual((reply.status, reply.json()["code"]), (status, code))
+        for _ in range(2):
+            ok = yield self.request("GET", "/system/info", token=link)
+            self.assertEqual(ok.status, 200, ok.body)
+        limited = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual(
+            (limited.status, limited.json()["code"]), (429, "rate_limited")
+        )
+        listed = yield self.request("GET", "/auth/links")
+        self.assertEqual(listed.json()["links"][0]["used"], 2)
+        last = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual(last.status, 200, last.body)
+        spent = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual((spent.status, spent.json()["code"]), (401, "link_invalid"))
+        self.assertIn("used up", spent.json()["error"])
+
+    @inlineCallbacks
+    def test_one_use_at_once(self) -> None:
+        """Twenty calls at once with a link for one use: exactly one is let in."""
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"], "uses": 1},
+        )
+        link = minted.json()["token"]
+        replies = yield gatherResults(
+            [self.request("GET", "/system/info", token=link) for _ in range(20)]
+        )
+        self.assertEqual(sorted(r.status for r in replies), [200] + [401] * 19)
 
     @inlineCallbacks
     def test_group_can_be_switched_off(self) -> None:

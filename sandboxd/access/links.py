@@ -450,15 +450,24 @@ class LinkTable:
     # -- checking -------------------------------------------------------------
 
     def verify(
-        self, token: bytes | str, audience: str, consume: bool = True
+        self,
+        token: bytes | str,
+        audience: str,
+        consume: bool = True,
+        *,
+        spend: bool = True,
     ) -> Identity:
         """
         The identity a link token stands for.
 
         :param audience: where it is presented (``console`` for the API,
             ``preview:PORT`` on the preview door).
-        :param consume: count one use (a link presented; not a cookie that
-            holds one already exchanged).
+        :param consume: the link is presented, so it counts as a use (not
+            a cookie that holds one already exchanged): a used-up link is
+            refused.
+        :param spend: with ``consume``, count the use now.  The gate says
+            False and spends it (:meth:`spend`) once it has let the call
+            in, so a call it refuses costs none.
         :raises ApiError: 401 ``link_expired``, or ``link_invalid`` for a
             token that is malformed, forged, revoked, used up or for
             another audience; 507 for a counted link whose use cannot be
@@ -496,22 +505,48 @@ class LinkTable:
                 # A counted link from before a restart with no state kept:
                 # its count is lost, so it counts as used up.
                 raise link_refused("the link was used up")
-            if consume:
-                if link.used >= claims.uses:
-                    raise link_refused("the link was used up")
-                link.used += 1
-                if not self.save():
-                    # A restart must not give a use back.
-                    link.used -= 1
-                    raise insufficient_storage(
-                        "the disk is full: a use of this counted link cannot be "
-                        "kept, so it was not used"
-                    )
-        elif link is not None and consume:
-            link.used += 1
-        return Identity(
+            if consume and link.used >= claims.uses:
+                raise link_refused("the link was used up")
+        identity = Identity(
             f"link:{claims.jti}", frozenset(claims.scopes), on_behalf_of=claims.sub
         )
+        if consume and spend:
+            self.spend(identity)
+        return identity
+
+    def spend(self, identity: Identity) -> None:
+        """
+        Count one use of the link ``identity`` stands for (nothing for a
+        token).  Checked again here, not only in :meth:`verify`: two calls
+        verified at once must not both spend the last use, nor may one
+        spend a link revoked or expired since it was verified.
+
+        :raises ApiError: 401 ``link_invalid``/``link_expired``; 507 when
+            a counted use cannot be kept (a full disk): it is not taken.
+        """
+        if identity.on_behalf_of is None or not identity.id.startswith("link:"):
+            return
+        link = self.links.get(identity.id.removeprefix("link:"))
+        if link is None:
+            return  # an uncounted link from before a restart: nothing to count
+        if link.revoked:
+            raise link_refused("the link was revoked")
+        if link.claims.exp <= self._clock():
+            raise link_refused("the link has expired", expired=True)
+        uses = link.claims.uses
+        if uses is None:
+            link.used += 1
+            return
+        if link.used >= uses:
+            raise link_refused("the link was used up")
+        link.used += 1
+        if not self.save():
+            # A restart must not give a use back.
+            link.used -= 1
+            raise insufficient_storage(
+                "the disk is full: a use of this counted link cannot be "
+                "kept, so it was not used"
+            )
 
     # -- listing and revoking -------------------------------------------------
 
