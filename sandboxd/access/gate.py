@@ -285,7 +285,7 @@ def identify(
     shown = tokens[0] if tokens else None
     if is_link(shown):
         assert shown is not None
-        return context.links.verify(shown, audience, consume, spend=False)
+        return context.links.verify(shown, audience, consume, store, spend=False)
     return authenticate_token(context.policy.tokens, shown)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from sandboxd.access.auth import Identity
+from sandboxd.access.auth import IMPLIED_SCOPES, Identity, TokenStore
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -223,6 +223,19 @@ class Link:
 def root_of(identity: Identity) -> str:
     """Who a caller acts for: a link's minter, else the caller itself."""
     return identity.on_behalf_of or identity.id
+
+
+def within(scopes: frozenset[str], minter: Identity) -> frozenset[str]:
+    """
+    What a link's ``scopes`` still grant under its minter's scopes now:
+    each that the minter still holds, and each of the minter's that the
+    link's hold (a link minted with ``*`` or ``files:*`` keeps ``files:read``
+    of a minter narrowed to it), so the link never holds more than either.
+    """
+    link = Identity("link", scopes)
+    return frozenset(s for s in scopes if minter.has_scope(s)) | frozenset(
+        s for s in minter.scopes if s not in IMPLIED_SCOPES and link.has_scope(s)
+    )
 
 
 #: Why a well-formed link fails its check when the key is made at each
@@ -454,6 +467,7 @@ class LinkTable:
         token: bytes | str,
         audience: str,
         consume: bool = True,
+        tokens: TokenStore | None = None,
         *,
         spend: bool = True,
     ) -> Identity:
@@ -468,10 +482,16 @@ class LinkTable:
         :param spend: with ``consume``, count the use now.  The gate says
             False and spends it (:meth:`spend`) once it has let the call
             in, so a call it refuses costs none.
+        :param tokens: the policy's identities now.  A link acts for its
+            minter, so it holds no more than the minter holds *now*: the
+            minter's scopes narrowed since the link was made narrow it too,
+            and a minter taken out of the policy (how a leaked or departed
+            identity is shut out) takes its links with it.  None checks
+            nothing of the minter (the table on its own).
         :raises ApiError: 401 ``link_expired``, or ``link_invalid`` for a
-            token that is malformed, forged, revoked, used up or for
-            another audience; 507 for a counted link whose use cannot be
-            kept (a full disk).
+            token that is malformed, forged, revoked, used up, for another
+            audience or made by an identity the policy no longer has; 507
+            for a counted link whose use cannot be kept (a full disk).
         """
         text = token.decode("latin-1") if isinstance(token, bytes) else token
         body, dot, mac = text.removeprefix(PREFIX).partition(".")
@@ -507,9 +527,16 @@ class LinkTable:
                 raise link_refused("the link was used up")
             if consume and link.used >= claims.uses:
                 raise link_refused("the link was used up")
-        identity = Identity(
-            f"link:{claims.jti}", frozenset(claims.scopes), on_behalf_of=claims.sub
-        )
+        scopes = frozenset(claims.scopes)
+        if tokens is not None:
+            minter = tokens.current(claims.sub)
+            if minter is None:
+                raise link_refused(
+                    f"the identity that made this link ({claims.sub!r}) is no "
+                    "longer in the policy, so its links no longer work"
+                )
+            scopes = within(scopes, minter)
+        identity = Identity(f"link:{claims.jti}", scopes, on_behalf_of=claims.sub)
         if consume and spend:
             self.spend(identity)
         return identity
@@ -601,4 +628,5 @@ __all__ = [
     "preview_audience",
     "read_key",
     "root_of",
+    "within",
 ]
