@@ -275,8 +275,13 @@ class LinkRoutesTests(DaemonTestCase):
         self.assertEqual(
             [x["link_id"] for x in mine.json()["links"]], [minted["link_id"]]
         )
+        # An identity holding * sees every live link, with who made it.
         admins = yield self.request("GET", "/auth/links")
-        self.assertEqual(admins.json()["links"], [])
+        self.assertEqual(
+            [(x["link_id"], x["on_behalf_of"]) for x in admins.json()["links"]],
+            [(minted["link_id"], "reader")],
+        )
+        self.assertEqual(mine.json()["links"][0]["on_behalf_of"], "reader")
         gone = yield self.request(
             "DELETE", f"/auth/links/{minted['link_id']}", token=READER
         )

@@ -217,6 +217,7 @@ class Link:
             "uses": self.claims.uses,
             "used": self.used,
             "revoked": self.revoked,
+            "on_behalf_of": self.claims.sub,
         }
 
 
@@ -578,8 +579,15 @@ class LinkTable:
     # -- listing and revoking -------------------------------------------------
 
     def of(self, identity: Identity) -> list[Link]:
-        """The live links minted by (or for) the caller, oldest first."""
+        """
+        The live links minted by (or for) the caller, oldest first; every
+        live link for an identity holding ``*``, which may revoke any: an
+        operator shutting out a leaked identity must be able to find its
+        links (each names its minter).
+        """
         self.prune()
+        if "*" in identity.scopes:
+            return list(self.links.values())
         root = root_of(identity)
         return [link for link in self.links.values() if link.claims.sub == root]
 
