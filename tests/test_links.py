@@ -14,14 +14,14 @@ import os
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.access.auth import Identity
+from sandboxd.access.auth import Identity, TokenStore
 from sandboxd.access.links import LinkTable, read_key
 from sandboxd.errors import ApiError
-from sandboxd.policy.document import PolicyError
+from sandboxd.policy.document import PolicyError, TokenSpec
 from tests.helpers import DaemonTestCase
 
 ADMIN = "admin-token-0123456789"
@@ -131,6 +131,62 @@ class LinkTableTests(SynchronousTestCase):
             self.table.verify(token, "preview:3000")
         self.assertEqual(caught.exception.code, "link_invalid")
 
+    def test_at_most_the_minter_now(self) -> None:
+        """
+        A link holds only what its minter holds now: narrowed with the
+        minter (a ``*`` or ``files:*`` link keeps what the minter kept), and
+        refused once the minter is out of the policy, a link's link too;
+        ``anonymous``'s links live while requests without a token are let in.
+        """
+        self.minter = Identity("alice", frozenset({"files:read", "files:write"}))
+        _, token = self.mint("console")
+        child_minter = self.table.verify(token, "console")
+        self.minter = Identity("alice", frozenset({"*"}))
+        _, wide = self.mint("console", scopes=["*"])
+        self.minter = child_minter
+        _, child = self.mint("console", scopes=["files:read"])
+
+        def store(scopes: list[str] | None) -> TokenStore:
+            specs = [TokenSpec("bob", ("*",), token_sha256="0" * 64)]
+            if scopes is not None:
+                specs.append(TokenSpec("alice", tuple(scopes), token_sha256="1" * 64))
+            return TokenStore.build(specs)
+
+        narrowed = store(["files:read", "links:mint"])
+        self.assertEqual(
+            self.table.verify(token, "console", tokens=narrowed).scopes,
+            frozenset({"files:read"}),
+        )
+        self.assertEqual(
+            self.table.verify(wide, "console", tokens=narrowed).scopes,
+            frozenset({"files:read", "links:mint"}),
+        )
+        for presented in (token, wide, child):
+            with self.assertRaises(ApiError) as caught:
+                self.table.verify(presented, "console", tokens=store(None))
+            self.assertEqual(
+                (caught.exception.status, caught.exception.code),
+                (401, "link_invalid"),
+            )
+            self.assertIn("no longer in the policy", caught.exception.message)
+        self.minter = Identity("anonymous", frozenset({"*"}))
+        _, anonymous = self.mint("console", scopes=["files:read"])
+        self.assertEqual(
+            self.table.verify(anonymous, "console", tokens=TokenStore.build([])).scopes,
+            frozenset({"files:read"}),
+        )
+        with self.assertRaises(ApiError):
+            self.table.verify(anonymous, "console", tokens=store([]))
+        allowed = TokenStore.build(
+            [TokenSpec("bob", ("*",), token_sha256="0" * 64)],
+            allow_anonymous=True,
+            anonymous_scopes=["system:read"],
+        )
+        self.assertEqual(
+            self.table.verify(anonymous, "console", tokens=allowed).scopes,
+            frozenset(),
+        )
+
     def test_bounded(self) -> None:
         """At most max_links live links; expired ones make room."""
         for _ in range(3):
@@ -219,8 +275,13 @@ class LinkRoutesTests(DaemonTestCase):
         self.assertEqual(
             [x["link_id"] for x in mine.json()["links"]], [minted["link_id"]]
         )
+        # An identity holding * sees every live link, with who made it.
         admins = yield self.request("GET", "/auth/links")
-        self.assertEqual(admins.json()["links"], [])
+        self.assertEqual(
+            [(x["link_id"], x["on_behalf_of"]) for x in admins.json()["links"]],
+            [(minted["link_id"], "reader")],
+        )
+        self.assertEqual(mine.json()["links"][0]["on_behalf_of"], "reader")
         gone = yield self.request(
             "DELETE", f"/auth/links/{minted['link_id']}", token=READER
         )
@@ -250,6 +311,122 @@ class LinkRoutesTests(DaemonTestCase):
         # A preview link is no credential for the API.
         api = yield self.request("GET", "/capabilities", token=link)
         self.assertEqual((api.status, api.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
+    def test_minter_narrowed_or_removed_on_reload(self) -> None:
+        """
+        A policy reload that narrows the minter narrows its links at once
+        (403 where the minter is refused too); one that removes the minter
+        kills its links, and the links they made, with a 401 saying why.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(POLICY, f)
+        yield self.daemon.stop()
+        yield self.start(policy=None, policy_file=path)
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read", "links:mint"]},
+            token=READER,
+        )
+        link = minted.json()["token"]
+        child = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"]},
+            token=link,
+        )
+        self.assertEqual(child.status, 201, child.body)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual(info.status, 200, info.body)
+
+        def reload(reader: dict[str, Any] | None) -> None:
+            tokens = [POLICY["auth"]["tokens"][0], *([reader] if reader else [])]
+            with open(path, "w") as f:
+                json.dump({**POLICY, "auth": {"tokens": tokens}}, f)
+            self.assertTrue(self.daemon.daemon.reload())
+
+        reload({**POLICY["auth"]["tokens"][1], "scopes": ["links:mint"]})
+        for token in (READER, link):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual(
+                (info.status, info.json()["code"]), (403, "missing_scope"), token
+            )
+        caps = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual(caps.json()["identity"]["scopes"], ["links:mint"])
+        reload(None)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
+            self.assertIn("no longer in the policy", info.json()["error"])
+
+    @inlineCallbacks
+    def test_refused_calls_spend_no_use(self) -> None:
+        """
+        A call the gate refuses (a missing scope, a switched-off endpoint,
+        a foreign Origin, a rate limit) spends no use of a counted link;
+        each call it lets in spends one, and then the link is used up.
+        """
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                **POLICY,
+                "endpoints": {
+                    "system_metrics": {"enabled": False},
+                    "system_info": {"limits": {"rate_per_minute": 3}},
+                },
+            }
+        )
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"], "uses": 3},
+        )
+        link = minted.json()["token"]
+        refused = [
+            ("GET", "/auth/links", {}, 403, "missing_scope"),
+            ("GET", "/system/metrics", {}, 404, "endpoint_disabled"),
+            (
+                "GET",
+                "/system/info",
+                {"Origin": "http://evil.example"},
+                403,
+                "origin_not_allowed",
+            ),
+        ]
+        for method, path, headers, status, code in refused:
+            reply = yield self.request(method, path, token=link, headers=headers)
+            self.assertEqual((reply.status, reply.json()["code"]), (status, code))
+        for _ in range(2):
+            ok = yield self.request("GET", "/system/info", token=link)
+            self.assertEqual(ok.status, 200, ok.body)
+        limited = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual(
+            (limited.status, limited.json()["code"]), (429, "rate_limited")
+        )
+        listed = yield self.request("GET", "/auth/links")
+        self.assertEqual(listed.json()["links"][0]["used"], 2)
+        last = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual(last.status, 200, last.body)
+        spent = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual((spent.status, spent.json()["code"]), (401, "link_invalid"))
+        self.assertIn("used up", spent.json()["error"])
+
+    @inlineCallbacks
+    def test_one_use_at_once(self) -> None:
+        """Twenty calls at once with a link for one use: exactly one is let in."""
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"], "uses": 1},
+        )
+        link = minted.json()["token"]
+        replies = yield gatherResults(
+            [self.request("GET", "/system/info", token=link) for _ in range(20)]
+        )
+        self.assertEqual(sorted(r.status for r in replies), [200] + [401] * 19)
 
     @inlineCallbacks
     def test_group_can_be_switched_off(self) -> None:
@@ -455,3 +632,32 @@ class LinkRestartTests(DaemonTestCase):
         ):
             reply = yield self.request("GET", "/system/info", token=token)
             self.assertEqual((reply.status, reply.json()["code"]), (401, code))
+
+    @inlineCallbacks
+    def test_restart_without_the_minter(self) -> None:
+        """
+        A link kept across a restart (a key file and a state dir) is refused
+        when the daemon comes back with a policy that no longer has its
+        minter.
+        """
+        key = os.path.join(self.base_dir, "link.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        state = os.path.join(self.base_dir, "state")
+        policy = {**POLICY, "auth": {**POLICY["auth"], "link_key_file": key}}
+        yield self.start(stop_at_end=False, policy=policy, state_dir=state)
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"]},
+            token=READER,
+        )
+        link = minted.json()["token"]
+        yield self.daemon.stop()
+        without = {
+            "auth": {"tokens": POLICY["auth"]["tokens"][:1], "link_key_file": key}
+        }
+        yield self.start(policy=without, state_dir=state)
+        reply = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual((reply.status, reply.json()["code"]), (401, "link_invalid"))
+        self.assertIn("no longer in the policy", reply.json()["error"])

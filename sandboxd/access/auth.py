@@ -236,6 +236,21 @@ class TokenStore:
                 return identity
         return None
 
+    def current(self, identity_id: str) -> Identity | None:
+        """
+        The identity ``identity_id`` is under this policy, with the scopes
+        it holds now: a policy token's (or the legacy token's), or
+        ``anonymous`` while requests without credentials are let in; None
+        for an identity this policy no longer has.  What a capability
+        link asks of its minter each time it is presented.
+        """
+        named = self.identity_named(identity_id)
+        if named is not None:
+            return named
+        if self.anonymous is not None and identity_id == self.anonymous.id:
+            return self.anonymous
+        return None
+
     def identify(self, token: bytes) -> Identity | None:
         """The identity whose token this is, checking every digest."""
         digest = _digest(token)

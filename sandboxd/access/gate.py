@@ -249,7 +249,9 @@ def identify(
     in local mode, when it is presented where its audience is (the API and
     its doors are ``console``; the preview door ``preview:PORT``).
 
-    :param consume: count a use of a link.
+    :param consume: a link presented counts as a use, so a used-up one is
+        refused; the use itself is spent by :func:`admit` once it has let
+        the call in (:func:`spend`).
     :param unauthenticated_as: a call that presents no credential at all
         is this token id's identity (its scopes, path rules, limits, audit
         name), on a door whose clients cannot send one (the KEP door's
@@ -283,7 +285,7 @@ def identify(
     shown = tokens[0] if tokens else None
     if is_link(shown):
         assert shown is not None
-        return context.links.verify(shown, audience, consume)
+        return context.links.verify(shown, audience, consume, store, spend=False)
     return authenticate_token(context.policy.tokens, shown)
 
 
@@ -351,6 +353,7 @@ def admit(
     take_slot: bool = True,
     audience: str = CONSOLE,
     consume: bool = True,
+    spend: bool = True,
     public: bool = False,
     host_rules: bool = True,
     unauthenticated_as: str | None = None,
@@ -367,7 +370,14 @@ def admit(
         before Origin and Host, as SPEC §3 orders them.
     :param take_slot: hold a concurrency slot until :func:`release`.
     :param audience: where a capability link is being presented.
-    :param consume: a link presented counts as one of its uses.
+    :param consume: a link presented counts as one of its uses (a used-up
+        one is refused), spent only once every check here has let the
+        call in: a refused call costs none.  False for a cookie that holds
+        a link already exchanged.
+    :param spend: spend that use here.  A door that admits one request
+        twice (as itself, then as the endpoint it maps to) says False on
+        its first admission, or spends it itself with :func:`spend_use`
+        once it knows the request is served: one request, one use.
     :param public: the door lets anyone through (a public preview): no
         credential is asked for and no scope checked; the rest applies.
     :param host_rules: apply SPEC §3's Origin and local-mode Host rules (a
@@ -419,7 +429,28 @@ def admit(
                 raise
     except ApiError as e:
         raise Refused(e, endpoint, identity, rule) from None
-    return Passed(endpoint, identity, rule, slot)
+    passed = Passed(endpoint, identity, rule, slot)
+    if consume and spend and needs_auth:
+        spend_use(context, passed)
+    return passed
+
+
+def spend_use(context: Context, passed: Passed) -> None:
+    """
+    Spend one use of the link a call was admitted with (nothing for a
+    token), as the last step of its admission: checked again at that
+    moment, so two calls admitted at once cannot both spend a last use.
+
+    :raises Refused: the link was used up, revoked or expired meanwhile,
+        or its use cannot be kept (507); the call's slot is given back.
+    """
+    if passed.identity.on_behalf_of is None:
+        return  # a token, not a link: nothing to count
+    try:
+        context.links.spend(passed.identity)
+    except ApiError as e:
+        release(context, passed)
+        raise Refused(e, passed.endpoint, passed.identity, passed.rule) from None
 
 
 def release(context: Context, passed: Passed) -> None:
@@ -564,4 +595,5 @@ __all__ = [
     "redact_record",
     "release",
     "same_origin",
+    "spend_use",
 ]

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from sandboxd.access.auth import Identity
+from sandboxd.access.auth import IMPLIED_SCOPES, Identity, TokenStore
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -217,12 +217,26 @@ class Link:
             "uses": self.claims.uses,
             "used": self.used,
             "revoked": self.revoked,
+            "on_behalf_of": self.claims.sub,
         }
 
 
 def root_of(identity: Identity) -> str:
     """Who a caller acts for: a link's minter, else the caller itself."""
     return identity.root
+
+
+def within(scopes: frozenset[str], minter: Identity) -> frozenset[str]:
+    """
+    What a link's ``scopes`` still grant under its minter's scopes now:
+    each that the minter still holds, and each of the minter's that the
+    link's hold (a link minted with ``*`` or ``files:*`` keeps ``files:read``
+    of a minter narrowed to it), so the link never holds more than either.
+    """
+    link = Identity("link", scopes)
+    return frozenset(s for s in scopes if minter.has_scope(s)) | frozenset(
+        s for s in minter.scopes if s not in IMPLIED_SCOPES and link.has_scope(s)
+    )
 
 
 #: Why a well-formed link fails its check when the key is made at each
@@ -450,19 +464,35 @@ class LinkTable:
     # -- checking -------------------------------------------------------------
 
     def verify(
-        self, token: bytes | str, audience: str, consume: bool = True
+        self,
+        token: bytes | str,
+        audience: str,
+        consume: bool = True,
+        tokens: TokenStore | None = None,
+        *,
+        spend: bool = True,
     ) -> Identity:
         """
         The identity a link token stands for.
 
         :param audience: where it is presented (``console`` for the API,
             ``preview:PORT`` on the preview door).
-        :param consume: count one use (a link presented; not a cookie that
-            holds one already exchanged).
+        :param consume: the link is presented, so it counts as a use (not
+            a cookie that holds one already exchanged): a used-up link is
+            refused.
+        :param spend: with ``consume``, count the use now.  The gate says
+            False and spends it (:meth:`spend`) once it has let the call
+            in, so a call it refuses costs none.
+        :param tokens: the policy's identities now.  A link acts for its
+            minter, so it holds no more than the minter holds *now*: the
+            minter's scopes narrowed since the link was made narrow it too,
+            and a minter taken out of the policy (how a leaked or departed
+            identity is shut out) takes its links with it.  None checks
+            nothing of the minter (the table on its own).
         :raises ApiError: 401 ``link_expired``, or ``link_invalid`` for a
-            token that is malformed, forged, revoked, used up or for
-            another audience; 507 for a counted link whose use cannot be
-            kept (a full disk).
+            token that is malformed, forged, revoked, used up, for another
+            audience or made by an identity the policy no longer has; 507
+            for a counted link whose use cannot be kept (a full disk).
         """
         text = token.decode("latin-1") if isinstance(token, bytes) else token
         body, dot, mac = text.removeprefix(PREFIX).partition(".")
@@ -496,28 +526,68 @@ class LinkTable:
                 # A counted link from before a restart with no state kept:
                 # its count is lost, so it counts as used up.
                 raise link_refused("the link was used up")
-            if consume:
-                if link.used >= claims.uses:
-                    raise link_refused("the link was used up")
-                link.used += 1
-                if not self.save():
-                    # A restart must not give a use back.
-                    link.used -= 1
-                    raise insufficient_storage(
-                        "the disk is full: a use of this counted link cannot be "
-                        "kept, so it was not used"
-                    )
-        elif link is not None and consume:
+            if consume and link.used >= claims.uses:
+                raise link_refused("the link was used up")
+        scopes = frozenset(claims.scopes)
+        if tokens is not None:
+            minter = tokens.current(claims.sub)
+            if minter is None:
+                raise link_refused(
+                    f"the identity that made this link ({claims.sub!r}) is no "
+                    "longer in the policy, so its links no longer work"
+                )
+            scopes = within(scopes, minter)
+        identity = Identity(f"link:{claims.jti}", scopes, on_behalf_of=claims.sub)
+        if consume and spend:
+            self.spend(identity)
+        return identity
+
+    def spend(self, identity: Identity) -> None:
+        """
+        Count one use of the link ``identity`` stands for (nothing for a
+        token).  Checked again here, not only in :meth:`verify`: two calls
+        verified at once must not both spend the last use, nor may one
+        spend a link revoked or expired since it was verified.
+
+        :raises ApiError: 401 ``link_invalid``/``link_expired``; 507 when
+            a counted use cannot be kept (a full disk): it is not taken.
+        """
+        if identity.on_behalf_of is None or not identity.id.startswith("link:"):
+            return
+        link = self.links.get(identity.id.removeprefix("link:"))
+        if link is None:
+            return  # an uncounted link from before a restart: nothing to count
+        if link.revoked:
+            raise link_refused("the link was revoked")
+        if link.claims.exp <= self._clock():
+            raise link_refused("the link has expired", expired=True)
+        uses = link.claims.uses
+        if uses is None:
             link.used += 1
-        return Identity(
-            f"link:{claims.jti}", frozenset(claims.scopes), on_behalf_of=claims.sub
-        )
+            return
+        if link.used >= uses:
+            raise link_refused("the link was used up")
+        link.used += 1
+        if not self.save():
+            # A restart must not give a use back.
+            link.used -= 1
+            raise insufficient_storage(
+                "the disk is full: a use of this counted link cannot be "
+                "kept, so it was not used"
+            )
 
     # -- listing and revoking -------------------------------------------------
 
     def of(self, identity: Identity) -> list[Link]:
-        """The live links minted by (or for) the caller, oldest first."""
+        """
+        The live links minted by (or for) the caller, oldest first; every
+        live link for an identity holding ``*``, which may revoke any: an
+        operator shutting out a leaked identity must be able to find its
+        links (each names its minter).
+        """
         self.prune()
+        if "*" in identity.scopes:
+            return list(self.links.values())
         root = root_of(identity)
         return [link for link in self.links.values() if link.claims.sub == root]
 
@@ -566,4 +636,5 @@ __all__ = [
     "preview_audience",
     "read_key",
     "root_of",
+    "within",
 ]

@@ -300,7 +300,9 @@ class Door(PortDoor):
                 call.procedure.kind, call.request.getHeader(b"content-type")
             )
 
-    def admit(self, call: portdoor.Call, endpoint: Any) -> gate.Passed:
+    def admit(
+        self, call: portdoor.Call, endpoint: Any, spend: bool = True
+    ) -> gate.Passed:
         """The gate, with E2B's ``X-API-Key`` and traffic tokens as credentials."""
         if call.procedure.api_key:
             present_api_key(call.headers)
@@ -309,6 +311,7 @@ class Door(PortDoor):
             endpoint,
             call.headers,
             query_tokens=traffic_tokens(call.headers),
+            spend=spend,
         )
 
     def read_message(

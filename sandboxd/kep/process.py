@@ -129,18 +129,25 @@ class Rpc:
         assert self.passed is not None
         return self.passed.rule
 
-    def admit(self, endpoint_id: str) -> None:
+    def admit(self, endpoint_id: str, spend: bool = True) -> None:
         """
         Admit the call as ``endpoint_id`` (the door's own ``kep``, then,
         in a second call, the endpoint doing the job); a call without a
         credential is ``params.unauthenticated_as`` when set.
 
+        :param spend: spend a use of a counted link (the second
+            admission only: one call, one use, none for a refused one).
         :raises ApiError: the gate's refusal, audited as what refused it.
         """
         context = self.context
         self.endpoint_id = endpoint_id
         try:
-            passed = admit(context, context.table.get(endpoint_id), self.call.headers)
+            passed = admit(
+                context,
+                context.table.get(endpoint_id),
+                self.call.headers,
+                spend=spend,
+            )
         except gate.Refused as refused:
             self.refused_identity = refused.identity
             raise refused.error from None
@@ -314,7 +321,7 @@ def serve(
         try:
             # The door first: who is calling is known before the endpoint
             # is chosen (a terminal's only for one the caller may drive).
-            rpc.admit("kep")
+            rpc.admit("kep", spend=False)
             rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:

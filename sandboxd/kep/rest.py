@@ -153,9 +153,9 @@ class KepRestDoor(PortDoor):
             {**error.headers, **error_headers(error)},
         )
 
-    def admit(self, call: Call, endpoint: Any) -> gate.Passed:
+    def admit(self, call: Call, endpoint: Any, spend: bool = True) -> gate.Passed:
         """The gate, a call without credentials standing for ``unauthenticated_as``."""
-        return access.admit(self.context, endpoint, call.headers)
+        return access.admit(self.context, endpoint, call.headers, spend=spend)
 
     # -- paths ------------------------------------------------------------------
 

@@ -295,6 +295,10 @@ class Exchange:
                 secure=request.isSecure(),
                 framing=lambda: check_framing(headers),
                 take_slot=False,
+                # A link's use is spent once the message is known (_spend):
+                # by the tool's own admission for a tools/call, so a call
+                # refused there, or a message refused here, costs none.
+                spend=False,
             )
         except gate.Refused as e:
             self.identity = e.identity
@@ -474,6 +478,20 @@ class Exchange:
         session.last_seen = self.door.context.reactor.seconds()
         return session
 
+    def _spend(self) -> bool:
+        """
+        Spend the use of a counted link this request presents (nothing for
+        a token), once it is known to be served; a refusal is answered.
+        A ``tools/call`` spends none here: the tool's admission spends it.
+        """
+        assert self.passed is not None
+        try:
+            gate.spend_use(self.door.context, self.passed)
+        except gate.Refused as e:
+            self._fail(e.error)
+            return False
+        return True
+
     def _caller(self) -> Caller:
         return Caller(
             self.headers,
@@ -544,6 +562,8 @@ class Exchange:
         session = self._session()
         if session is None:
             return
+        if not (method == "tools/call" and is_request) and not self._spend():
+            return
         if not is_request:
             self._notified(session, message)
             self._send(202, None)
@@ -575,6 +595,9 @@ class Exchange:
         opened = self.door.open_session(self.identity, answer["protocolVersion"])
         if isinstance(opened, ApiError):
             self._fail(opened, rid)
+            return
+        if not self._spend():
+            self.door.sessions.remove(opened)
             return
         info = params.get("clientInfo")
         if isinstance(info, dict):
@@ -664,6 +687,8 @@ class Exchange:
             )
             return
         number, after = point
+        if not self._spend():
+            return
         channel = SSEChannel(
             self.request,
             self.door.context.reactor,
@@ -687,6 +712,8 @@ class Exchange:
     def _delete(self) -> None:
         session = self._session()
         if session is None:
+            return
+        if not self._spend():
             return
         self.door.sessions.remove(session)
         self._send(204, None)

@@ -553,13 +553,15 @@ class PortDoor:
         """The call's first message and all of them (after the door's admission)."""
         return {}, []
 
-    def admit(self, call: Call, endpoint: Any) -> gate.Passed:
+    def admit(self, call: Call, endpoint: Any, spend: bool = True) -> gate.Passed:
         """
         Ask the gate to let ``call`` through as ``endpoint``.
 
+        :param spend: spend a use of a counted link (the second of the
+            call's two admissions only: one request, one use).
         :raises gate.Refused: the gate's refusal.
         """
-        return gate.admit(self.context, endpoint, call.headers)
+        return gate.admit(self.context, endpoint, call.headers, spend=spend)
 
     def encode(self, call: Call, value: Any) -> tuple[bytes, bytes]:
         """
@@ -665,6 +667,7 @@ class PortDoor:
         try:
             if endpoint_id == self.endpoint_id and call.door_passed is not None:
                 call.passed = call.door_passed  # admitted once is enough
+                gate.spend_use(context, call.passed)
             else:
                 call.passed = self.admit(call, endpoint)
         except gate.Refused as refused:
@@ -694,8 +697,10 @@ class PortDoor:
             if mapped is not None and not mapped.auth_required:
                 return
         try:
+            # A link's use is spent by the second admission, once the call
+            # is let in as what it does: a call refused there costs none.
             call.door_passed = self.admit(
-                call, self.context.table.get(self.endpoint_id)
+                call, self.context.table.get(self.endpoint_id), spend=False
             )
         except gate.Refused as refused:
             call.endpoint_id = self.endpoint_id

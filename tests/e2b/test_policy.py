@@ -90,6 +90,49 @@ class TokenTests(E2BCase):
         result = yield self.sdk(job)
         self.assertEqual(result.stdout, "ok\n")
 
+    @inlineCallbacks
+    def test_counted_link_spends_one_use_per_call(self) -> Any:
+        """
+        A link for three uses given to the SDK as its API key: creating
+        the sandbox (one request) and reading a file spend one use each,
+        a refused write none, so the third use is still there; the fourth
+        call is refused as used up.
+        """
+        from e2b import Sandbox
+
+        with open(os.path.join(self.base_dir, "r.txt"), "w") as f:
+            f.write("readable")
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"], "uses": 3},
+            token="admin-token",
+        )
+        link = minted.json()["token"]
+
+        def job() -> Any:
+            # Not the debug mode: the SDK asks the door's control plane
+            # for the sandbox, with the link as its API key.
+            os.environ.pop("E2B_DEBUG", None)
+            sbx = Sandbox.create(
+                api_key=link, api_url=self.e2b_url, sandbox_url=self.e2b_url
+            )
+            return (
+                sbx.files.read("r.txt"),
+                caught(lambda: sbx.files.write("w.txt", "x")),
+                sbx.files.read("r.txt"),
+                caught(lambda: sbx.files.read("r.txt")),
+            )
+
+        first, wrote, third, fourth = yield self.sdk(job)
+        self.assertEqual((first, third), ("readable", "readable"))
+        self.assertIn("missing_scope", str(wrote))
+        self.assertIn("used up", str(fourth))
+        listed = yield self.request("GET", "/auth/links", token="admin-token")
+        self.assertEqual(
+            [(x["uses"], x["used"]) for x in listed.json()["links"]], [(3, 3)]
+        )
+
 
 class PathTests(E2BCase):
     """Paths pass the guard: outside the base is refused and nothing is written."""

@@ -403,6 +403,32 @@ class AuthTests(KepCase):
         response = yield self.daemon.request("GET", "/files/list?path=.", token=None)
         self.assertEqual(response.status, 401)
 
+    @inlineCallbacks
+    def test_counted_link_spends_one_use_per_call(self) -> Any:
+        """
+        A counted link on the KEP door: one use per call let in (not one
+        for ``kep`` and one for the endpoint), none for a refused write;
+        used up, the next call is UNAUTHENTICATED (``link_invalid``).
+        """
+        with open(os.path.join(self.base_dir, "r.txt"), "w") as f:
+            f.write("ok")
+        minted = yield self.daemon.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"], "uses": 2},
+            token="admin-secret",
+        )
+        link = {"X-Access-Token": minted.json()["token"]}
+        r = yield self.http("GET", "/v1/files/r.txt", headers=link)
+        self.assertEqual((r.status_code, r.content), (200, b"ok"))
+        r = yield self.http("PUT", "/v1/files/w.txt", content=b"x", headers=link)
+        self.assertEqual(r.headers["X-Sandboxd-Code"], "missing_scope")
+        r = yield self.http("GET", "/v1/files/r.txt", headers=link)
+        self.assertEqual((r.status_code, r.content), (200, b"ok"))
+        r = yield self.http("GET", "/v1/files/r.txt", headers=link)
+        self.assertEqual(r.status_code, 401)
+        self.assertEqual(r.headers["X-Sandboxd-Code"], "link_invalid")
+
 
 class SwitchTests(KepCase):
     """The door follows the policy: off, nothing passes."""

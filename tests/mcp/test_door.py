@@ -626,6 +626,65 @@ class PolicyTests(McpTestCase):
         self.assertTrue(result.structured_content["rule"])
 
     @inlineCallbacks
+    def test_counted_link_spends_one_use_per_request(self) -> Any:
+        """
+        A counted link on /mcp: each request it is let in with spends one
+        use, a tools/call one (not one for /mcp and one for the tool), a
+        tool call the gate refuses none; once used up, the next is 401.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"], "uses": 4},
+            token=ADMIN,
+        )
+        link = minted.json()["token"]
+        bearer = {"authorization": f"Bearer {link}"}
+
+        def used() -> Any:
+            d = self.request("GET", "/auth/links", token=ADMIN)
+            return d.addCallback(lambda r: r.json()["links"][0]["used"])
+
+        opened = yield self.initialize(headers=bearer)
+        self.assertEqual(opened.status_code, 200, opened.text)
+        self.assertEqual((yield used()), 1)
+        headers = {
+            **bearer,
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": opened.json()["result"]["protocolVersion"],
+        }
+
+        def call(rid: int, name: str, arguments: dict[str, Any]) -> Any:
+            message = {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "method": "tools/call",
+                "params": {"name": name, "arguments": arguments},
+            }
+            return self.http("POST", message, headers)
+
+        listed = yield call(2, "files_list", {"path": "."})
+        self.assertEqual(listed.status_code, 200)
+        self.assertFalse(listed.json()["result"].get("isError"), listed.text)
+        self.assertEqual((yield used()), 2)
+        refused = yield call(3, "shell", {"command": "true"})
+        result = refused.json()["result"]
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["code"], "missing_scope")
+        self.assertEqual((yield used()), 2)
+        tools = yield self.http(
+            "POST", {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers
+        )
+        self.assertEqual(tools.status_code, 200)
+        self.assertEqual((yield used()), 3)
+        ended = yield self.http("DELETE", None, headers)
+        self.assertEqual(ended.status_code, 204)
+        self.assertEqual((yield used()), 4)
+        again = yield self.initialize(headers=bearer)
+        self.assertEqual(again.status_code, 401)
+        self.assertEqual(again.json()["error"]["data"]["code"], "link_invalid")
+
+    @inlineCallbacks
     def test_wrong_token_is_401(self) -> Any:
         """A wrong token never opens a session: 401 with the code in data."""
         reply = yield self.initialize(headers={"authorization": "Bearer nope"})

@@ -5,7 +5,10 @@ from __future__ import annotations
 from sandboxd.api.fields import E, F, Schema
 from sandboxd.api.fragments import LINK_MINTED
 
-_LINK_TEXT = "{link_id, audience, scopes, created_at, expires_at, uses, used, revoked}"
+_LINK_TEXT = (
+    "{link_id, audience, scopes, created_at, expires_at, uses, used, revoked, "
+    "on_behalf_of}"
+)
 
 
 _LINK_RECORD = (
@@ -17,6 +20,7 @@ _LINK_RECORD = (
     F("uses", "integer", "null: any number", nullable=True),
     F("used", "integer"),
     F("revoked", "boolean"),
+    F("on_behalf_of", doc="the identity that minted it, which the link acts for"),
 )
 
 
@@ -74,7 +78,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "links",
                 "array",
-                "the caller's live links: " + _LINK_TEXT,
+                "the caller's live links (every live link for an identity "
+                "holding *): " + _LINK_TEXT,
                 items="object",
             ),
         ),
