@@ -55,7 +55,12 @@ from sandboxd.kep.errors import error_headers, grpc_status_name
 from sandboxd.kep.grpc import Call as GrpcCall
 from sandboxd.kep.grpc import GrpcFactory, Method, Refusal, Status
 from sandboxd.kep.rest import below_root
-from sandboxd.processes.command import find_executable
+from sandboxd.processes.command import (
+    check_not_denied,
+    check_shell,
+    find_executable,
+    is_shell,
+)
 from sandboxd.processes.environment import note_argv
 from sandboxd.processes.managed import Managed
 from sandboxd.routes import process as process_routes
@@ -362,9 +367,13 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
     """
     The ``/process/start`` body that makes the HTTP routes' checks check
     this argv, in the door's root (a ``cwd`` is relative to it, as the
-    REST side's paths are; the path rules apply to it as to any cwd): ``sh -c SCRIPT`` with an allowed shell as ``/shell`` checks
-    ``{"shell", "command"}`` (the SDK sends every command so), any other
+    REST side's paths are; the path rules apply to it as to any cwd): a
+    shell's ``-c`` script as ``/shell`` checks ``{"shell", "command"}``
+    (the SDK sends every command as ``/bin/sh -c COMMAND``), any other
     argv as its words.
+
+    :raises ApiError: 403 ``param_not_allowed`` for a shell the policy's
+        ``shells`` leave out, however it is called.
     """
     argv = config.argv
     root = rpc.context.kep.root
@@ -373,15 +382,60 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
         # NOT_FOUND, as the reference answers a cwd that is not there.
         raise not_found(f"cwd {config.cwd!r} is not a directory under the sandbox root")
     body: dict[str, Any] = {"env": config.env, "cwd": cwd}
-    shells = rpc.rule.params.shells
-    if len(argv) == 3 and argv[1] == "-c" and argv[0].rsplit("/", 1)[-1] in shells:
-        body["command"] = argv[2]
+    script = None
+    if is_shell(argv[0]):
+        # A shell the policy leaves out is refused as ``/shell`` refuses
+        # it, never run as a plain program its words no longer describe.
+        check_shell(argv[0], rpc.rule)
+        script, handed = shell_script(argv) or (None, [])
+        # The arguments a script is handed run as a command of their own
+        # when it says ``"$@"``: ``deny_commands`` sees them so too.
+        check_not_denied(rpc.rule, handed)
+    if script is not None:
+        body["command"] = script
         body["shell"] = argv[0]
     else:
         body["command"] = shlex.join(argv)
     if rpc.call.deadline is not None:
         body["timeout"] = rpc.call.deadline
     return body
+
+
+def shell_script(argv: list[str]) -> tuple[str, list[str]] | None:
+    """
+    What ``SHELL [options] -c SCRIPT [NAME [ARG...]]`` runs, for the
+    command rules to check: the script, and the arguments it is handed
+    (``ARG...``); None for a shell that runs no ``-c`` script (a script
+    file, or an interactive shell), whose argv is checked as it is.
+    """
+    reads_command = False
+    index = 1
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("--", "-"):
+            index += 1
+            break
+        if arg in _SHELL_OPTIONS_WITH_VALUE:
+            index += 2
+            continue
+        if arg.startswith("--"):
+            index += 1
+            continue
+        if len(arg) > 1 and arg[0] in "-+":
+            if arg[0] == "-" and "c" in arg[1:]:
+                reads_command = True
+            index += 1
+            continue
+        break
+    if not reads_command or index >= len(argv):
+        return None
+    return argv[index], argv[index + 2 :]
+
+
+#: A shell's options whose value is the next word.
+_SHELL_OPTIONS_WITH_VALUE = frozenset(
+    {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
+)
 
 
 def not_started(error: OSError, command: str) -> Exception:

@@ -259,6 +259,68 @@ class TruncatedTests(ProcessCase):
         self.assertGreater(int(trailers["x-sandboxd-dropped-bytes"]), 90000)
 
 
+class NarrowedShellsTests(ProcessCase):
+    """A policy whose ``shells`` leave ``sh`` out, with ``rm`` denied."""
+
+    extra_policy = {
+        "endpoints": {
+            "shell": {"params": {"shells": ["bash"], "deny_commands": ["rm"]}}
+        }
+    }
+
+    @inlineCallbacks
+    def test_a_refused_shell_is_refused_not_run_as_a_program(self) -> Any:
+        """
+        The SDK's ``/bin/sh -c CMD`` is refused 403 PERMISSION_DENIED
+        naming ``params.shells`` (nothing runs), and an allowed shell's
+        script is still checked by ``deny_commands`` however the shell is
+        called: grouped options, or the words handed to ``"$@"``.
+        """
+        victim = os.path.join(self.base_dir, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("keep me")
+        error = yield self.blocking(
+            self._caught, self.commands().run, "rm -f victim.txt; echo ran"
+        )
+        self.assertIsInstance(error, RuntimeError)
+        self.assertIn("PERMISSION_DENIED", str(error))
+        self.assertIn("the shell '/bin/sh' is not allowed (allowed: bash)", str(error))
+        pb, _ = stubs()
+        stub = self.stub()
+        for argv in (
+            ["/bin/sh", "-c", "echo ran"],
+            ["bash", "-lc", "rm -f victim.txt"],
+            ["bash", "-e", "-o", "pipefail", "-c", "rm -f victim.txt"],
+            ["bash", "-c", 'exec "$@"', "bash", "rm", "-f", "victim.txt"],
+        ):
+            error = yield self.blocking(
+                self.caught,
+                stub.Execute,
+                pb.ExecuteRequest(config=config(pb, argv)),
+                timeout=10,
+            )
+            self.assertIsInstance(error, grpc.RpcError, str(argv))
+            name, message, trailers = status_of(error)
+            self.assertEqual(name, "PERMISSION_DENIED", str(argv))
+            code = (
+                "param_not_allowed" if argv[0] == "/bin/sh" else "command_not_allowed"
+            )
+            self.assertEqual(trailers["x-sandboxd-code"], code, f"{argv} {message}")
+        self.assertTrue(os.path.exists(victim))
+        answer = yield self.blocking(
+            stub.Execute,
+            pb.ExecuteRequest(config=config(pb, ["bash", "-c", "echo ok"])),
+            timeout=10,
+        )
+        self.assertEqual(answer.stdout, b"ok\n")
+
+    def _caught(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            return e
+
+
 class StartTests(ProcessCase):
     """``Start`` and the calls on a started process, through the generated stub."""
 
