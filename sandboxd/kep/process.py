@@ -55,6 +55,7 @@ from sandboxd.kep.errors import error_headers, grpc_status_name
 from sandboxd.kep.grpc import Call as GrpcCall
 from sandboxd.kep.grpc import GrpcFactory, Method, Refusal, Status
 from sandboxd.kep.rest import below_root
+from sandboxd.policy.defaults import KEP_MAX_MESSAGE_BYTES
 from sandboxd.processes.command import (
     check_not_denied,
     check_shell,
@@ -704,6 +705,10 @@ class _TerminalClient:
 
 # -- Execute ----------------------------------------------------------------------
 
+#: What an ``ExecuteResponse`` holds besides the two outputs' bytes: their
+#: tags and lengths, and the exit code (ten bytes when negative).
+_RESPONSE_FIELDS = 64
+
 
 def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     """``Execute``: run to the end; the exit code and both outputs."""
@@ -712,7 +717,11 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     spec = process_routes.launch(request)
     spec = attrs.evolve(spec, argv=config.argv)
     note_argv(request, spec.argv, config.env)
-    ran = Deferred.fromCoroutine(process_routes.run_to_end(request, spec))
+    ran = Deferred.fromCoroutine(
+        process_routes.run_to_end(
+            request, spec, max_total_bytes=KEP_MAX_MESSAGE_BYTES - _RESPONSE_FIELDS
+        )
+    )
     rpc.on_gone(ran.cancel)
 
     def answered(result: Any) -> dict[str, Any]:
@@ -721,6 +730,8 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
         if result.truncated:
             # ExecuteResponse has no field for it: the head and the tail
             # are kept (a marker between them), and the trailers say so.
+            # Both outputs together fit one message, which a client takes
+            # only up to its 4 MiB default, so that cuts them too.
             rpc.audit_fields["truncated"] = True
             rpc.trailers["x-sandboxd-truncated"] = "true"
             rpc.trailers["x-sandboxd-dropped-bytes"] = str(result.dropped_bytes)

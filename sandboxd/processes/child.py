@@ -169,8 +169,59 @@ class HeadTail:
             middle = self._marker()  # one digit longer, perhaps: look again
         return b"".join((head, middle, tail))
 
+    @property
+    def kept_bytes(self) -> int:
+        """The bytes kept (head and tail), before any marker."""
+        return self._head_len + self._tail_len
+
+    def shrink(self, cap: int) -> None:
+        """
+        Keep at most ``cap`` bytes from now on: what is kept beyond it is
+        dropped from the middle (the head's end and the tail's start) and
+        counted, so :meth:`value` fits ``cap`` and names what is gone.
+        """
+        cap = max(0, cap)
+        if cap >= self.cap:
+            return
+        self.cap = cap
+        self._head_cap = cap // 2
+        self._tail_cap = cap - self._head_cap
+        head = b"".join(self._head)
+        tail = b"".join(self._tail)
+        if len(head) + len(tail) > cap:
+            kept_head = head[: self._head_cap]
+            rest = head[len(kept_head) :] + tail
+            kept_tail = rest[len(rest) - self._tail_cap :] if self._tail_cap else b""
+            self.dropped_bytes += (
+                len(head) + len(tail) - len(kept_head) - len(kept_tail)
+            )
+            head, tail = kept_head, kept_tail
+        self._head = [head] if head else []
+        self._head_len = len(head)
+        self._tail = deque([tail]) if tail else deque()
+        self._tail_len = len(tail)
+
     def _marker(self) -> bytes:
         return f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
+
+
+def share(sinks: list[HeadTail], budget: int) -> None:
+    """
+    Shrink ``sinks`` to ``budget`` bytes together (markers included): each
+    gets an even share, and what one leaves unused goes to the others.
+    """
+    # A marker's line, which value() fits within its sink's cap.
+    marker = len(HeadTail(0)._marker()) + 20
+    need = [s.kept_bytes + (marker if s.truncated else 0) for s in sinks]
+    if sum(need) <= budget:
+        return
+    left = budget
+    order = sorted(range(len(sinks)), key=lambda i: need[i])
+    for place, index in enumerate(order):
+        fair = left // (len(order) - place)
+        give = min(need[index], fair)
+        sinks[index].shrink(give)
+        left -= give
 
 
 def _keep(

@@ -321,6 +321,43 @@ class NarrowedShellsTests(ProcessCase):
             return e
 
 
+class LargeOutputTests(ProcessCase):
+    """Execute's output past what one gRPC message a client takes can hold."""
+
+    @inlineCallbacks
+    def test_execute_output_over_the_message_limit(self) -> Any:
+        """
+        Output under ``max_output_bytes`` (10 MiB) but over the 4 MiB a
+        client takes in one message is answered, not INTERNAL: both outputs
+        keep their head and tail within the limit, a line names what was
+        dropped, and the trailers say so, as for the output cap.
+        """
+        pb, _ = stubs()
+        script = (
+            "head -c 3000000 /dev/zero | tr '\\0' a; printf END;"
+            " head -c 3000000 /dev/zero | tr '\\0' b >&2; printf FIN >&2"
+        )
+        request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script]))
+        answer, call = yield self.blocking(
+            self.stub().Execute.with_call, request, timeout=20
+        )
+        self.assertEqual(answer.exit_code, 0)
+        self.assertLessEqual(answer.ByteSize(), 4 * 1024 * 1024)
+        self.assertTrue(answer.stdout.startswith(b"aaaa"))
+        self.assertTrue(answer.stdout.endswith(b"aEND"))
+        self.assertTrue(answer.stderr.startswith(b"bbbb"))
+        self.assertTrue(answer.stderr.endswith(b"bFIN"))
+        trailers = dict(call.trailing_metadata())
+        self.assertEqual(trailers["x-sandboxd-truncated"], "true")
+        dropped = int(trailers["x-sandboxd-dropped-bytes"])
+        kept = sum(
+            len(out.replace(b"\n[... %d bytes dropped ...]\n" % n, b""))
+            for out in (answer.stdout, answer.stderr)
+            for n in [int(out.split(b"[... ")[1].split(b" ")[0])]
+        )
+        self.assertEqual(kept + dropped, 6000006)
+
+
 class StartTests(ProcessCase):
     """``Start`` and the calls on a started process, through the generated stub."""
 
