@@ -69,6 +69,7 @@ from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
 from sandboxd.terminals.session import OutputLost, PtySession, SpawnRequest
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import dimension
 from sandboxd.web.portdoor import Pauser, governed_request, run_each
 
 if TYPE_CHECKING:
@@ -595,6 +596,10 @@ def _timeout(seconds: float | None) -> ApiError:
 def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     """A ``Start`` with a ``pty``: the command on a terminal of the caller's."""
     pty = message.get("pty") or {}
+    # 0 (unset) is the default size; any other size is checked as
+    # ResizeTTY checks it (the proto's uint32 is wider than a winsize).
+    cols = dimension(int(pty.get("cols") or 0) or 80, "cols")
+    rows = dimension(int(pty.get("rows") or 0) or 24, "rows")
     body = launch_body(rpc, config)
     body["env"] = {"TERM": TERM, **config.env}
     request = rpc.server_request(body)
@@ -607,8 +612,6 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     env = dict(spec.env)
     if spec.run_as is not None:
         spec.run_as.apply(env)
-    cols = int(pty.get("cols") or 0) or 80
-    rows = int(pty.get("rows") or 0) or 24
     session = terminal_routes.open_session(
         request,
         SpawnRequest(

@@ -513,6 +513,37 @@ class StartTests(ProcessCase):
         error = yield self.blocking(plain)
         self.assertEqual(status_of(error)[0], "FAILED_PRECONDITION")
 
+    @inlineCallbacks
+    def test_pty_size_out_of_range(self) -> Any:
+        """
+        A pty wider or taller than a terminal can be (the proto's fields
+        are uint32) is INVALID_ARGUMENT naming the field, as ResizeTTY
+        answers, and starts nothing.
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+        for size in ({"cols": 100000, "rows": 24}, {"cols": 80, "rows": 70000}):
+
+            def job(size: dict[str, int] = size) -> Any:
+                stream = stub.Start(
+                    pb.StartRequest(
+                        config=config(pb, ["/bin/sh", "-c", "echo ran"]),
+                        pty=pb.PTY(**size),
+                    ),
+                    timeout=10,
+                )
+                return self.caught(list, stream)
+
+            error = yield self.blocking(job)
+            self.assertIsInstance(error, grpc.RpcError)
+            name, message, _ = status_of(error)
+            field = "cols" if size["cols"] > 65535 else "rows"
+            self.assertEqual(
+                (name, message),
+                ("INVALID_ARGUMENT", f"'{field}' must be within 1..65535"),
+            )
+        self.assertEqual(self.flushLoggedErrors(), [])
+
 
 class PtyOutputTests(ProcessCase):
     """What a program writes to its terminal comes through whole."""
