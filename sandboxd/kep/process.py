@@ -45,6 +45,7 @@ from sandboxd.errors import (
     exhausted,
     internal,
     limit_exceeded,
+    limit_rule,
     not_found,
     timed_out,
     unmet_precondition,
@@ -568,8 +569,11 @@ def follow(rpc: Rpc, managed: Managed) -> None:
             data = event.data["data"].encode("utf-8", "surrogateescape")
             rpc.send({event.event: data})
         elif event.event == "exit":
-            if child.reason == "timeout":
-                rpc.fail(_timeout(child.timeout))
+            if child.reason in ("timeout", "idle_timeout"):
+                idle = child.reason == "idle_timeout"
+                rpc.fail(
+                    _timeout(rpc, child.idle_timeout if idle else child.timeout, idle)
+                )
                 return
             rpc.send({"exit": {"exit_code": exit_code(event.data.get("exit_code"))}})
             rpc.answer()
@@ -585,11 +589,42 @@ def follow(rpc: Rpc, managed: Managed) -> None:
         deliver(None)
 
 
-def _timeout(seconds: float | None) -> ApiError:
-    shown = f" after {seconds:g} seconds" if seconds else ""
+def _timeout(rpc: Rpc, seconds: float | None, idle: bool = False) -> ApiError:
+    """
+    A command that ran out of time.  The call's own deadline is
+    ``DEADLINE_EXCEEDED``, which the SDK reports as its ``command_timeout``
+    (exit 124).  A shorter limit of the policy's is not the caller's: the
+    SDK would report it with the caller's number, so it is
+    ``RESOURCE_EXHAUSTED``, whose message the SDK shows, naming the limit.
+    """
+    deadline = rpc.call.deadline
+    if (
+        not idle
+        and seconds is not None
+        and deadline is not None
+        and seconds >= deadline
+    ):
+        return timed_out(
+            f"the command's time ran out after {seconds:g} seconds (the call's "
+            "deadline); its process group was killed",
+            limit="timeout_seconds",
+        )
+    limits = rpc.rule.limits
+    if idle:
+        key = "idle_timeout_seconds"
+    elif seconds is not None and seconds == limits.max_duration_seconds:
+        key = "max_duration_seconds"
+    else:
+        key = "timeout_seconds"
+    shown = f" ({seconds:g} seconds)" if seconds else ""
+    what = "went without output past" if idle else "ran past"
     return timed_out(
-        f"the command's time ran out{shown}; its process group was killed",
-        limit="timeout_seconds",
+        f"the command {what} the policy's {key}{shown}, before the call's "
+        "deadline; its process group was killed",
+        idle=idle,
+        status=429,
+        rule=limit_rule(rpc.rule, key),
+        limit=key,
     )
 
 
@@ -729,7 +764,8 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
 
     def answered(result: Any) -> dict[str, Any]:
         if result.timed_out or result.idle_timed_out:
-            raise _timeout(spec.idle_timeout if result.idle_timed_out else spec.timeout)
+            idle = bool(result.idle_timed_out)
+            raise _timeout(rpc, spec.idle_timeout if idle else spec.timeout, idle)
         if result.truncated:
             # ExecuteResponse has no field for it: the head and the tail
             # are kept (a marker between them), and the trailers say so.

@@ -321,6 +321,62 @@ class NarrowedShellsTests(ProcessCase):
             return e
 
 
+class PolicyTimeoutTests(ProcessCase):
+    """A policy ``timeout_seconds`` shorter than the call's deadline."""
+
+    extra_policy = {
+        "endpoints": {
+            "shell": {"limits": {"timeout_seconds": 2}},
+            "process_start": {"limits": {"timeout_seconds": 2}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_the_policy_limit_is_named_not_the_callers(self) -> Any:
+        """
+        A command the policy's limit ends before the SDK's
+        ``command_timeout`` is reported as the policy's limit (a
+        RESOURCE_EXHAUSTED the SDK shows with its message), not as the
+        SDK's own timeout with the caller's number; a deadline shorter than
+        the policy's is still the SDK's ``timed_out``.
+        """
+        executor = self.commands()
+        started = time.monotonic()
+        error = yield self.blocking(
+            self._caught,
+            executor.run,
+            "echo started; sleep 10; echo done",
+            command_timeout=20,
+        )
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertIsInstance(error, RuntimeError)
+        self.assertIn("RESOURCE_EXHAUSTED", str(error))
+        self.assertIn("the policy's timeout_seconds (2 seconds)", str(error))
+        result = yield self.blocking(executor.run, "sleep 10", command_timeout=1)
+        self.assertEqual((result.exit_code, result.timed_out), (124, True))
+        pb, _ = stubs()
+        error = yield self.blocking(
+            lambda: self.caught(
+                events,
+                self.stub().Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "10"])), timeout=20
+                ),
+            )
+        )
+        name, message, trailers = status_of(error)
+        self.assertEqual(
+            (name, trailers["x-sandboxd-code"]), ("RESOURCE_EXHAUSTED", "timeout")
+        )
+        self.assertEqual(trailers["x-sandboxd-rule"], "policy:endpoints.process_start")
+        self.assertIn("the policy's timeout_seconds (2 seconds)", message)
+
+    def _caught(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            return e
+
+
 class LargeOutputTests(ProcessCase):
     """Execute's output past what one gRPC message a client takes can hold."""
 
