@@ -42,7 +42,9 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    conflict,
     exhausted,
+    forbidden,
     internal,
     limit_exceeded,
     limit_rule,
@@ -441,14 +443,35 @@ _SHELL_OPTIONS_WITH_VALUE = frozenset(
 )
 
 
-def not_started(error: OSError, command: str) -> Exception:
+def not_started(error: OSError, argv: list[str], cwd: str) -> Exception:
     """
-    A command that could not start, as the HTTP routes answer it, except
-    that a program that is not there is NOT_FOUND, as the reference says.
+    A command that could not start, as the HTTP routes answer it (naming
+    its program, not the script it was handed), except that a program that
+    cannot be found is answered as the reference's ``mapCommandError`` does.
     """
     if isinstance(error, FileNotFoundError):
-        return not_found(f"cannot run {command[:200]!r}: command or path not found")
-    return process_routes._spawn_failed(error, command)
+        return missing_program(argv[0], cwd)
+    return process_routes._spawn_failed(error, argv[0])
+
+
+def missing_program(program: str, cwd: str) -> ApiError:
+    """
+    A program the spawn found nothing to run for: PERMISSION_DENIED for a
+    path that is there but is no executable file (a directory, a file
+    without the execute bit), as ``execve``'s EACCES is in the reference;
+    NOT_FOUND otherwise (a bare name no PATH entry has as a program).
+    """
+    shown = repr(program[:200])
+    if "/" in program:
+        path = os.path.join(cwd, program)
+        if os.path.isdir(path) or (
+            os.path.exists(path) and not os.access(path, os.X_OK)
+        ):
+            return forbidden(
+                f"cannot run {shown}: permission denied (not an executable file)",
+                Code.PERMISSION_DENIED,
+            )
+    return not_found(f"cannot run {shown}: command or path not found")
 
 
 def exit_code(code: int | None) -> int:
@@ -531,7 +554,7 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
             request, spec, stdin=True, tag=None, command=shlex.join(spec.argv)
         )
     except OSError as e:
-        raise not_started(e, spec.command) from None
+        raise not_started(e, config.argv, spec.cwd) from None
     child = managed.child
     # The stream is the process's life: a client gone ends the group.
     rpc.on_gone(lambda: child.kill("cancelled"))
@@ -543,7 +566,7 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
     def not_spawned(failure: Failure) -> None:
         error = failure.value
         if isinstance(error, OSError):
-            error = not_started(error, spec.command)
+            error = not_started(error, config.argv, spec.cwd)
         if not isinstance(error, ApiError):
             error = internal("the command could not start", "OSError")
         rpc.fail(error)
@@ -641,9 +664,7 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     spec = process_routes.launch(request)
     executable = find_executable(config.argv[0], spec.env)
     if executable is None:
-        raise not_found(
-            f"cannot run {config.argv[0][:200]!r}: command or path not found"
-        )
+        raise missing_program(config.argv[0], spec.cwd)
     env = dict(spec.env)
     if spec.run_as is not None:
         spec.run_as.apply(env)
@@ -782,7 +803,7 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
 
     def not_run(failure: Failure) -> Failure:
         if isinstance(failure.value, OSError):
-            raise not_started(failure.value, spec.command)
+            raise not_started(failure.value, config.argv, spec.cwd)
         return failure
 
     return ran.addCallbacks(answered, not_run)
@@ -801,12 +822,23 @@ def write_stdin(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
             target.write(message.get("input") or b"")
         return {}
     if "eof" in message:
+        if not target.child.stdin_open:
+            # Closed already: closing it again changes nothing, as in the
+            # reference.
+            return {}
         process_routes.process_stdin(
             rpc.server_request(
                 body={"data": "", "eof": True}, path_params={"pid": str(target.pid)}
             )
         )
         return {}
+    if not target.child.stdin_open:
+        # Every Start has a stdin here: it is closed only by an eof.
+        raise conflict(
+            f"process {target.pid}'s stdin is closed (an eof was sent)",
+            Code.STDIN_CLOSED,
+            "ConflictError",
+        )
     process_routes.feed_stdin(target, message.get("input") or b"")
     return {}
 
