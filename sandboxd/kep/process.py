@@ -58,7 +58,11 @@ from sandboxd.kep.errors import error_headers, grpc_status_name
 from sandboxd.kep.grpc import Call as GrpcCall
 from sandboxd.kep.grpc import GrpcFactory, Method, Refusal, Status
 from sandboxd.kep.rest import below_root
-from sandboxd.policy.defaults import KEP_MAX_MESSAGE_BYTES
+from sandboxd.policy.defaults import (
+    KEP_EXECUTE_DRAIN_SECONDS,
+    KEP_MAX_MESSAGE_BYTES,
+    KEP_START_DRAIN_SECONDS,
+)
 from sandboxd.processes.command import (
     check_not_denied,
     check_shell,
@@ -556,6 +560,7 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
     except OSError as e:
         raise not_started(e, config.argv, spec.cwd) from None
     child = managed.child
+    child.wait_for_pipes(KEP_START_DRAIN_SECONDS)
     # The stream is the process's life: a client gone ends the group.
     rpc.on_gone(lambda: child.kill("cancelled"))
 
@@ -778,7 +783,10 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     note_argv(request, spec.argv, config.env)
     ran = Deferred.fromCoroutine(
         process_routes.run_to_end(
-            request, spec, max_total_bytes=KEP_MAX_MESSAGE_BYTES - _RESPONSE_FIELDS
+            request,
+            spec,
+            max_total_bytes=KEP_MAX_MESSAGE_BYTES - _RESPONSE_FIELDS,
+            on_spawned=lambda child: child.wait_for_pipes(KEP_EXECUTE_DRAIN_SECONDS),
         )
     )
     rpc.on_gone(ran.cancel)

@@ -1002,6 +1002,12 @@ KEP_STREAM_MAX_QUEUED_BYTES = 16 * MIB
 KEP_MAX_UNREAD_CONTROL_BYTES = 1 * MIB
 #: How long a stop lets running calls finish after its GOAWAY.
 KEP_STOP_GRACE_SECONDS = 5.0
+#: Once a command's own process exits, how long its output pipes are
+#: still read while a job it left in the background holds them, as the
+#: reference daemon waits (``Execute``: its ``WaitDelay``; ``Start``: its
+#: ``pipeDrainGrace``).
+KEP_EXECUTE_DRAIN_SECONDS = 10.0
+KEP_START_DRAIN_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1

@@ -317,6 +317,11 @@ class Child(ProcessProtocol):
         self._idle: IDelayedCall | None = None
         self._drain: IDelayedCall | None = None
         self._drain_limit: float | None = None
+        #: Once the leader exited: how long the pipes may stay quiet before
+        #: they are closed (None: until whoever holds them closes them),
+        #: and how long they are kept at most.
+        self.drain_quiet: float | None = EXIT_DRAIN_SECONDS
+        self.drain_max = EXIT_DRAIN_MAX_SECONDS
         self.stdin_open = False
         self._spawned: Waiters[None] = Waiters()
 
@@ -413,6 +418,16 @@ class Child(ProcessProtocol):
         if self.has_exited:
             self._arm_drain()
 
+    def wait_for_pipes(self, seconds: float) -> None:
+        """
+        Once the leader exits, keep reading until whatever still holds its
+        output pipes (a job it left in the background, ``cmd &``) closes
+        them, for at most ``seconds``: its output is kept rather than cut
+        off with a SIGPIPE.
+        """
+        self.drain_quiet = None
+        self.drain_max = seconds
+
     def processExited(self, reason: Failure) -> None:
         """The command finished: this is its result; close the pipes soon."""
         self.has_exited = True
@@ -420,7 +435,7 @@ class Child(ProcessProtocol):
         for timer in (self._hard, self._idle):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._drain_limit = self.clock.seconds() + EXIT_DRAIN_MAX_SECONDS
+        self._drain_limit = self.clock.seconds() + self.drain_max
         pipes = getattr(self.transport, "pipes", None)
         if pipes is None or pipes:
             # Pipes still open: a grandchild may hold them, or the last
@@ -435,9 +450,13 @@ class Child(ProcessProtocol):
             return
         if self.paused and self.reason is None:
             return  # a slow reader: keep what is still in the pipes
+        # Ended by the daemon: what is left is not worth waiting for.
+        quiet = self.drain_quiet if self.reason is None else EXIT_DRAIN_SECONDS
         if self._drain is not None and self._drain.active():
+            if quiet is None:
+                return  # waiting for the bound already
             self._drain.cancel()
-        delay = EXIT_DRAIN_SECONDS
+        delay = self.drain_max if quiet is None else quiet
         if self._drain_limit is not None:
             delay = max(0.0, min(delay, self._drain_limit - self.clock.seconds()))
         self._drain = self.clock.callLater(delay, self._close_pipes)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import stat
+import time
 from typing import Any
 
 import grpc
@@ -1080,6 +1082,51 @@ class ProcessConformance(ConformanceCase, ProcessCase):
                 name, message, _ = status_of(error)
                 self.assertEqual(name, want, f"{argv} {start}: {message}")
                 self.assertIn(text, message)
+
+    @inlineCallbacks
+    def test_background_job_output_is_waited_for(self) -> Any:
+        """
+        A job the command leaves in the background (``cmd &``) writing to
+        the inherited output is waited for, as the reference waits, rather
+        than cut off when the shell exits: its output arrives and it runs
+        on (it is not killed by SIGPIPE), through the SDK's ``run``,
+        ``Execute`` and ``Start``.
+        """
+        marker = os.path.join(self.base_dir, "after")
+        script = f"(sleep 1; echo late; touch {marker}) & echo early"
+        result = yield self.blocking(self.commands().run, script)
+        self.assertEqual((result.stdout, result.exit_code), ("early\nlate\n", 0))
+        self.assertTrue(os.path.exists(marker))
+        os.unlink(marker)
+        pb, _ = stubs()
+        answer = yield self.blocking(
+            self.stub().Execute,
+            pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script])),
+            timeout=10,
+        )
+        self.assertEqual((answer.stdout, answer.exit_code), (b"early\nlate\n", 0))
+        os.unlink(marker)
+        _, stream, _ = yield self.blocking(self.start_call, ["/bin/sh", "-c", script])
+        got = yield self.blocking(events, stream)
+        self.assertEqual(got, [("stdout", b"early\nlate\n"), ("exit", 0)])
+        self.assertTrue(os.path.exists(marker))
+
+    @inlineCallbacks
+    def test_background_job_wait_is_bounded(self) -> Any:
+        """
+        A background job that keeps the output open is waited for a
+        bounded time only (``Start``: 5 seconds, as the reference's
+        ``pipeDrainGrace``), then the stream ends with the command's exit.
+        """
+        started = time.monotonic()
+        _, stream, _ = yield self.blocking(
+            self.start_call, ["/bin/sh", "-c", "sleep 30 & echo $!"]
+        )
+        got = yield self.blocking(events, stream)
+        took = time.monotonic() - started
+        self.assertEqual(got[-1], ("exit", 0))
+        self.assertTrue(4 <= took < 15, took)
+        os.kill(int(got[0][1]), signal.SIGKILL)
 
     def caught_any(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
