@@ -936,6 +936,8 @@ def audit_refusal(context: Any, refusal: Refusal) -> None:
     handler ran, so no identity was asked for): as the door's ``kep``.
     """
     status, code = REFUSED_AS.get(refusal.status, (500, "internal"))
+    if refusal.code == Code.CONCURRENCY_LIMITED:
+        status, code = 429, refusal.code
     gate.audit(
         context,
         door=gate.Door.KEP,

@@ -982,8 +982,16 @@ V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 #: The largest request message, and the largest response the door sends
 #: (grpc-go's and grpcio's default receive limit).
 KEP_MAX_MESSAGE_BYTES = 4 * MIB
-#: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
-KEP_MAX_CONCURRENT_STREAMS = 100
+#: Calls running at once on one connection; one more is refused at once
+#: (``RESOURCE_EXHAUSTED``).  Above ``max_processes``' default, since the
+#: SDK runs every call on one connection: a ``SendSignal`` or ``Execute``
+#: still gets through while 100 ``Start`` streams run.
+KEP_MAX_CONCURRENT_CALLS = 200
+#: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS):
+#: above the calls, so a call over that cap reaches the door and is
+#: refused, rather than waiting unseen in the client for a free stream
+#: until its deadline.
+KEP_MAX_CONCURRENT_STREAMS = 256
 #: Connections open at once; a connection over it is closed as it opens.
 KEP_MAX_CONNECTIONS = 256
 #: A connection with no open stream for this long is sent GOAWAY and closed.

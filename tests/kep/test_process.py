@@ -414,6 +414,102 @@ class LargeOutputTests(ProcessCase):
         self.assertEqual(kept + dropped, 6000006)
 
 
+class CallCapTests(ProcessCase):
+    """Calls on one connection, which the SDK uses for all of its calls."""
+
+    audit = True
+    extra_policy = {"defaults": {"audit": "all"}}
+    timeout = 120
+
+    @inlineCallbacks
+    def test_control_calls_get_through_while_100_starts_run(self) -> Any:
+        """
+        With ``max_processes`` (100) ``Start`` streams open on the SDK's
+        channel, ``commands.run`` still runs and ``SendSignal`` still ends
+        one of them, at once, instead of waiting unseen for a free stream
+        until the deadline and reading as a command timeout.
+        """
+        from k8s_agent_sandbox.commands.command_executor import CommandExecutor
+
+        pb, grpc_stubs = stubs()
+        connector = self.connector()
+        connector.connect()
+        stub = grpc_stubs.ProcessServiceStub(connector.grpc_channel())
+        executor = CommandExecutor(connector, None, "sandbox-client")
+
+        def job() -> Any:
+            streams = [
+                stub.Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "60"])), timeout=90
+                )
+                for _ in range(100)
+            ]
+            try:
+                pids = [next(stream).init.process_id for stream in streams]
+                started = time.monotonic()
+                result = executor.run("echo hi", command_timeout=10)
+                stub.SendSignal(
+                    pb.SendSignalRequest(process_id=pids[0], signal=pb.SIGNAL_SIGTERM),
+                    timeout=10,
+                )
+                ended = events(streams[0])
+                return result, ended, time.monotonic() - started
+            finally:
+                for stream in streams:
+                    stream.cancel()
+
+        result, ended, took = yield self.blocking(job)
+        self.assertEqual((result.stdout, result.exit_code), ("hi\n", 0))
+        self.assertEqual(ended, [("exit", -1)])
+        self.assertLess(took, 5)
+
+    @inlineCallbacks
+    def test_a_call_over_the_cap_is_refused_at_once(self) -> Any:
+        """
+        A call past the connection's cap of calls is RESOURCE_EXHAUSTED at
+        once, saying why (code ``concurrency_limited``, audited as 429),
+        not left waiting for its deadline.
+        """
+        self.daemon.context.kep._grpc_factory.max_concurrent_calls = 3
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            streams = [
+                stub.Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "60"])), timeout=30
+                )
+                for _ in range(3)
+            ]
+            try:
+                for stream in streams:
+                    next(stream)
+                started = time.monotonic()
+                error = self.caught(
+                    stub.Execute,
+                    pb.ExecuteRequest(config=config(pb, ["echo", "hi"])),
+                    timeout=10,
+                )
+                return error, time.monotonic() - started
+            finally:
+                for stream in streams:
+                    stream.cancel()
+
+        error, took = yield self.blocking(job)
+        self.assertIsInstance(error, grpc.RpcError)
+        name, message, trailers = status_of(error)
+        self.assertEqual(
+            (name, trailers.get("x-sandboxd-code")),
+            ("RESOURCE_EXHAUSTED", "concurrency_limited"),
+        )
+        self.assertIn("too many calls open on this connection (at most 3)", message)
+        self.assertLess(took, 5)
+        self.assertIn(
+            (429, "concurrency_limited"),
+            [(r["status"], r["code"]) for r in self.audit_lines()],
+        )
+
+
 class StartTests(ProcessCase):
     """``Start`` and the calls on a started process, through the generated stub."""
 
