@@ -83,6 +83,7 @@ from sandboxd.policy.defaults import (
     HEADER_DEADLINE_SECONDS,
     KEP_DEADLINE_SLACK_SECONDS,
     KEP_IDLE_TIMEOUT_SECONDS,
+    KEP_MAX_CONCURRENT_CALLS,
     KEP_MAX_CONCURRENT_STREAMS,
     KEP_MAX_CONNECTIONS,
     KEP_MAX_HEADER_LIST_BYTES,
@@ -645,6 +646,21 @@ class _Connection(Protocol):
             # HTTP/2's Host: the gate's local-mode Host rule reads it there.
             headers[b"host"] = [authority]
         path = pseudo.get(b":path", b"").decode("latin-1")
+        if len(self._calls) >= self.factory.max_concurrent_calls:
+            self._early(
+                stream_id,
+                ended,
+                200,
+                Status.RESOURCE_EXHAUSTED,
+                f"too many calls open on this connection (at most "
+                f"{self.factory.max_concurrent_calls}); end one, or open another "
+                "connection",
+                [(b"x-sandboxd-code", b"concurrency_limited")],
+                path=path,
+                headers=headers,
+                code="concurrency_limited",
+            )
+            return
         content_type = (headers.get(b"content-type") or [b""])[0]
         bare = content_type.split(b";", 1)[0].strip().lower()
         if bare not in _GRPC_TYPES:
@@ -932,9 +948,18 @@ class _Connection(Protocol):
         *,
         path: str = "",
         headers: dict[bytes, list[bytes]] | None = None,
+        code: str | None = None,
     ) -> None:
         self.report(
-            Refusal(path, headers or {}, self.peer, status, message, time.monotonic())
+            Refusal(
+                path,
+                headers or {},
+                self.peer,
+                status,
+                message,
+                time.monotonic(),
+                code=code,
+            )
         )
         fields = [
             (b"grpc-status", b"%d" % status),
@@ -1097,6 +1122,8 @@ class Refusal:
     message: str
     started: float
     bytes_in: int = 0
+    #: sandboxd's code for it, where its status alone does not say.
+    code: str | None = None
 
 
 class GrpcFactory(Factory):
@@ -1104,6 +1131,10 @@ class GrpcFactory(Factory):
     The gRPC door's listening factory.
 
     :param methods: the methods by ``:path``.
+    :param max_concurrent_calls: calls running at once on one connection;
+        one more is answered ``RESOURCE_EXHAUSTED`` at once (the streams
+        advertised, ``max_concurrent_streams``, are more, so that it
+        reaches the door rather than wait unseen in the client).
     :param max_connections: connections over it are closed as they open.
     :param max_unread_bytes: what may be written to a client that reads
         nothing before its connection is cut.
@@ -1124,6 +1155,7 @@ class GrpcFactory(Factory):
         *,
         max_message_bytes: int = KEP_MAX_MESSAGE_BYTES,
         max_concurrent_streams: int = KEP_MAX_CONCURRENT_STREAMS,
+        max_concurrent_calls: int = KEP_MAX_CONCURRENT_CALLS,
         max_connections: int = KEP_MAX_CONNECTIONS,
         idle_timeout: float = KEP_IDLE_TIMEOUT_SECONDS,
         max_header_list_bytes: int = KEP_MAX_HEADER_LIST_BYTES,
@@ -1139,6 +1171,7 @@ class GrpcFactory(Factory):
         self.methods = dict(methods)
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_streams = max_concurrent_streams
+        self.max_concurrent_calls = max_concurrent_calls
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.max_header_list_bytes = max_header_list_bytes

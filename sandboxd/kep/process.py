@@ -42,9 +42,12 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    conflict,
     exhausted,
+    forbidden,
     internal,
     limit_exceeded,
+    limit_rule,
     not_found,
     timed_out,
     unmet_precondition,
@@ -55,14 +58,25 @@ from sandboxd.kep.errors import error_headers, grpc_status_name
 from sandboxd.kep.grpc import Call as GrpcCall
 from sandboxd.kep.grpc import GrpcFactory, Method, Refusal, Status
 from sandboxd.kep.rest import below_root
-from sandboxd.processes.command import find_executable
+from sandboxd.policy.defaults import (
+    KEP_EXECUTE_DRAIN_SECONDS,
+    KEP_MAX_MESSAGE_BYTES,
+    KEP_START_DRAIN_SECONDS,
+)
+from sandboxd.processes.command import (
+    check_not_denied,
+    check_shell,
+    find_executable,
+    is_shell,
+)
 from sandboxd.processes.environment import note_argv
 from sandboxd.processes.managed import Managed
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
-from sandboxd.terminals.session import PtySession, SpawnRequest
+from sandboxd.terminals.session import OutputLost, PtySession, SpawnRequest
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import dimension
 from sandboxd.web.portdoor import Pauser, governed_request, run_each
 
 if TYPE_CHECKING:
@@ -369,9 +383,13 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
     """
     The ``/process/start`` body that makes the HTTP routes' checks check
     this argv, in the door's root (a ``cwd`` is relative to it, as the
-    REST side's paths are; the path rules apply to it as to any cwd): ``sh -c SCRIPT`` with an allowed shell as ``/shell`` checks
-    ``{"shell", "command"}`` (the SDK sends every command so), any other
+    REST side's paths are; the path rules apply to it as to any cwd): a
+    shell's ``-c`` script as ``/shell`` checks ``{"shell", "command"}``
+    (the SDK sends every command as ``/bin/sh -c COMMAND``), any other
     argv as its words.
+
+    :raises ApiError: 403 ``param_not_allowed`` for a shell the policy's
+        ``shells`` leave out, however it is called.
     """
     argv = config.argv
     root = rpc.context.kep.root
@@ -380,9 +398,17 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
         # NOT_FOUND, as the reference answers a cwd that is not there.
         raise not_found(f"cwd {config.cwd!r} is not a directory under the sandbox root")
     body: dict[str, Any] = {"env": config.env, "cwd": cwd}
-    shells = rpc.rule.params.shells
-    if len(argv) == 3 and argv[1] == "-c" and argv[0].rsplit("/", 1)[-1] in shells:
-        body["command"] = argv[2]
+    script = None
+    if is_shell(argv[0]):
+        # A shell the policy leaves out is refused as ``/shell`` refuses
+        # it, never run as a plain program its words no longer describe.
+        check_shell(argv[0], rpc.rule)
+        script, handed = shell_script(argv) or (None, [])
+        # The arguments a script is handed run as a command of their own
+        # when it says ``"$@"``: ``deny_commands`` sees them so too.
+        check_not_denied(rpc.rule, handed)
+    if script is not None:
+        body["command"] = script
         body["shell"] = argv[0]
     else:
         body["command"] = shlex.join(argv)
@@ -391,14 +417,72 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
     return body
 
 
-def not_started(error: OSError, command: str) -> Exception:
+def shell_script(argv: list[str]) -> tuple[str, list[str]] | None:
     """
-    A command that could not start, as the HTTP routes answer it, except
-    that a program that is not there is NOT_FOUND, as the reference says.
+    What ``SHELL [options] -c SCRIPT [NAME [ARG...]]`` runs, for the
+    command rules to check: the script, and the arguments it is handed
+    (``ARG...``); None for a shell that runs no ``-c`` script (a script
+    file, or an interactive shell), whose argv is checked as it is.
+    """
+    reads_command = False
+    index = 1
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("--", "-"):
+            index += 1
+            break
+        if arg in _SHELL_OPTIONS_WITH_VALUE:
+            index += 2
+            continue
+        if arg.startswith("--"):
+            index += 1
+            continue
+        if len(arg) > 1 and arg[0] in "-+":
+            if arg[0] == "-" and "c" in arg[1:]:
+                reads_command = True
+            index += 1
+            continue
+        break
+    if not reads_command or index >= len(argv):
+        return None
+    return argv[index], argv[index + 2 :]
+
+
+#: A shell's options whose value is the next word.
+_SHELL_OPTIONS_WITH_VALUE = frozenset(
+    {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
+)
+
+
+def not_started(error: OSError, argv: list[str], cwd: str) -> Exception:
+    """
+    A command that could not start, as the HTTP routes answer it (naming
+    its program, not the script it was handed), except that a program that
+    cannot be found is answered as the reference's ``mapCommandError`` does.
     """
     if isinstance(error, FileNotFoundError):
-        return not_found(f"cannot run {command[:200]!r}: command or path not found")
-    return process_routes._spawn_failed(error, command)
+        return missing_program(argv[0], cwd)
+    return process_routes._spawn_failed(error, argv[0])
+
+
+def missing_program(program: str, cwd: str) -> ApiError:
+    """
+    A program the spawn found nothing to run for: PERMISSION_DENIED for a
+    path that is there but is no executable file (a directory, a file
+    without the execute bit), as ``execve``'s EACCES is in the reference;
+    NOT_FOUND otherwise (a bare name no PATH entry has as a program).
+    """
+    shown = repr(program[:200])
+    if "/" in program:
+        path = os.path.join(cwd, program)
+        if os.path.isdir(path) or (
+            os.path.exists(path) and not os.access(path, os.X_OK)
+        ):
+            return forbidden(
+                f"cannot run {shown}: permission denied (not an executable file)",
+                Code.PERMISSION_DENIED,
+            )
+    return not_found(f"cannot run {shown}: command or path not found")
 
 
 def exit_code(code: int | None) -> int:
@@ -481,8 +565,9 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
             request, spec, stdin=True, tag=None, command=shlex.join(spec.argv)
         )
     except OSError as e:
-        raise not_started(e, spec.command) from None
+        raise not_started(e, config.argv, spec.cwd) from None
     child = managed.child
+    child.wait_for_pipes(KEP_START_DRAIN_SECONDS)
     # The stream is the process's life: a client gone ends the group.
     rpc.on_gone(lambda: child.kill("cancelled"))
 
@@ -493,7 +578,7 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
     def not_spawned(failure: Failure) -> None:
         error = failure.value
         if isinstance(error, OSError):
-            error = not_started(error, spec.command)
+            error = not_started(error, config.argv, spec.cwd)
         if not isinstance(error, ApiError):
             error = internal("the command could not start", "OSError")
         rpc.fail(error)
@@ -519,8 +604,11 @@ def follow(rpc: Rpc, managed: Managed) -> None:
             data = event.data["data"].encode("utf-8", "surrogateescape")
             rpc.send({event.event: data})
         elif event.event == "exit":
-            if child.reason == "timeout":
-                rpc.fail(_timeout(child.timeout))
+            if child.reason in ("timeout", "idle_timeout"):
+                idle = child.reason == "idle_timeout"
+                rpc.fail(
+                    _timeout(rpc, child.idle_timeout if idle else child.timeout, idle)
+                )
                 return
             rpc.send({"exit": {"exit_code": exit_code(event.data.get("exit_code"))}})
             rpc.answer()
@@ -536,31 +624,62 @@ def follow(rpc: Rpc, managed: Managed) -> None:
         deliver(None)
 
 
-def _timeout(seconds: float | None) -> ApiError:
-    shown = f" after {seconds:g} seconds" if seconds else ""
+def _timeout(rpc: Rpc, seconds: float | None, idle: bool = False) -> ApiError:
+    """
+    A command that ran out of time.  The call's own deadline is
+    ``DEADLINE_EXCEEDED``, which the SDK reports as its ``command_timeout``
+    (exit 124).  A shorter limit of the policy's is not the caller's: the
+    SDK would report it with the caller's number, so it is
+    ``RESOURCE_EXHAUSTED``, whose message the SDK shows, naming the limit.
+    """
+    deadline = rpc.call.deadline
+    if (
+        not idle
+        and seconds is not None
+        and deadline is not None
+        and seconds >= deadline
+    ):
+        return timed_out(
+            f"the command's time ran out after {seconds:g} seconds (the call's "
+            "deadline); its process group was killed",
+            limit="timeout_seconds",
+        )
+    limits = rpc.rule.limits
+    if idle:
+        key = "idle_timeout_seconds"
+    elif seconds is not None and seconds == limits.max_duration_seconds:
+        key = "max_duration_seconds"
+    else:
+        key = "timeout_seconds"
+    shown = f" ({seconds:g} seconds)" if seconds else ""
+    what = "went without output past" if idle else "ran past"
     return timed_out(
-        f"the command's time ran out{shown}; its process group was killed",
-        limit="timeout_seconds",
+        f"the command {what} the policy's {key}{shown}, before the call's "
+        "deadline; its process group was killed",
+        idle=idle,
+        status=429,
+        rule=limit_rule(rpc.rule, key),
+        limit=key,
     )
 
 
 def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     """A ``Start`` with a ``pty``: the command on a terminal of the caller's."""
     pty = message.get("pty") or {}
+    # 0 (unset) is the default size; any other size is checked as
+    # ResizeTTY checks it (the proto's uint32 is wider than a winsize).
+    cols = dimension(int(pty.get("cols") or 0) or 80, "cols")
+    rows = dimension(int(pty.get("rows") or 0) or 24, "rows")
     body = launch_body(rpc, config)
     body["env"] = {"TERM": TERM, **config.env}
     request = rpc.server_request(body)
     spec = process_routes.launch(request)
     executable = find_executable(config.argv[0], spec.env)
     if executable is None:
-        raise not_found(
-            f"cannot run {config.argv[0][:200]!r}: command or path not found"
-        )
+        raise missing_program(config.argv[0], spec.cwd)
     env = dict(spec.env)
     if spec.run_as is not None:
         spec.run_as.apply(env)
-    cols = int(pty.get("cols") or 0) or 80
-    rows = int(pty.get("rows") or 0) or 24
     session = terminal_routes.open_session(
         request,
         SpawnRequest(
@@ -599,21 +718,42 @@ class _TerminalClient:
     def __init__(self, rpc: Rpc, session: PtySession) -> None:
         self.rpc = rpc
         self.session = session
+        #: The output offset the next message starts at.
         self.sent = 0
 
     def send_frame(self, frame: bytes) -> None:
-        """Output since the last message, as the bytes the terminal wrote."""
-        self._flush()
+        """
+        An output frame's bytes, as the terminal wrote them, in one message.
+        The frames follow each other with no gap; one that does not (output
+        the scrollback forgot before this client had it) ends the call with
+        an error rather than a stream that silently misses bytes.
+        """
+        if self.rpc.over:
+            return
+        try:
+            output = self.session.output_bytes(frame)
+        except OutputLost as e:
+            self._lost(e.kept_from)
+            return
+        if output is None or not output[1]:
+            return
+        begin, data = output
+        if begin != self.sent:
+            self._lost(begin)
+            return
+        self.sent += len(data)
+        self.rpc.send({"stdout": data})
 
-    def _flush(self) -> None:
-        data = self.session.output_since(self.sent)
-        if data:
-            self.sent += len(data)
-            self.rpc.send({"stdout": data})
+    def _lost(self, begin: int) -> None:
+        self.rpc.fail(
+            internal(
+                f"terminal output from byte {self.sent} to {begin} was lost "
+                "before it could be sent; the stream ends here"
+            )
+        )
 
     def session_ended(self, frame: bytes) -> None:
-        """The program ended: the rest of its output, then ``exit``."""
-        self._flush()
+        """The program ended (its last output came in frames): ``exit``."""
         self.rpc.send({"exit": {"exit_code": exit_code(self.session.exit_code)}})
         self.rpc.answer()
 
@@ -636,6 +776,10 @@ class _TerminalClient:
 
 # -- Execute ----------------------------------------------------------------------
 
+#: What an ``ExecuteResponse`` holds besides the two outputs' bytes: their
+#: tags and lengths, and the exit code (ten bytes when negative).
+_RESPONSE_FIELDS = 64
+
 
 def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     """``Execute``: run to the end; the exit code and both outputs."""
@@ -644,15 +788,25 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     spec = process_routes.launch(request)
     spec = attrs.evolve(spec, argv=config.argv)
     note_argv(request, spec.argv, config.env)
-    ran = Deferred.fromCoroutine(process_routes.run_to_end(request, spec))
+    ran = Deferred.fromCoroutine(
+        process_routes.run_to_end(
+            request,
+            spec,
+            max_total_bytes=KEP_MAX_MESSAGE_BYTES - _RESPONSE_FIELDS,
+            on_spawned=lambda child: child.wait_for_pipes(KEP_EXECUTE_DRAIN_SECONDS),
+        )
+    )
     rpc.on_gone(ran.cancel)
 
     def answered(result: Any) -> dict[str, Any]:
         if result.timed_out or result.idle_timed_out:
-            raise _timeout(spec.idle_timeout if result.idle_timed_out else spec.timeout)
+            idle = bool(result.idle_timed_out)
+            raise _timeout(rpc, spec.idle_timeout if idle else spec.timeout, idle)
         if result.truncated:
             # ExecuteResponse has no field for it: the head and the tail
             # are kept (a marker between them), and the trailers say so.
+            # Both outputs together fit one message, which a client takes
+            # only up to its 4 MiB default, so that cuts them too.
             rpc.audit_fields["truncated"] = True
             rpc.trailers["x-sandboxd-truncated"] = "true"
             rpc.trailers["x-sandboxd-dropped-bytes"] = str(result.dropped_bytes)
@@ -664,7 +818,7 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
 
     def not_run(failure: Failure) -> Failure:
         if isinstance(failure.value, OSError):
-            raise not_started(failure.value, spec.command)
+            raise not_started(failure.value, config.argv, spec.cwd)
         return failure
 
     return ran.addCallbacks(answered, not_run)
@@ -683,12 +837,23 @@ def write_stdin(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
             target.write(message.get("input") or b"")
         return {}
     if "eof" in message:
+        if not target.child.stdin_open:
+            # Closed already: closing it again changes nothing, as in the
+            # reference.
+            return {}
         process_routes.process_stdin(
             rpc.server_request(
                 body={"data": "", "eof": True}, path_params={"pid": str(target.pid)}
             )
         )
         return {}
+    if not target.child.stdin_open:
+        # Every Start has a stdin here: it is closed only by an eof.
+        raise conflict(
+            f"process {target.pid}'s stdin is closed (an eof was sent)",
+            Code.STDIN_CLOSED,
+            "ConflictError",
+        )
     process_routes.feed_stdin(target, message.get("input") or b"")
     return {}
 
@@ -778,6 +943,8 @@ def audit_refusal(context: Any, refusal: Refusal) -> None:
     handler ran, so no identity was asked for): as the door's ``kep``.
     """
     status, code = REFUSED_AS.get(refusal.status, (500, "internal"))
+    if refusal.code == Code.CONCURRENCY_LIMITED:
+        status, code = 429, refusal.code
     gate.audit(
         context,
         door=gate.Door.KEP,

@@ -997,8 +997,16 @@ V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 #: The largest request message, and the largest response the door sends
 #: (grpc-go's and grpcio's default receive limit).
 KEP_MAX_MESSAGE_BYTES = 4 * MIB
-#: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
-KEP_MAX_CONCURRENT_STREAMS = 100
+#: Calls running at once on one connection; one more is refused at once
+#: (``RESOURCE_EXHAUSTED``).  Above ``max_processes``' default, since the
+#: SDK runs every call on one connection: a ``SendSignal`` or ``Execute``
+#: still gets through while 100 ``Start`` streams run.
+KEP_MAX_CONCURRENT_CALLS = 200
+#: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS):
+#: above the calls, so a call over that cap reaches the door and is
+#: refused, rather than waiting unseen in the client for a free stream
+#: until its deadline.
+KEP_MAX_CONCURRENT_STREAMS = 256
 #: Connections open at once; a connection over it is closed as it opens.
 KEP_MAX_CONNECTIONS = 256
 #: A connection with no open stream for this long is sent GOAWAY and closed.
@@ -1017,6 +1025,12 @@ KEP_STREAM_MAX_QUEUED_BYTES = 16 * MIB
 KEP_MAX_UNREAD_CONTROL_BYTES = 1 * MIB
 #: How long a stop lets running calls finish after its GOAWAY.
 KEP_STOP_GRACE_SECONDS = 5.0
+#: Once a command's own process exits, how long its output pipes are
+#: still read while a job it left in the background holds them, as the
+#: reference daemon waits (``Execute``: its ``WaitDelay``; ``Start``: its
+#: ``pipeDrainGrace``).
+KEP_EXECUTE_DRAIN_SECONDS = 10.0
+KEP_START_DRAIN_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1

@@ -169,8 +169,59 @@ class HeadTail:
             middle = self._marker()  # one digit longer, perhaps: look again
         return b"".join((head, middle, tail))
 
+    @property
+    def kept_bytes(self) -> int:
+        """The bytes kept (head and tail), before any marker."""
+        return self._head_len + self._tail_len
+
+    def shrink(self, cap: int) -> None:
+        """
+        Keep at most ``cap`` bytes from now on: what is kept beyond it is
+        dropped from the middle (the head's end and the tail's start) and
+        counted, so :meth:`value` fits ``cap`` and names what is gone.
+        """
+        cap = max(0, cap)
+        if cap >= self.cap:
+            return
+        self.cap = cap
+        self._head_cap = cap // 2
+        self._tail_cap = cap - self._head_cap
+        head = b"".join(self._head)
+        tail = b"".join(self._tail)
+        if len(head) + len(tail) > cap:
+            kept_head = head[: self._head_cap]
+            rest = head[len(kept_head) :] + tail
+            kept_tail = rest[len(rest) - self._tail_cap :] if self._tail_cap else b""
+            self.dropped_bytes += (
+                len(head) + len(tail) - len(kept_head) - len(kept_tail)
+            )
+            head, tail = kept_head, kept_tail
+        self._head = [head] if head else []
+        self._head_len = len(head)
+        self._tail = deque([tail]) if tail else deque()
+        self._tail_len = len(tail)
+
     def _marker(self) -> bytes:
         return f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
+
+
+def share(sinks: list[HeadTail], budget: int) -> None:
+    """
+    Shrink ``sinks`` to ``budget`` bytes together (markers included): each
+    gets an even share, and what one leaves unused goes to the others.
+    """
+    # A marker's line, which value() fits within its sink's cap.
+    marker = len(HeadTail(0)._marker()) + 20
+    need = [s.kept_bytes + (marker if s.truncated else 0) for s in sinks]
+    if sum(need) <= budget:
+        return
+    left = budget
+    order = sorted(range(len(sinks)), key=lambda i: need[i])
+    for place, index in enumerate(order):
+        fair = left // (len(order) - place)
+        give = min(need[index], fair)
+        sinks[index].shrink(give)
+        left -= give
 
 
 def _keep(
@@ -266,6 +317,11 @@ class Child(ProcessProtocol):
         self._idle: IDelayedCall | None = None
         self._drain: IDelayedCall | None = None
         self._drain_limit: float | None = None
+        #: Once the leader exited: how long the pipes may stay quiet before
+        #: they are closed (None: until whoever holds them closes them),
+        #: and how long they are kept at most.
+        self.drain_quiet: float | None = EXIT_DRAIN_SECONDS
+        self.drain_max = EXIT_DRAIN_MAX_SECONDS
         self.stdin_open = False
         self._spawned: Waiters[None] = Waiters()
 
@@ -362,6 +418,16 @@ class Child(ProcessProtocol):
         if self.has_exited:
             self._arm_drain()
 
+    def wait_for_pipes(self, seconds: float) -> None:
+        """
+        Once the leader exits, keep reading until whatever still holds its
+        output pipes (a job it left in the background, ``cmd &``) closes
+        them, for at most ``seconds``: its output is kept rather than cut
+        off with a SIGPIPE.
+        """
+        self.drain_quiet = None
+        self.drain_max = seconds
+
     def processExited(self, reason: Failure) -> None:
         """The command finished: this is its result; close the pipes soon."""
         self.has_exited = True
@@ -369,7 +435,7 @@ class Child(ProcessProtocol):
         for timer in (self._hard, self._idle):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._drain_limit = self.clock.seconds() + EXIT_DRAIN_MAX_SECONDS
+        self._drain_limit = self.clock.seconds() + self.drain_max
         pipes = getattr(self.transport, "pipes", None)
         if pipes is None or pipes:
             # Pipes still open: a grandchild may hold them, or the last
@@ -384,9 +450,13 @@ class Child(ProcessProtocol):
             return
         if self.paused and self.reason is None:
             return  # a slow reader: keep what is still in the pipes
+        # Ended by the daemon: what is left is not worth waiting for.
+        quiet = self.drain_quiet if self.reason is None else EXIT_DRAIN_SECONDS
         if self._drain is not None and self._drain.active():
+            if quiet is None:
+                return  # waiting for the bound already
             self._drain.cancel()
-        delay = EXIT_DRAIN_SECONDS
+        delay = self.drain_max if quiet is None else quiet
         if self._drain_limit is not None:
             delay = max(0.0, min(delay, self._drain_limit - self.clock.seconds()))
         self._drain = self.clock.callLater(delay, self._close_pipes)

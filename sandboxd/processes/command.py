@@ -56,6 +56,35 @@ def shell_allowed(shell: str, allowed: Sequence[str]) -> bool:
     return False
 
 
+#: The names of the shells a command can be handed to as a string
+#: (``NAME -c SCRIPT``): a door that takes an argv checks such an argv as
+#: a shell, whether or not the policy's ``shells`` list the name.
+SHELL_NAMES = frozenset(
+    {
+        "sh",
+        "bash",
+        "rbash",
+        "dash",
+        "ash",
+        "zsh",
+        "ksh",
+        "mksh",
+        "pdksh",
+        "oksh",
+        "yash",
+        "posh",
+        "fish",
+        "csh",
+        "tcsh",
+    }
+)
+
+
+def is_shell(program: str) -> bool:
+    """Whether ``program`` (a name or a path) is a shell (:data:`SHELL_NAMES`)."""
+    return os.path.basename(program) in SHELL_NAMES
+
+
 def check_shell(shell: Any, rule: EffectiveRule) -> str:
     """
     ``shell`` as a request names it (a name or a path), if the policy's
@@ -327,13 +356,7 @@ def check_command_allowed(
     name = os.path.basename(argv[0])
     params = rule.params
     words = split_short_options(argv)
-    denied = first_match(params.deny_commands, words)
-    if denied is not None:
-        raise forbidden(
-            f"the command {name!r} is not allowed (denied by {denied[0]!r})",
-            Code.COMMAND_NOT_ALLOWED,
-            rule=rule.source("params.deny_commands"),
-        )
+    check_not_denied(rule, argv, words)
     if params.allow_commands is None:
         return argv
     allowed = first_match(params.allow_commands, words)
@@ -357,6 +380,28 @@ def check_command_allowed(
     for index in paths:
         out[index] = resolve(argv[index])
     return out
+
+
+def check_not_denied(
+    rule: EffectiveRule, argv: list[str], words: list[str] | None = None
+) -> None:
+    """
+    ``deny_commands`` on ``argv`` (``words``: it split already).
+
+    :raises ApiError: 403 ``command_not_allowed`` naming the pattern.
+    """
+    if not argv:
+        return
+    denied = first_match(
+        rule.params.deny_commands, split_short_options(argv) if words is None else words
+    )
+    if denied is not None:
+        raise forbidden(
+            f"the command {os.path.basename(argv[0])!r} is not allowed "
+            f"(denied by {denied[0]!r})",
+            Code.COMMAND_NOT_ALLOWED,
+            rule=rule.source("params.deny_commands"),
+        )
 
 
 @attrs.frozen

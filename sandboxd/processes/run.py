@@ -26,6 +26,7 @@ from sandboxd.processes.child import (
     DEFAULT_CAPTURE_BYTES,
     Child,
     HeadTail,
+    share,
 )
 from sandboxd.processes.command import RunAs, find_executable
 from sandboxd.processes.spawning import (
@@ -227,6 +228,7 @@ async def run_collect(
     observe: Callable[[int, bytes], None] | None = None,
     on_spawned: Callable[[Child], None] | None = None,
     confine: Confinement | None = None,
+    max_total_bytes: int | None = None,
 ) -> RunResult:
     """
     Run ``argv`` to completion and collect its output.
@@ -240,6 +242,9 @@ async def run_collect(
         progress), before the cap applies.
     :param on_spawned: called with the child once it runs (its pid known),
         for callers that must recognise the tree or end it themselves.
+    :param max_total_bytes: what both streams may keep together (a door
+        whose answer has a size limit): past it, each keeps its head and
+        tail within its share.
     :raises FileNotFoundError: the executable is not on the child's PATH.
     """
     cap = DEFAULT_CAPTURE_BYTES if max_output_bytes is None else max_output_bytes
@@ -299,6 +304,8 @@ async def run_collect(
         # The answer promises the tree is gone: wait for the kill to finish
         # (it also leaves no timer running behind the call).
         await _after(child.killing)
+    if max_total_bytes is not None:
+        share([out, err], max_total_bytes)
     return RunResult(
         stdout=out.value(),
         stderr=err.value(),

@@ -226,11 +226,20 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
     return body
 
 
-def run_to_end(request: ServerRequest, spec: Launch) -> Coroutine[Any, Any, RunResult]:
+def run_to_end(
+    request: ServerRequest,
+    spec: Launch,
+    *,
+    max_total_bytes: int | None = None,
+    on_spawned: Callable[[Child], None] | None = None,
+) -> Coroutine[Any, Any, RunResult]:
     """
     Run ``spec`` to its end, its output kept up to the endpoint's
     ``max_output_bytes`` (head and tail), within its timeouts (``/shell``,
     and the doors' calls that do its job).  Cancelling it ends the group.
+
+    :param max_total_bytes: both streams together (a door's answer limit).
+    :param on_spawned: called with the child once it runs.
     """
     return run_collect(
         request.context.reactor,
@@ -243,6 +252,8 @@ def run_to_end(request: ServerRequest, spec: Launch) -> Coroutine[Any, Any, RunR
         max_output_bytes=_cap(request),
         run_as=spec.run_as,
         confine=spec.confine,
+        max_total_bytes=max_total_bytes,
+        on_spawned=on_spawned,
     )
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import stat
+import time
 from typing import Any
 
+import grpc
 from twisted.internet.defer import inlineCallbacks
 
 from tests.helpers import alive
@@ -986,6 +989,144 @@ class ProcessConformance(ConformanceCase, ProcessCase):
         self.assertEqual(got[-1][0], "exit")
         self.assertNotEqual(got[-1][1], 0)
         self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_stdin_after_eof(self) -> Any:
+        """
+        A second eof changes nothing and is answered OK, as the reference
+        answers it; input after an eof is FAILED_PRECONDITION saying the
+        stdin was closed by that eof (a Start has no "stdin" option).
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(config=config(pb, ["/bin/sh", "-c", "cat; sleep 30"])),
+                timeout=20,
+            )
+            pid = next(stream).init.process_id
+            stub.WriteStdin(_eof(pb, pid), timeout=5)
+            again = self.caught(stub.WriteStdin, _eof(pb, pid), timeout=5)
+            late = self.caught(
+                stub.WriteStdin,
+                pb.WriteStdinRequest(process_id=pid, input=b"x"),
+                timeout=5,
+            )
+            stream.cancel()
+            return pid, again, late
+
+        pid, again, late = yield self.blocking(job)
+        self.assertNotIsInstance(again, grpc.RpcError)
+        name, message, trailers = status_of(late)
+        self.assertEqual(
+            (name, message, trailers["x-sandboxd-code"]),
+            (
+                "FAILED_PRECONDITION",
+                f"process {pid}'s stdin is closed (an eof was sent)",
+                "stdin_closed",
+            ),
+        )
+
+    @inlineCallbacks
+    def test_programs_that_cannot_run(self) -> Any:
+        """
+        A program that is there but cannot run (a file without the execute
+        bit, a directory) is PERMISSION_DENIED, as the reference answers
+        EACCES; one that is not there is NOT_FOUND naming the program (not
+        the script a shell was handed), quoted once.
+        """
+        plain = os.path.join(self.base_dir, "plain.txt")
+        with open(plain, "w") as f:
+            f.write("not a program")
+        pb, _ = stubs()
+        stub = self.stub()
+        cases = [
+            (
+                ["./plain.txt"],
+                {},
+                "PERMISSION_DENIED",
+                "'./plain.txt': permission denied",
+            ),
+            ([plain], {}, "PERMISSION_DENIED", "permission denied"),
+            (["/tmp"], {}, "PERMISSION_DENIED", "'/tmp': permission denied"),
+            (
+                ["sh", "-c", "echo $PATH"],
+                {"PATH": "/nowhere"},
+                "NOT_FOUND",
+                "cannot run 'sh': command or path not found",
+            ),
+            (
+                ["ñandú-missing"],
+                {},
+                "NOT_FOUND",
+                "cannot run 'ñandú-missing': command or path not found",
+            ),
+        ]
+        for argv, env, want, text in cases:
+            for start in (False, True):
+                request = config(pb, argv, env_vars=env)
+
+                def job(request: Any = request, start: bool = start) -> Any:
+                    if start:
+                        return self.caught(
+                            list,
+                            stub.Start(pb.StartRequest(config=request), timeout=10),
+                        )
+                    return self.caught(
+                        stub.Execute, pb.ExecuteRequest(config=request), timeout=10
+                    )
+
+                error = yield self.blocking(job)
+                self.assertIsInstance(error, grpc.RpcError, f"{argv} {start}")
+                name, message, _ = status_of(error)
+                self.assertEqual(name, want, f"{argv} {start}: {message}")
+                self.assertIn(text, message)
+
+    @inlineCallbacks
+    def test_background_job_output_is_waited_for(self) -> Any:
+        """
+        A job the command leaves in the background (``cmd &``) writing to
+        the inherited output is waited for, as the reference waits, rather
+        than cut off when the shell exits: its output arrives and it runs
+        on (it is not killed by SIGPIPE), through the SDK's ``run``,
+        ``Execute`` and ``Start``.
+        """
+        marker = os.path.join(self.base_dir, "after")
+        script = f"(sleep 1; echo late; touch {marker}) & echo early"
+        result = yield self.blocking(self.commands().run, script)
+        self.assertEqual((result.stdout, result.exit_code), ("early\nlate\n", 0))
+        self.assertTrue(os.path.exists(marker))
+        os.unlink(marker)
+        pb, _ = stubs()
+        answer = yield self.blocking(
+            self.stub().Execute,
+            pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script])),
+            timeout=10,
+        )
+        self.assertEqual((answer.stdout, answer.exit_code), (b"early\nlate\n", 0))
+        os.unlink(marker)
+        _, stream, _ = yield self.blocking(self.start_call, ["/bin/sh", "-c", script])
+        got = yield self.blocking(events, stream)
+        self.assertEqual(got, [("stdout", b"early\nlate\n"), ("exit", 0)])
+        self.assertTrue(os.path.exists(marker))
+
+    @inlineCallbacks
+    def test_background_job_wait_is_bounded(self) -> Any:
+        """
+        A background job that keeps the output open is waited for a
+        bounded time only (``Start``: 5 seconds, as the reference's
+        ``pipeDrainGrace``), then the stream ends with the command's exit.
+        """
+        started = time.monotonic()
+        _, stream, _ = yield self.blocking(
+            self.start_call, ["/bin/sh", "-c", "sleep 30 & echo $!"]
+        )
+        got = yield self.blocking(events, stream)
+        took = time.monotonic() - started
+        self.assertEqual(got[-1], ("exit", 0))
+        self.assertTrue(4 <= took < 15, took)
+        os.kill(int(got[0][1]), signal.SIGKILL)
 
     def caught_any(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

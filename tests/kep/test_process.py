@@ -259,6 +259,257 @@ class TruncatedTests(ProcessCase):
         self.assertGreater(int(trailers["x-sandboxd-dropped-bytes"]), 90000)
 
 
+class NarrowedShellsTests(ProcessCase):
+    """A policy whose ``shells`` leave ``sh`` out, with ``rm`` denied."""
+
+    extra_policy = {
+        "endpoints": {
+            "shell": {"params": {"shells": ["bash"], "deny_commands": ["rm"]}}
+        }
+    }
+
+    @inlineCallbacks
+    def test_a_refused_shell_is_refused_not_run_as_a_program(self) -> Any:
+        """
+        The SDK's ``/bin/sh -c CMD`` is refused 403 PERMISSION_DENIED
+        naming ``params.shells`` (nothing runs), and an allowed shell's
+        script is still checked by ``deny_commands`` however the shell is
+        called: grouped options, or the words handed to ``"$@"``.
+        """
+        victim = os.path.join(self.base_dir, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("keep me")
+        error = yield self.blocking(
+            self._caught, self.commands().run, "rm -f victim.txt; echo ran"
+        )
+        self.assertIsInstance(error, RuntimeError)
+        self.assertIn("PERMISSION_DENIED", str(error))
+        self.assertIn("the shell '/bin/sh' is not allowed (allowed: bash)", str(error))
+        pb, _ = stubs()
+        stub = self.stub()
+        for argv in (
+            ["/bin/sh", "-c", "echo ran"],
+            ["bash", "-lc", "rm -f victim.txt"],
+            ["bash", "-e", "-o", "pipefail", "-c", "rm -f victim.txt"],
+            ["bash", "-c", 'exec "$@"', "bash", "rm", "-f", "victim.txt"],
+        ):
+            error = yield self.blocking(
+                self.caught,
+                stub.Execute,
+                pb.ExecuteRequest(config=config(pb, argv)),
+                timeout=10,
+            )
+            self.assertIsInstance(error, grpc.RpcError, str(argv))
+            name, message, trailers = status_of(error)
+            self.assertEqual(name, "PERMISSION_DENIED", str(argv))
+            code = (
+                "param_not_allowed" if argv[0] == "/bin/sh" else "command_not_allowed"
+            )
+            self.assertEqual(trailers["x-sandboxd-code"], code, f"{argv} {message}")
+        self.assertTrue(os.path.exists(victim))
+        answer = yield self.blocking(
+            stub.Execute,
+            pb.ExecuteRequest(config=config(pb, ["bash", "-c", "echo ok"])),
+            timeout=10,
+        )
+        self.assertEqual(answer.stdout, b"ok\n")
+
+    def _caught(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            return e
+
+
+class PolicyTimeoutTests(ProcessCase):
+    """A policy ``timeout_seconds`` shorter than the call's deadline."""
+
+    extra_policy = {
+        "endpoints": {
+            "shell": {"limits": {"timeout_seconds": 2}},
+            "process_start": {"limits": {"timeout_seconds": 2}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_the_policy_limit_is_named_not_the_callers(self) -> Any:
+        """
+        A command the policy's limit ends before the SDK's
+        ``command_timeout`` is reported as the policy's limit (a
+        RESOURCE_EXHAUSTED the SDK shows with its message), not as the
+        SDK's own timeout with the caller's number; a deadline shorter than
+        the policy's is still the SDK's ``timed_out``.
+        """
+        executor = self.commands()
+        started = time.monotonic()
+        error = yield self.blocking(
+            self._caught,
+            executor.run,
+            "echo started; sleep 10; echo done",
+            command_timeout=20,
+        )
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertIsInstance(error, RuntimeError)
+        self.assertIn("RESOURCE_EXHAUSTED", str(error))
+        self.assertIn("the policy's timeout_seconds (2 seconds)", str(error))
+        result = yield self.blocking(executor.run, "sleep 10", command_timeout=1)
+        self.assertEqual((result.exit_code, result.timed_out), (124, True))
+        pb, _ = stubs()
+        error = yield self.blocking(
+            lambda: self.caught(
+                events,
+                self.stub().Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "10"])), timeout=20
+                ),
+            )
+        )
+        name, message, trailers = status_of(error)
+        self.assertEqual(
+            (name, trailers["x-sandboxd-code"]), ("RESOURCE_EXHAUSTED", "timeout")
+        )
+        self.assertEqual(trailers["x-sandboxd-rule"], "policy:endpoints.process_start")
+        self.assertIn("the policy's timeout_seconds (2 seconds)", message)
+
+    def _caught(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            return e
+
+
+class LargeOutputTests(ProcessCase):
+    """Execute's output past what one gRPC message a client takes can hold."""
+
+    @inlineCallbacks
+    def test_execute_output_over_the_message_limit(self) -> Any:
+        """
+        Output under ``max_output_bytes`` (10 MiB) but over the 4 MiB a
+        client takes in one message is answered, not INTERNAL: both outputs
+        keep their head and tail within the limit, a line names what was
+        dropped, and the trailers say so, as for the output cap.
+        """
+        pb, _ = stubs()
+        script = (
+            "head -c 3000000 /dev/zero | tr '\\0' a; printf END;"
+            " head -c 3000000 /dev/zero | tr '\\0' b >&2; printf FIN >&2"
+        )
+        request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script]))
+        answer, call = yield self.blocking(
+            self.stub().Execute.with_call, request, timeout=20
+        )
+        self.assertEqual(answer.exit_code, 0)
+        self.assertLessEqual(answer.ByteSize(), 4 * 1024 * 1024)
+        self.assertTrue(answer.stdout.startswith(b"aaaa"))
+        self.assertTrue(answer.stdout.endswith(b"aEND"))
+        self.assertTrue(answer.stderr.startswith(b"bbbb"))
+        self.assertTrue(answer.stderr.endswith(b"bFIN"))
+        trailers = dict(call.trailing_metadata())
+        self.assertEqual(trailers["x-sandboxd-truncated"], "true")
+        dropped = int(trailers["x-sandboxd-dropped-bytes"])
+        kept = sum(
+            len(out.replace(b"\n[... %d bytes dropped ...]\n" % n, b""))
+            for out in (answer.stdout, answer.stderr)
+            for n in [int(out.split(b"[... ")[1].split(b" ")[0])]
+        )
+        self.assertEqual(kept + dropped, 6000006)
+
+
+class CallCapTests(ProcessCase):
+    """Calls on one connection, which the SDK uses for all of its calls."""
+
+    audit = True
+    extra_policy = {"defaults": {"audit": "all"}}
+    timeout = 120
+
+    @inlineCallbacks
+    def test_control_calls_get_through_while_100_starts_run(self) -> Any:
+        """
+        With ``max_processes`` (100) ``Start`` streams open on the SDK's
+        channel, ``commands.run`` still runs and ``SendSignal`` still ends
+        one of them, at once, instead of waiting unseen for a free stream
+        until the deadline and reading as a command timeout.
+        """
+        from k8s_agent_sandbox.commands.command_executor import CommandExecutor
+
+        pb, grpc_stubs = stubs()
+        connector = self.connector()
+        connector.connect()
+        stub = grpc_stubs.ProcessServiceStub(connector.grpc_channel())
+        executor = CommandExecutor(connector, None, "sandbox-client")
+
+        def job() -> Any:
+            streams = [
+                stub.Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "60"])), timeout=90
+                )
+                for _ in range(100)
+            ]
+            try:
+                pids = [next(stream).init.process_id for stream in streams]
+                started = time.monotonic()
+                result = executor.run("echo hi", command_timeout=10)
+                stub.SendSignal(
+                    pb.SendSignalRequest(process_id=pids[0], signal=pb.SIGNAL_SIGTERM),
+                    timeout=10,
+                )
+                ended = events(streams[0])
+                return result, ended, time.monotonic() - started
+            finally:
+                for stream in streams:
+                    stream.cancel()
+
+        result, ended, took = yield self.blocking(job)
+        self.assertEqual((result.stdout, result.exit_code), ("hi\n", 0))
+        self.assertEqual(ended, [("exit", -1)])
+        self.assertLess(took, 5)
+
+    @inlineCallbacks
+    def test_a_call_over_the_cap_is_refused_at_once(self) -> Any:
+        """
+        A call past the connection's cap of calls is RESOURCE_EXHAUSTED at
+        once, saying why (code ``concurrency_limited``, audited as 429),
+        not left waiting for its deadline.
+        """
+        self.daemon.context.kep._grpc_factory.max_concurrent_calls = 3
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            streams = [
+                stub.Start(
+                    pb.StartRequest(config=config(pb, ["sleep", "60"])), timeout=30
+                )
+                for _ in range(3)
+            ]
+            try:
+                for stream in streams:
+                    next(stream)
+                started = time.monotonic()
+                error = self.caught(
+                    stub.Execute,
+                    pb.ExecuteRequest(config=config(pb, ["echo", "hi"])),
+                    timeout=10,
+                )
+                return error, time.monotonic() - started
+            finally:
+                for stream in streams:
+                    stream.cancel()
+
+        error, took = yield self.blocking(job)
+        self.assertIsInstance(error, grpc.RpcError)
+        name, message, trailers = status_of(error)
+        self.assertEqual(
+            (name, trailers.get("x-sandboxd-code")),
+            ("RESOURCE_EXHAUSTED", "concurrency_limited"),
+        )
+        self.assertIn("too many calls open on this connection (at most 3)", message)
+        self.assertLess(took, 5)
+        self.assertIn(
+            (429, "concurrency_limited"),
+            [(r["status"], r["code"]) for r in self.audit_lines()],
+        )
+
+
 class StartTests(ProcessCase):
     """``Start`` and the calls on a started process, through the generated stub."""
 
@@ -413,6 +664,78 @@ class StartTests(ProcessCase):
 
         error = yield self.blocking(plain)
         self.assertEqual(status_of(error)[0], "FAILED_PRECONDITION")
+
+    @inlineCallbacks
+    def test_pty_size_out_of_range(self) -> Any:
+        """
+        A pty wider or taller than a terminal can be (the proto's fields
+        are uint32) is INVALID_ARGUMENT naming the field, as ResizeTTY
+        answers, and starts nothing.
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+        for size in ({"cols": 100000, "rows": 24}, {"cols": 80, "rows": 70000}):
+
+            def job(size: dict[str, int] = size) -> Any:
+                stream = stub.Start(
+                    pb.StartRequest(
+                        config=config(pb, ["/bin/sh", "-c", "echo ran"]),
+                        pty=pb.PTY(**size),
+                    ),
+                    timeout=10,
+                )
+                return self.caught(list, stream)
+
+            error = yield self.blocking(job)
+            self.assertIsInstance(error, grpc.RpcError)
+            name, message, _ = status_of(error)
+            field = "cols" if size["cols"] > 65535 else "rows"
+            self.assertEqual(
+                (name, message),
+                ("INVALID_ARGUMENT", f"'{field}' must be within 1..65535"),
+            )
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+
+class PtyOutputTests(ProcessCase):
+    """What a program writes to its terminal comes through whole."""
+
+    @inlineCallbacks
+    def test_seq_through_a_pty_is_exact(self) -> Any:
+        """
+        ``seq 1 100000`` on a pty (about 670 KB, far past the terminal's
+        64 KiB scrollback) arrives as exactly the bytes the terminal wrote,
+        once and in order, with a reader that starts late (the output piles
+        up meanwhile) and with one that reads at once.
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+        want = b"".join(b"%d\r\n" % i for i in range(1, 100001))
+
+        def job(delay: float) -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["seq", "1", "100000"]),
+                    pty=pb.PTY(cols=120, rows=40),
+                ),
+                timeout=30,
+            )
+            first = next(stream)
+            time.sleep(delay)
+            out = bytearray()
+            code = None
+            for response in stream:
+                if response.HasField("stdout"):
+                    out += response.stdout
+                elif response.HasField("exit"):
+                    code = response.exit.exit_code
+            return first.WhichOneof("event"), bytes(out), code
+
+        for delay in (0.5, 0.0, 0.0):
+            kind, out, code = yield self.blocking(job, delay)
+            self.assertEqual((kind, code), ("init", 0))
+            self.assertEqual(len(out), len(want))
+            self.assertTrue(out == want, "the terminal's output was not exact")
 
 
 def _eof(pb: Any, pid: int) -> Any:

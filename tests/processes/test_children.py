@@ -29,7 +29,7 @@ from sandboxd import processes
 from sandboxd.processes import posix_spawn as spawn
 from sandboxd.processes import spawning
 from sandboxd.processes import tree as proctree
-from sandboxd.processes.child import HeadTail
+from sandboxd.processes.child import HeadTail, share
 from sandboxd.processes.run import run_collect
 from tests.helpers import ReadyPipe, kill_marked, marked_pids, until_exited
 
@@ -98,6 +98,29 @@ class HeadTailTests(SynchronousTestCase):
         self.assertEqual(len(value), 100)
         self.assertIn(f"[... {sink.dropped_bytes} bytes dropped ...]".encode(), value)
         self.assertTrue(value.startswith(b"0") and value.endswith(b"9"))
+
+    def test_share_fits_a_budget_together(self) -> None:
+        """
+        ``share`` cuts two outputs to one budget, markers included: a small
+        one stays whole, the big one keeps its head and tail in the rest,
+        and every byte is either kept or counted as dropped.
+        """
+        small, big = HeadTail(10_000), HeadTail(10_000)
+        small.write(b"s" * 100)
+        big.write(b"H" + b"x" * 5_000 + b"T")
+        share([small, big], 1_000)
+        self.assertEqual(small.value(), b"s" * 100)
+        value = big.value()
+        self.assertLessEqual(len(small.value()) + len(value), 1_000)
+        self.assertTrue(value.startswith(b"Hx") and value.endswith(b"xT"))
+        marker = f"\n[... {big.dropped_bytes} bytes dropped ...]\n".encode()
+        self.assertIn(marker, value)
+        self.assertEqual(len(value) - len(marker) + big.dropped_bytes, 5_002)
+        # Within the budget already: untouched.
+        fits = HeadTail(10_000)
+        fits.write(b"abc")
+        share([fits], 1_000)
+        self.assertEqual((fits.value(), fits.dropped_bytes), (b"abc", 0))
 
     def test_many_small_writes_stay_bounded(self) -> None:
         """A million one-byte writes leave at most ``cap`` bytes held."""
