@@ -87,6 +87,7 @@ from sandboxd.policy.defaults import (
     KEP_MAX_CONNECTIONS,
     KEP_MAX_HEADER_LIST_BYTES,
     KEP_MAX_MESSAGE_BYTES,
+    KEP_MAX_STATUS_MESSAGE_BYTES,
     KEP_MAX_UNREAD_CONTROL_BYTES,
     KEP_STOP_GRACE_SECONDS,
     KEP_STREAM_HIGH_WATER_BYTES,
@@ -103,6 +104,7 @@ __all__ = [
     "Status",
     "parse_timeout",
     "percent_encode",
+    "status_message",
 ]
 
 log = Logger(namespace="sandboxd.kep")
@@ -215,6 +217,34 @@ def percent_encode(message: str) -> str:
     return "".join(out)
 
 
+#: How a cut ``grpc-message`` ends: an ellipsis, percent-encoded.
+_ELLIPSIS = percent_encode("\u2026")
+
+
+def status_message(message: str, limit: int = KEP_MAX_STATUS_MESSAGE_BYTES) -> bytes:
+    """
+    ``grpc-message``'s value, percent-encoded (:func:`percent_encode`), at
+    most ``limit`` bytes (cut between characters, an ellipsis after).  A
+    refusal may quote what the caller sent, and h2 codes header blocks on
+    the reactor in time that grows faster than their size, so an unbounded
+    message would stall every connection of the daemon.
+    """
+    # Each character is at least one byte: what is past the limit goes first.
+    encoded = percent_encode(message[: limit + 1])
+    if len(encoded) <= limit and len(message) <= limit:
+        return encoded.encode("ascii")
+    budget = limit - len(_ELLIPSIS)
+    pieces: list[str] = []
+    for char in message:
+        # A character at a time: a cut never splits an escape or a character.
+        piece = percent_encode(char)
+        budget -= len(piece)
+        if budget < 0:
+            break
+        pieces.append(piece)
+    return ("".join(pieces) + _ELLIPSIS).encode("ascii")
+
+
 def parse_timeout(value: bytes) -> float:
     """
     ``grpc-timeout`` in seconds: at most eight digits and a unit among
@@ -241,6 +271,9 @@ def _clean_trailers(trailers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
                 "kep: trailer {name!r} dropped: not a plain ASCII trailer", name=name
             )
             continue
+        if len(value) > KEP_MAX_STATUS_MESSAGE_BYTES:
+            # Bounded as grpc-message is (the value may echo a caller's).
+            value = value[: KEP_MAX_STATUS_MESSAGE_BYTES - 3] + "..."
         out.append((name.encode("ascii"), value.encode("ascii")))
     return out
 
@@ -351,7 +384,7 @@ class Call:
             return
         fields = [(b"grpc-status", b"%d" % int(status))]
         if message:
-            fields.append((b"grpc-message", percent_encode(message).encode("ascii")))
+            fields.append((b"grpc-message", status_message(message)))
         fields.extend(_clean_trailers(trailers or {}))
         self._close()
         if not self._headers_sent:
@@ -938,7 +971,7 @@ class _Connection(Protocol):
         )
         fields = [
             (b"grpc-status", b"%d" % status),
-            (b"grpc-message", percent_encode(message).encode("ascii")),
+            (b"grpc-message", status_message(message)),
             *(extra or []),
         ]
         self._trailers_only(stream_id, http_status, fields)

@@ -39,7 +39,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.access import gate
-from sandboxd.access.guard import PathGuard, os_error
+from sandboxd.access.guard import NAME_MAX, PathGuard, name_too_long, os_error
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -47,8 +47,10 @@ from sandboxd.errors import (
     directory_not_empty,
     file_not_found,
     forbidden,
+    invalid_path,
     method_not_allowed,
     payload_too_large,
+    quoted,
     unavailable,
     unmet_precondition,
 )
@@ -185,8 +187,12 @@ def below_root(root: str, given: str) -> str:
     is cleaned first, so its ``..`` stops at ``/`` (the root), as the
     reference cleans one.
 
-    :raises ApiError: 403 for a path that leaves the root (``..``).
+    :raises ApiError: 400 for a name longer than any file system takes
+        (before it is quoted anywhere: it is cut in the message); 403 for
+        a path that leaves the root (``..``).
     """
+    if len(given) * 4 > NAME_MAX and name_too_long(given):
+        raise invalid_path(f"File name too long: {quoted(given)}")
     if given.startswith("/"):
         # normpath keeps a leading "//"; one "/" is what the root is compared to.
         clean = "/" + posixpath.normpath(given).lstrip("/")

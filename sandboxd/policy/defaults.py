@@ -978,6 +978,11 @@ V1_ARTIFACTS_PER_TURN = 100
 V1_ARTIFACTS_KEPT = 1000
 V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 
+# -- error messages (sandboxd.errors) --------------------------------------------
+#: Characters of a caller's value an error message quotes; a longer value is
+#: cut, with an ellipsis and its length (:func:`sandboxd.errors.quoted`).
+QUOTED_VALUE_CHARS = 200
+
 # -- the agent-sandbox door's gRPC transport (sandboxd.kep.grpc) -------------
 #: The largest request message, and the largest response the door sends
 #: (grpc-go's and grpcio's default receive limit).
@@ -1005,6 +1010,11 @@ KEP_STOP_GRACE_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1
+#: The longest ``grpc-message`` (percent-encoded) and trailer value a call
+#: ends with; a longer message is cut with an ellipsis.  h2 Huffman-codes
+#: header blocks on the reactor, in time that grows faster than their
+#: size, and gRPC clients refuse metadata past 16 KiB anyway.
+KEP_MAX_STATUS_MESSAGE_BYTES = 1 * KIB
 
 # -- traces (sandboxd.access.tracing, sandboxd.access.otlp) --------------------
 #: OpenTelemetry's batch defaults, each overridden by its ``OTEL_BSP_*``

@@ -748,6 +748,75 @@ class GrpcWireTests(GrpcCase):
         self.assertLess(self.buffered(), 4 * 1024 * 1024)
 
 
+class GrpcEchoTests(GrpcCase):
+    """
+    Refusals that quote what the caller sent: a long ``cwd`` or variable
+    name is refused at once with a short ``grpc-message``, and the daemon
+    keeps answering meanwhile (an unbounded message was Huffman-coded on
+    the reactor for seconds to minutes, freezing every port).
+    """
+
+    timeout = 240
+
+    def execute(self, **config: Any) -> Any:
+        """Execute ``pwd`` with ``config``; /v1/health asked while it runs."""
+        import grpc
+        from k8s_agent_sandbox.commands._process_stubs import process_pb2_grpc
+
+        def run() -> tuple[str, str, float, int, float]:
+            with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+                stub = process_pb2_grpc.ProcessServiceStub(channel)
+                message = pb().ExecuteRequest(
+                    config=pb().ProcessConfig(command=["pwd"], **config)
+                )
+                began = time.monotonic()
+                future = stub.Execute.future(message, timeout=120)
+                time.sleep(0.3)
+                asked = time.monotonic()
+                health = raw_http(self.rest_port, get(b"/v1/health"), 120.0)
+                health_took = time.monotonic() - asked
+                error = future.exception()
+                took = time.monotonic() - began
+                assert error is not None
+                return (
+                    error.code().name,
+                    error.details() or "",
+                    took,
+                    status(health),
+                    health_took,
+                )
+
+        return self.blocking(run)
+
+    @inlineCallbacks
+    def test_long_values_are_cut(self) -> Any:
+        """
+        ``cwd`` of 60 000 characters: INVALID_ARGUMENT (a name no file
+        system takes); a missing ``cwd`` of 150 000 characters: refused;
+        a variable name of 60 000 characters with ``=``: INVALID_ARGUMENT.
+        Each ``grpc-message`` is at most 1 KiB, an ellipsis where it was
+        cut; ``/v1/health`` answers while the call is refused.
+        """
+        from sandboxd.policy.defaults import KEP_MAX_STATUS_MESSAGE_BYTES
+
+        cases = [
+            ({"cwd": "\u00e9" * 60000}, {"INVALID_ARGUMENT"}),
+            ({"cwd": "nope/" * 30000}, {"INVALID_ARGUMENT", "NOT_FOUND"}),
+            ({"env_vars": {"BAD=" + "\u00e9" * 60000: "x"}}, {"INVALID_ARGUMENT"}),
+        ]
+        for config, wanted in cases:
+            code, message, took, health, health_took = yield self.execute(**config)
+            what = list(config)
+            self.assertIn(code, wanted, (what, message[:300]))
+            self.assertLessEqual(
+                len(message.encode()), KEP_MAX_STATUS_MESSAGE_BYTES, what
+            )
+            self.assertIn("\u2026", message, what)  # cut, and says so
+            self.assertEqual(health, 200, what)
+            self.assertLess(health_took, 2.0, what)
+            self.assertLess(took, 5.0, what)
+
+
 class GrpcProcessTests(GrpcCase):
     """Processes through the door: never read, cancelled by the hundred, refused."""
 
