@@ -123,13 +123,33 @@ class KepRestDoor(PortDoor):
 
     def find(self, request: Any) -> Procedure | None:
         """A route by method and path (``HEAD`` is ``GET``'s, body left out)."""
-        method = request.method.decode("latin-1")
-        if method == "HEAD":
-            method = "GET"
-        path = request.path.decode("latin-1")
-        if path == FILES or path.startswith(FILES + "/"):
-            path = FILES
-        return self.procedures.get(f"{method} {path}")
+        return self._route(request.method, request.path)
+
+    def _route(self, method: bytes, path: bytes) -> Procedure | None:
+        verb = method.decode("latin-1")
+        if verb == "HEAD":
+            verb = "GET"
+        where = path.decode("latin-1")
+        if where == FILES or where.startswith(FILES + "/"):
+            where = FILES
+        return self.procedures.get(f"{verb} {where}")
+
+    def check_head(
+        self, method: bytes, path: bytes, headers: dict[bytes, list[bytes]]
+    ) -> ApiError | None:
+        """
+        The credential, and the scopes of the door and of the endpoint a
+        route is governed as (when the route names one), from the head: a
+        body is neither read nor spooled for a caller who would be refused.
+        A route that needs no credential (health) is left to its call.
+        """
+        procedure = self._route(method, path)
+        endpoints = [access.ENDPOINT]
+        if procedure is not None and isinstance(procedure.endpoint, str):
+            if not self.context.table.get(procedure.endpoint).auth_required:
+                return None
+            endpoints.append(procedure.endpoint)
+        return access.check_head(self.context, endpoints, headers)
 
     def unknown(self, request: Any) -> Procedure:
         """404 for a path the protocol has not, 501 for a method it has not."""

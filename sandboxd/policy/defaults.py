@@ -987,6 +987,11 @@ QUOTED_VALUE_CHARS = 200
 #: The largest request message, and the largest response the door sends
 #: (grpc-go's and grpcio's default receive limit).
 KEP_MAX_MESSAGE_BYTES = 4 * MIB
+#: Request bytes held for messages not yet whole, on one connection and on
+#: the port: a stream that passes either is refused RESOURCE_EXHAUSTED (so
+#: streams that never end cannot pile up messages of the size above).
+KEP_MAX_BUFFERED_REQUEST_BYTES = 16 * MIB
+KEP_MAX_BUFFERED_REQUEST_BYTES_TOTAL = 64 * MIB
 #: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
 KEP_MAX_CONCURRENT_STREAMS = 100
 #: Connections open at once; a connection over it is closed as it opens.

@@ -1066,3 +1066,170 @@ class GrpcOtherIdentityTests(GrpcCase):
             self.assertEqual(fields.get(b"grpc-status"), expected, (path, fields))
         self.assertFalse(alice.ended(sid))
         os.kill(pid, 0)
+
+
+def pump(client: H2Client, stream_id: int, data: bytes) -> bool:
+    """Send ``data`` on a stream as its windows allow; False once it ended."""
+    from h2.exceptions import StreamClosedError
+
+    view = memoryview(data)
+    while view:
+        if client.ended(stream_id) or client.closed:
+            return False
+        try:
+            window = client.h2.local_flow_control_window(stream_id)
+        except StreamClosedError:
+            return False
+        if window <= 0:
+            client.read(
+                lambda c: (
+                    c.ended(stream_id) or c.h2.local_flow_control_window(stream_id) > 0
+                ),
+                5,
+            )
+            continue
+        size = min(window, client.h2.max_outbound_frame_size, len(view))
+        client.h2.send_data(stream_id, bytes(view[:size]))
+        client.flush()
+        view = view[size:]
+    return True
+
+
+class PreAuthTests(GrpcCase):
+    """
+    A caller the door would refuse is answered on its request's head, on
+    both ports, as the HTTP port answers 401 before a body: the daemon
+    neither reads, holds nor spools its body; and what a connection's
+    unfinished messages make the daemon hold is bounded.
+    """
+
+    audit = True
+    extra_policy = {
+        "auth": {
+            "tokens": [
+                {"id": "ops", "token_env": "T_OPS", "scopes": ["*"]},
+                {"id": "reader", "token_env": "T_READER", "scopes": ["files:read"]},
+            ]
+        }
+    }
+    environ = {"T_OPS": "ops-secret", "T_READER": "reader-secret"}
+
+    def head_only(self, head: bytes, seconds: float = 5.0) -> Any:
+        """Send a request's head alone; what comes back before ``seconds``."""
+
+        def call() -> bytes:
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as s:
+                s.settimeout(seconds)
+                s.sendall(head)
+                try:
+                    return s.recv(4096)
+                except TimeoutError:
+                    return b""
+
+        return self.blocking(call)
+
+    @inlineCallbacks
+    def test_rest_refused_on_its_head(self) -> Any:
+        """
+        A PUT announcing 50 MB, or a chunked one, with a wrong token, none,
+        or a token without ``files:write``: 401 or 403 before any of its
+        body is sent, audited, nothing written; with the right token the
+        daemon waits for the body.
+        """
+        put = (
+            b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n%s"
+            b"Content-Length: 50000000\r\n\r\n"
+        )
+        cases = [
+            (put % b"Authorization: Bearer wrong\r\n", 401, "UNAUTHENTICATED"),
+            (put % b"", 401, "UNAUTHENTICATED"),
+            (put % b"X-Access-Token: reader-secret\r\n", 403, "PERMISSION_DENIED"),
+            (
+                b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Authorization: Bearer wrong\r\nTransfer-Encoding: chunked\r\n\r\n",
+                401,
+                "UNAUTHENTICATED",
+            ),
+        ]
+        for head, wanted, code in cases:
+            answer = yield self.head_only(head)
+            self.assertEqual(status(answer), wanted, (head, answer[:300]))
+            self.assertEqual(body_json(answer)["code"], code, answer)
+        answer = yield self.head_only(
+            put % b"Authorization: Bearer ops-secret\r\n", seconds=1.0
+        )
+        self.assertEqual(answer, b"")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "big")))
+        refused = [
+            (r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("path") == "/v1/files/big"
+        ]
+        unauthorized = (401, "unauthorized")
+        self.assertEqual(
+            refused,
+            [unauthorized, unauthorized, (403, "missing_scope"), unauthorized],
+        )
+
+    @inlineCallbacks
+    def test_grpc_refused_on_its_headers(self) -> Any:
+        """
+        A stream whose headers carry a wrong token (or none) is answered
+        UNAUTHENTICATED before it sends its message, and audited.
+        """
+
+        def call(token: bytes | None) -> dict[bytes, bytes]:
+            client = self.h2()
+            headers = [(b"authorization", b"Bearer " + token)] if token else []
+            sid = client.request(EXECUTE, None, headers, end=False)
+            client.read(lambda c: c.ended(sid), 5)
+            return client.fields(sid)
+
+        for token in (b"wrong", None):
+            fields = yield self.blocking(call, token)
+            self.assertEqual(fields.get(b"grpc-status"), b"16", (token, fields))
+        refused = [
+            (r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("path") == EXECUTE
+        ]
+        self.assertEqual(refused, [(401, "unauthorized")] * 2)
+
+    @inlineCallbacks
+    def test_unfinished_messages_are_bounded(self) -> Any:
+        """
+        Streams that announce 4 MiB messages and never end them: once a
+        connection's unfinished messages pass the bound, the next stream
+        is refused RESOURCE_EXHAUSTED, the daemon holds no more than the
+        bound, and nothing once the client has gone.
+        """
+        from sandboxd.policy.defaults import (
+            KEP_MAX_BUFFERED_REQUEST_BYTES,
+            KEP_MAX_MESSAGE_BYTES,
+        )
+
+        auth = [(b"authorization", b"Bearer ops-secret")]
+        part = KEP_MAX_MESSAGE_BYTES - 1024
+        streams = KEP_MAX_BUFFERED_REQUEST_BYTES // part + 1
+
+        def call() -> tuple[list[bytes | None], int]:
+            client = self.h2()
+            sids = []
+            for _ in range(streams):
+                sid = client.request(EXECUTE, None, auth, end=False)
+                prefix = b"\0" + KEP_MAX_MESSAGE_BYTES.to_bytes(4, "big")
+                pump(client, sid, prefix + b"x" * part)
+                sids.append(sid)
+            client.read(lambda c: c.ended(sids[-1]), 5)
+            held = self.factory().buffered
+            client.close()
+            return [client.fields(sid).get(b"grpc-status") for sid in sids], held
+
+        answers, held = yield self.blocking(call)
+        self.assertEqual(answers[:-1], [None] * (streams - 1))
+        self.assertEqual(answers[-1], b"8")
+        self.assertLessEqual(held, KEP_MAX_BUFFERED_REQUEST_BYTES)
+        yield self.sleep(0.3)
+        self.assertEqual(self.factory().buffered, 0)
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"16", fields)
