@@ -1233,3 +1233,86 @@ class PreAuthTests(GrpcCase):
         self.assertEqual(self.factory().buffered, 0)
         fields = yield self.answered()
         self.assertEqual(fields.get(b"grpc-status"), b"16", fields)
+
+
+class KepRootLinkTests(GrpcCase):
+    """
+    With ``--kep-root`` below the base directory, the KEP root is a
+    boundary for links as it is for ``..``: reads, writes, listings and
+    ``cwd`` through a link leading out of it are refused, as the path guard
+    refuses a link out of the base directory.
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        self.root = os.path.join(self.base_dir, "work")
+        os.makedirs(os.path.join(self.root, "sub"), exist_ok=True)
+        private = os.path.join(self.base_dir, "private")
+        os.makedirs(private, exist_ok=True)
+        with open(os.path.join(private, "notes.txt"), "w") as f:
+            f.write("PRIVATE DATA")
+        with open(os.path.join(self.root, "sub", "in.txt"), "w") as f:
+            f.write("inside")
+        for name, target in (
+            ("link-out", "../private"),
+            ("file-out", "../private/notes.txt"),
+            ("link-in", "sub"),
+        ):
+            if not os.path.lexists(os.path.join(self.root, name)):
+                os.symlink(target, os.path.join(self.root, name))
+        kwargs.setdefault("kep_root", self.root)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_links_out_of_the_kep_root(self) -> Any:
+        """
+        GET, PUT and ``cwd`` through a link out of the KEP root are 403
+        ``PERMISSION_DENIED`` (``kep:root``) and nothing lands outside; the
+        listing leaves those links out; links inside still work, and
+        DELETE of a link out removes the link, not what it leads to.
+        """
+        for method, path in (
+            ("GET", "/v1/files/file-out"),
+            ("GET", "/v1/files/link-out%2Fnotes.txt"),
+            ("GET", "/v1/files/link-out"),
+            ("PUT", "/v1/files/link-out%2Fplanted.txt"),
+            ("PUT", "/v1/files/file-out"),
+        ):
+            response = yield self.http(method, path, content=b"x")
+            self.assertEqual(response.status_code, 403, (method, path, response.text))
+            self.assertEqual(response.json()["code"], "PERMISSION_DENIED")
+            self.assertEqual(response.headers.get("x-sandboxd-rule"), "kep:root")
+        private = os.path.join(self.base_dir, "private")
+        self.assertEqual(os.listdir(private), ["notes.txt"])
+        with open(os.path.join(private, "notes.txt")) as f:
+            self.assertEqual(f.read(), "PRIVATE DATA")
+        listing = yield self.http("GET", "/v1/files/")
+        names = [e["name"] for e in listing.json()["entries"]]
+        self.assertEqual(names, ["link-in", "sub"])
+        inside = yield self.http("GET", "/v1/files/link-in%2Fin.txt")
+        self.assertEqual((inside.status_code, inside.content), (200, b"inside"))
+        error = yield self.blocking(
+            lambda: self.caught_execute(["pwd"], cwd="link-out")
+        )
+        self.assertEqual(error, "PERMISSION_DENIED")
+        ran = yield self.blocking(lambda: self.caught_execute(["pwd"], cwd="link-in"))
+        self.assertEqual(ran, os.path.join(self.root, "sub") + "\n")
+        response = yield self.http("DELETE", "/v1/files/file-out")
+        self.assertEqual(response.status_code, 204, response.text)
+        self.assertFalse(os.path.lexists(os.path.join(self.root, "file-out")))
+        self.assertTrue(os.path.exists(os.path.join(private, "notes.txt")))
+
+    def caught_execute(self, command: list[str], cwd: str) -> str:
+        """Execute's stdout, or the name of its refusal's status."""
+        import grpc
+        from k8s_agent_sandbox.commands._process_stubs import process_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+            stub = process_pb2_grpc.ProcessServiceStub(channel)
+            request = pb().ExecuteRequest(
+                config=pb().ProcessConfig(command=command, cwd=cwd)
+            )
+            try:
+                answer = stub.Execute(request, timeout=20)
+            except grpc.RpcError as e:
+                return str(e.code().name)
+            return str(answer.stdout.decode())
