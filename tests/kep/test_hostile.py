@@ -1316,3 +1316,36 @@ class KepRootLinkTests(GrpcCase):
             except grpc.RpcError as e:
                 return str(e.code().name)
             return str(answer.stdout.decode())
+
+
+class RestProtectedInsideTests(KepCase):
+    """A recursive DELETE refused for what a tree holds says so."""
+
+    extra_policy = {
+        "endpoints": {"files_*": {"paths": {"deny": ["**/.ssh/**", "**/secret/**"]}}}
+    }
+
+    @inlineCallbacks
+    def test_delete_tree_holding_protected_paths(self) -> Any:
+        """
+        ``proj`` holds ``.ssh/id_rsa``: its recursive DELETE is 403 and
+        says ``proj`` holds a protected path (not that ``proj`` is denied,
+        which reading and writing in it show it is not), without naming
+        what; nothing is removed.
+        """
+        proj = os.path.join(self.base_dir, "proj")
+        os.makedirs(os.path.join(proj, ".ssh"))
+        with open(os.path.join(proj, ".ssh", "id_rsa"), "w") as f:
+            f.write("key")
+        response = yield self.http("PUT", "/v1/files/proj%2Fmain.py", content=b"x")
+        self.assertEqual(response.status_code, 204, response.text)
+        response = yield self.http(
+            "DELETE", "/v1/files/proj", params={"recursive": "true"}
+        )
+        self.assertEqual(response.status_code, 403, response.text)
+        message = response.json()["message"]
+        self.assertIn("proj holds a path the policy denies", message)
+        self.assertNotIn("is denied", message)
+        self.assertNotIn(".ssh", message)
+        self.assertTrue(os.path.exists(os.path.join(proj, "main.py")))
+        self.assertTrue(os.path.exists(os.path.join(proj, ".ssh", "id_rsa")))
