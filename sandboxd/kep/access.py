@@ -130,7 +130,8 @@ def warn_if_unauthenticated(context: Any) -> None:
     log.warn(
         "sandboxd: the kep endpoint's params.unauthenticated_as is {name!r}: a call "
         "to the KEP ports without a credential acts as the token {name!r} (its "
-        "scopes and path rules); whoever can reach those ports can",
+        "scopes and path rules); whoever can reach those ports can act as it, so "
+        "keep that token narrow and the ports reachable only by whom you mean",
         name=name,
     )
 
