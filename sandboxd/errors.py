@@ -212,6 +212,25 @@ def limit_rule(rule: RuleSource, key: str) -> str:
     return policy_rule(rule, f"limits.{key}")
 
 
+def quoted(value: object, limit: int | None = None) -> str:
+    """
+    A caller's value as a message quotes it: its ``repr``, cut after
+    ``limit`` characters (default ``QUOTED_VALUE_CHARS``) with an ellipsis
+    and the value's length, so that a refusal's size does not follow its
+    input's (a message travels in headers on some doors: gRPC's
+    ``grpc-message``).
+    """
+    if limit is None:
+        # Here, not at the top: the policy package imports this module.
+        from sandboxd.policy.defaults import QUOTED_VALUE_CHARS
+
+        limit = QUOTED_VALUE_CHARS
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}\u2026 ({len(text)} characters)"
+
+
 # -- 400 ---------------------------------------------------------------------
 
 

@@ -591,3 +591,17 @@ class NotJsonTests(SynchronousTestCase):
         cycle: dict[str, Any] = {}
         cycle["self"] = cycle
         self.assertEqual(errors.not_json(cycle).message, "the answer is not JSON")
+
+
+class QuotedTests(SynchronousTestCase):
+    """A caller's value in a message is cut, so a refusal stays small."""
+
+    def test_short_value_is_its_repr(self) -> None:
+        """A short value is quoted whole, as ``repr`` quotes it."""
+        self.assertEqual(errors.quoted("a'b"), repr("a'b"))
+
+    def test_long_value_is_cut(self) -> None:
+        """A long one: its first characters, an ellipsis, and its length."""
+        shown = errors.quoted("\u00e9" * 100000)
+        self.assertEqual(shown, repr("\u00e9" * 200) + "\u2026 (100000 characters)")
+        self.assertEqual(errors.quoted("xyz", limit=2), "'xy'\u2026 (3 characters)")

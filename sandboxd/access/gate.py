@@ -453,6 +453,39 @@ def spend_use(context: Context, passed: Passed) -> None:
         raise Refused(e, passed.endpoint, passed.identity, passed.rule) from None
 
 
+def check_head(
+    context: Context,
+    endpoint: Endpoint,
+    headers: Headers,
+    *,
+    unauthenticated_as: str | None = None,
+) -> None:
+    """
+    What :func:`admit` decides from a call's headers alone, taking nothing
+    (no rate, no slot, no use of a link): the credential, the endpoint
+    switched on, its scopes.  A door that admits a call only once its body
+    is in asks this at the head, so that a caller who would be refused
+    cannot make the daemon read, hold or spool a body first, as the HTTP
+    door refuses such a caller before its body.
+
+    :raises ApiError: the refusal :func:`admit` would make.
+    """
+    rule = context.policy.rules[endpoint.id]
+    identity = NOBODY
+    if endpoint.auth_required:
+        identity = identify(
+            context, headers, consume=False, unauthenticated_as=unauthenticated_as
+        )
+    if not rule.enabled:
+        raise _disabled(endpoint, rule)
+    if endpoint.auth_required:
+        lacking = lacking_scope(identity, rule, {})
+        if lacking is not None:
+            raise missing_scope(
+                endpoint.id, lacking, rule.source("scopes") or "endpoint:" + endpoint.id
+            )
+
+
 def release(context: Context, passed: Passed) -> None:
     """Give back the concurrency slot a call held (idempotent)."""
     if passed.slot:
@@ -586,6 +619,7 @@ __all__ = [
     "Refused",
     "admit",
     "audit",
+    "check_head",
     "check_origin_and_host",
     "host_name",
     "identify",

@@ -76,7 +76,7 @@ MAX_LINKS = 40
 NAME_MAX = 255
 
 
-def _name_too_long(path: str) -> bool:
+def name_too_long(path: str) -> bool:
     """Whether a component of ``path`` is longer than any file system takes."""
     for part in path.split("/"):
         if len(part) * 4 <= NAME_MAX:
@@ -563,7 +563,7 @@ class PathGuard:
         decision = decide(self.rule, target)
         if not decision.allowed:
             return None
-        if len(target) * 4 > NAME_MAX and _name_too_long(target):
+        if len(target) * 4 > NAME_MAX and name_too_long(target):
             return None  # refused by the walk, even where ".." cancels the name
         absolute_target = decision.target
         anchor = self._anchor_or_none(absolute_target)
@@ -630,7 +630,7 @@ class PathGuard:
         """
         if not isinstance(path, str) or path == "":
             raise bad_request("'path' must be a non-empty string")
-        if len(path) * 4 > NAME_MAX and _name_too_long(path):
+        if len(path) * 4 > NAME_MAX and name_too_long(path):
             raise invalid_path(f"File name too long: {path[:200]}")
         original = path
         first = decide(self.rule, path, op)

@@ -359,14 +359,37 @@ def _check_tree(guard: PathGuard, loc: Any, mounts: bool = False) -> None:
         for name in (*dirs, *files) if protected else ():
             decision = guard.decide(f"{base}/{name}", "delete")
             if not decision.allowed:
-                # Name the tree asked for, not the protected member inside.
-                raise refusal(attrs.evolve(decision, path=loc.path))
+                raise _protected_inside(decision, loc.path)
         for name in files if shared else ():
             try:
                 st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             guard.refuse_shared(st, loc.path)
+
+
+#: What a tree holds that the policy protects, by the refusal's code.
+_PROTECTED_INSIDE = {
+    Code.PATH_DENIED: "a path the policy denies",
+    Code.READ_ONLY: "a read-only path",
+}
+
+
+def _protected_inside(decision: Any, tree: str) -> ApiError:
+    """
+    The refusal of a tree for what it holds: it names the tree and says
+    that something inside is protected (with the code and rule of that
+    decision), since the tree itself may well be readable and writable;
+    the member is not named, as the caller may not see it.
+    """
+    what = _PROTECTED_INSIDE.get(decision.code, "a path the policy protects")
+    if decision.code == Code.INVALID_PATH:
+        return refusal(attrs.evolve(decision, path=tree))
+    return forbidden(
+        f"{tree} holds {what}, so the tree is left as it is",
+        decision.code or Code.PATH_NOT_ALLOWED,
+        rule=decision.rule,
+    )
 
 
 def _tree_mount(loc: Any) -> tuple[int, int | None]:

@@ -83,11 +83,14 @@ from sandboxd.policy.defaults import (
     HEADER_DEADLINE_SECONDS,
     KEP_DEADLINE_SLACK_SECONDS,
     KEP_IDLE_TIMEOUT_SECONDS,
+    KEP_MAX_BUFFERED_REQUEST_BYTES,
+    KEP_MAX_BUFFERED_REQUEST_BYTES_TOTAL,
     KEP_MAX_CONCURRENT_CALLS,
     KEP_MAX_CONCURRENT_STREAMS,
     KEP_MAX_CONNECTIONS,
     KEP_MAX_HEADER_LIST_BYTES,
     KEP_MAX_MESSAGE_BYTES,
+    KEP_MAX_STATUS_MESSAGE_BYTES,
     KEP_MAX_UNREAD_CONTROL_BYTES,
     KEP_STOP_GRACE_SECONDS,
     KEP_STREAM_HIGH_WATER_BYTES,
@@ -100,10 +103,12 @@ __all__ = [
     "EndReason",
     "GrpcError",
     "GrpcFactory",
+    "HeadCheck",
     "Method",
     "Status",
     "parse_timeout",
     "percent_encode",
+    "status_message",
 ]
 
 log = Logger(namespace="sandboxd.kep")
@@ -179,6 +184,10 @@ class GrpcError(Exception):
 #: or a Deferred of either out.
 Handler = Callable[["Call", dict[str, Any]], object]
 
+#: :attr:`GrpcFactory.check_head`: the method, the request's headers and
+#: the peer in; a refusal, or None.
+HeadCheck = Callable[["Method", dict[bytes, list[bytes]], str], "GrpcError | None"]
+
 
 @attrs.frozen
 class Method:
@@ -216,6 +225,34 @@ def percent_encode(message: str) -> str:
     return "".join(out)
 
 
+#: How a cut ``grpc-message`` ends: an ellipsis, percent-encoded.
+_ELLIPSIS = percent_encode("\u2026")
+
+
+def status_message(message: str, limit: int = KEP_MAX_STATUS_MESSAGE_BYTES) -> bytes:
+    """
+    ``grpc-message``'s value, percent-encoded (:func:`percent_encode`), at
+    most ``limit`` bytes (cut between characters, an ellipsis after).  A
+    refusal may quote what the caller sent, and h2 codes header blocks on
+    the reactor in time that grows faster than their size, so an unbounded
+    message would stall every connection of the daemon.
+    """
+    # Each character is at least one byte: what is past the limit goes first.
+    encoded = percent_encode(message[: limit + 1])
+    if len(encoded) <= limit and len(message) <= limit:
+        return encoded.encode("ascii")
+    budget = limit - len(_ELLIPSIS)
+    pieces: list[str] = []
+    for char in message:
+        # A character at a time: a cut never splits an escape or a character.
+        piece = percent_encode(char)
+        budget -= len(piece)
+        if budget < 0:
+            break
+        pieces.append(piece)
+    return ("".join(pieces) + _ELLIPSIS).encode("ascii")
+
+
 def parse_timeout(value: bytes) -> float:
     """
     ``grpc-timeout`` in seconds: at most eight digits and a unit among
@@ -242,6 +279,9 @@ def _clean_trailers(trailers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
                 "kep: trailer {name!r} dropped: not a plain ASCII trailer", name=name
             )
             continue
+        if len(value) > KEP_MAX_STATUS_MESSAGE_BYTES:
+            # Bounded as grpc-message is (the value may echo a caller's).
+            value = value[: KEP_MAX_STATUS_MESSAGE_BYTES - 3] + "..."
         out.append((name.encode("ascii"), value.encode("ascii")))
     return out
 
@@ -352,7 +392,7 @@ class Call:
             return
         fields = [(b"grpc-status", b"%d" % int(status))]
         if message:
-            fields.append((b"grpc-message", percent_encode(message).encode("ascii")))
+            fields.append((b"grpc-message", status_message(message)))
         fields.extend(_clean_trailers(trailers or {}))
         self._close()
         if not self._headers_sent:
@@ -478,6 +518,8 @@ class _Connection(Protocol):
         self._calls: dict[int, Call] = {}
         #: Streams being read: the request bytes so far (prefix included).
         self._reading: dict[int, _Request] = {}
+        #: Request bytes held for streams being read (the factory sums all).
+        self.buffered = 0
         self._paused = False
         #: Bytes written while the transport is paused (its client not reading).
         self._unread = 0
@@ -567,6 +609,8 @@ class _Connection(Protocol):
                 call._end("cancelled")
         self._calls.clear()
         self._reading.clear()
+        self.factory.buffered -= self.buffered
+        self.buffered = 0
         self.factory._forget(self)
 
     # -- IPushProducer, for the transport -------------------------------------
@@ -607,7 +651,7 @@ class _Connection(Protocol):
             self._request_ended(event.stream_id)
         elif isinstance(event, StreamReset):
             assert event.stream_id is not None
-            self._reading.pop(event.stream_id, None)
+            self._take(event.stream_id)
             call = self._calls.pop(event.stream_id, None)
             if call is not None and not call.finished:
                 call._reset_by_client()
@@ -728,6 +772,21 @@ class _Connection(Protocol):
                 headers=headers,
             )
             return
+        check = self.factory.check_head
+        refused = check(method, headers, self.peer) if check is not None else None
+        if refused is not None:
+            # Before any of the body: a caller the door would refuse makes
+            # it hold nothing (the hook has written the refusal's audit).
+            fields = [
+                (b"grpc-status", b"%d" % refused.status),
+                (b"grpc-message", status_message(refused.message)),
+                *_clean_trailers(refused.trailers),
+            ]
+            self._trailers_only(stream_id, 200, fields)
+            if not ended:
+                self._reset_stream(stream_id, ErrorCodes.NO_ERROR)
+            self._check_idle()
+            return
         call = Call(self, stream_id, method, headers, self.peer, deadline)
         self._calls[stream_id] = call
         self._reading[stream_id] = _Request()
@@ -751,6 +810,8 @@ class _Connection(Protocol):
             return
         call.bytes_in += len(data)
         request.body += data
+        self.buffered += len(data)
+        self.factory.buffered += len(data)
         if request.length is None and len(request.body) >= _PREFIX:
             flag = request.body[0]
             length = int.from_bytes(request.body[1:_PREFIX], "big")
@@ -780,9 +841,29 @@ class _Connection(Protocol):
                 Status.INVALID_ARGUMENT,
                 f"more than one request message for {call.method.path}",
             )
+            return
+        factory = self.factory
+        if (
+            self.buffered > factory.max_buffered_bytes
+            or factory.buffered > factory.max_buffered_bytes_total
+        ):
+            self._refuse(
+                call,
+                Status.RESOURCE_EXHAUSTED,
+                "too many request bytes are waiting for their messages to end "
+                "(on this connection or the port); try again",
+            )
+
+    def _take(self, stream_id: int) -> _Request | None:
+        """Stop reading a stream's request; its bytes no longer count."""
+        request = self._reading.pop(stream_id, None)
+        if request is not None:
+            self.buffered -= len(request.body)
+            self.factory.buffered -= len(request.body)
+        return request
 
     def _request_ended(self, stream_id: int) -> None:
-        request = self._reading.pop(stream_id, None)
+        request = self._take(stream_id)
         call = self._calls.get(stream_id)
         if request is None or call is None or call.finished:
             return
@@ -915,7 +996,7 @@ class _Connection(Protocol):
     def forget(self, call: Call) -> None:
         """The call's stream is done with."""
         self._calls.pop(call.stream_id, None)
-        self._reading.pop(call.stream_id, None)
+        self._take(call.stream_id)
         self._check_idle()
 
     def _trailers_only(
@@ -963,7 +1044,7 @@ class _Connection(Protocol):
         )
         fields = [
             (b"grpc-status", b"%d" % status),
-            (b"grpc-message", percent_encode(message).encode("ascii")),
+            (b"grpc-message", status_message(message)),
             *(extra or []),
         ]
         self._trailers_only(stream_id, http_status, fields)
@@ -1139,6 +1220,13 @@ class GrpcFactory(Factory):
     :param max_unread_bytes: what may be written to a client that reads
         nothing before its connection is cut.
     :param idle_timeout: seconds a connection may have no open stream.
+    :param max_buffered_bytes: request bytes one connection may have the
+        daemon hold for messages not yet whole; a stream that passes it
+        is refused ``RESOURCE_EXHAUSTED``.
+    :param max_buffered_bytes_total: the same, all connections together.
+    :ivar check_head: asked of each call on its headers, before any of its
+        body is taken: a :class:`GrpcError` answers the call at once
+        (the hook audits it), None lets it in.
     """
 
     #: The daemon logs what its ports do itself, once, at start.
@@ -1162,7 +1250,10 @@ class GrpcFactory(Factory):
         high_water_bytes: int = KEP_STREAM_HIGH_WATER_BYTES,
         max_queued_bytes: int = KEP_STREAM_MAX_QUEUED_BYTES,
         max_unread_bytes: int = KEP_MAX_UNREAD_CONTROL_BYTES,
+        max_buffered_bytes: int = KEP_MAX_BUFFERED_REQUEST_BYTES,
+        max_buffered_bytes_total: int = KEP_MAX_BUFFERED_REQUEST_BYTES_TOTAL,
         on_refusal: Callable[[Refusal], None] | None = None,
+        check_head: HeadCheck | None = None,
     ) -> None:
         for path, method in methods.items():
             if path != method.path:
@@ -1181,7 +1272,12 @@ class GrpcFactory(Factory):
         self.max_queued_bytes = max(
             max_queued_bytes, max_message_bytes + high_water_bytes
         )
+        self.max_buffered_bytes = max_buffered_bytes
+        self.max_buffered_bytes_total = max_buffered_bytes_total
+        #: Request bytes held, all connections together.
+        self.buffered = 0
         self.on_refusal = on_refusal
+        self.check_head = check_head
         self.connections: set[_Connection] = set()
         self._stopping = False
         self._stopped: list[defer.Deferred[None]] = []

@@ -39,7 +39,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.access import gate
-from sandboxd.access.guard import PathGuard, os_error
+from sandboxd.access.guard import NAME_MAX, PathGuard, name_too_long, os_error
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -47,8 +47,10 @@ from sandboxd.errors import (
     directory_not_empty,
     file_not_found,
     forbidden,
+    invalid_path,
     method_not_allowed,
     payload_too_large,
+    quoted,
     unavailable,
     unmet_precondition,
 )
@@ -121,13 +123,33 @@ class KepRestDoor(PortDoor):
 
     def find(self, request: Any) -> Procedure | None:
         """A route by method and path (``HEAD`` is ``GET``'s, body left out)."""
-        method = request.method.decode("latin-1")
-        if method == "HEAD":
-            method = "GET"
-        path = request.path.decode("latin-1")
-        if path == FILES or path.startswith(FILES + "/"):
-            path = FILES
-        return self.procedures.get(f"{method} {path}")
+        return self._route(request.method, request.path)
+
+    def _route(self, method: bytes, path: bytes) -> Procedure | None:
+        verb = method.decode("latin-1")
+        if verb == "HEAD":
+            verb = "GET"
+        where = path.decode("latin-1")
+        if where == FILES or where.startswith(FILES + "/"):
+            where = FILES
+        return self.procedures.get(f"{verb} {where}")
+
+    def check_head(
+        self, method: bytes, path: bytes, headers: dict[bytes, list[bytes]]
+    ) -> ApiError | None:
+        """
+        The credential, and the scopes of the door and of the endpoint a
+        route is governed as (when the route names one), from the head: a
+        body is neither read nor spooled for a caller who would be refused.
+        A route that needs no credential (health) is left to its call.
+        """
+        procedure = self._route(method, path)
+        endpoints = [access.ENDPOINT]
+        if procedure is not None and isinstance(procedure.endpoint, str):
+            if not self.context.table.get(procedure.endpoint).auth_required:
+                return None
+            endpoints.append(procedure.endpoint)
+        return access.check_head(self.context, endpoints, headers)
 
     def unknown(self, request: Any) -> Procedure:
         """404 for a path the protocol has not, 501 for a method it has not."""
@@ -159,13 +181,15 @@ class KepRestDoor(PortDoor):
 
     # -- paths ------------------------------------------------------------------
 
-    def target(self, call: Call) -> tuple[str, str]:
+    def target(self, call: Call, follow: bool = True) -> tuple[str, str]:
         """
         The request's ``{path}``: as given (decoded), and as an absolute
         path below the root.
 
+        :param follow: a link in the last component is followed (reads,
+            writes); without it the link itself is the entry (deletes).
         :raises ApiError: 400 for a path that is not UTF-8 or holds NUL;
-            403 for one that leaves the root.
+            403 for one that leaves the root, with ``..`` or through a link.
         """
         raw = call.request.path[len(FILES) :].lstrip(b"/")
         try:
@@ -174,10 +198,10 @@ class KepRestDoor(PortDoor):
             raise bad_request("the path is not UTF-8") from None
         if "\x00" in given:
             raise bad_request("the path holds a NUL byte", Code.INVALID_PATH)
-        return given, below_root(self.root, given)
+        return given, below_root(self.root, given, follow=follow)
 
 
-def below_root(root: str, given: str) -> str:
+def below_root(root: str, given: str, *, follow: bool = True) -> str:
     """
     ``given`` as an absolute path below ``root``, as the protocol reads a
     path: relative to the root whether or not it starts with ``/``, except
@@ -185,8 +209,20 @@ def below_root(root: str, given: str) -> str:
     is cleaned first, so its ``..`` stops at ``/`` (the root), as the
     reference cleans one.
 
-    :raises ApiError: 403 for a path that leaves the root (``..``).
+    The root is a boundary for links too: the path's links are resolved
+    and what they lead to must stay under the root (a ``--kep-root`` below
+    the base directory is not left through a link the path guard, whose
+    boundary is the base directory, would follow).  The path returned is
+    the lexical one: the guard resolves it again, with every rule.
+
+    :param follow: resolve a link in the last component too (with it off,
+        the link itself is what the path names: a delete).
+    :raises ApiError: 400 for a name longer than any file system takes
+        (before it is quoted anywhere: it is cut in the message); 403 for
+        a path that leaves the root, with ``..`` or through a link.
     """
+    if len(given) * 4 > NAME_MAX and name_too_long(given):
+        raise invalid_path(f"File name too long: {quoted(given)}")
     if given.startswith("/"):
         # normpath keeps a leading "//"; one "/" is what the root is compared to.
         clean = "/" + posixpath.normpath(given).lstrip("/")
@@ -194,14 +230,39 @@ def below_root(root: str, given: str) -> str:
         if clean == root or clean.startswith(root.rstrip("/") + "/"):
             given = clean[len(root) :]
     joined = posixpath.normpath(posixpath.join(root, given.lstrip("/")))
-    inside = root == "/" or joined == root
-    if not inside and not joined.startswith(root + "/"):
+    if not _under(joined, root):
         raise forbidden(
             "path traversal outside the sandbox root is forbidden",
             Code.PATH_NOT_ALLOWED,
             rule="kep:root",
         )
+    if joined != root and not leads_under(joined, root, follow=follow):
+        raise forbidden(
+            "the path leads out of the sandbox root through a symbolic link",
+            Code.PATH_NOT_ALLOWED,
+            rule="kep:root",
+        )
     return joined
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+def leads_under(path: str, root: str, *, follow: bool = True) -> bool:
+    """
+    Whether ``path`` (absolute, lexically under ``root``) is still under the
+    root with its links resolved (a missing part taken as it is named).
+
+    :param follow: resolve a link in the last component too.
+    """
+    real_root = os.path.realpath(root)
+    if follow:
+        real = os.path.realpath(path)
+    else:
+        parent, name = posixpath.split(path)
+        real = posixpath.join(os.path.realpath(parent), name)
+    return _under(real, real_root)
 
 
 def _json(value: Any) -> bytes:
@@ -364,6 +425,7 @@ def listing(call: Call, given: str, path: str) -> Deferred[Any]:
         request.rule.limits.max_entries or ENDPOINT_LIMITS["files_list"]["max_entries"]
     )
     shown = given if given.startswith("/") else "/" + given
+    door_root = _door(call).root
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
 
     def job() -> tuple[dict[str, Any], bool]:
@@ -379,6 +441,8 @@ def listing(call: Call, given: str, path: str) -> Deferred[Any]:
                         st = os.stat(name, dir_fd=fd)
                     except OSError:
                         continue  # broken
+                    if not leads_under(full, door_root):
+                        continue  # out of the door's root
                 if len(entries) >= cap:
                     truncated = True
                     break
@@ -506,7 +570,7 @@ def remove(call: Call, _: Any) -> Deferred[Any]:
         recursive, malformed = _recursive(call), None
     except ApiError as e:
         recursive, malformed = False, e
-    given, path = _door(call).target(call)
+    given, path = _door(call).target(call, follow=False)
     door = _door(call)
     request = call.server_request(query={"path": path})
     guard = PathGuard.for_request(request)

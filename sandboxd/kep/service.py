@@ -79,6 +79,7 @@ class KepService(PolicyListener):
 
             # A new factory each time: a stopped one refuses every connection.
             factory = self._grpc_factory = grpc_factory(self.context)
+            factory.check_head = access.grpc_head_check(self.context)
         if factory is None:
             listening: Deferred[Any] = rest.listen(site)
             return listening

@@ -993,6 +993,11 @@ V1_ARTIFACTS_PER_TURN = 100
 V1_ARTIFACTS_KEPT = 1000
 V1_ARTIFACTS_KEPT_BYTES = 256 * MIB
 
+# -- error messages (sandboxd.errors) --------------------------------------------
+#: Characters of a caller's value an error message quotes; a longer value is
+#: cut, with an ellipsis and its length (:func:`sandboxd.errors.quoted`).
+QUOTED_VALUE_CHARS = 200
+
 # -- the agent-sandbox door's gRPC transport (sandboxd.kep.grpc) -------------
 #: The largest request message, and the largest response the door sends
 #: (grpc-go's and grpcio's default receive limit).
@@ -1007,6 +1012,11 @@ KEP_MAX_CONCURRENT_CALLS = 200
 #: refused, rather than waiting unseen in the client for a free stream
 #: until its deadline.
 KEP_MAX_CONCURRENT_STREAMS = 256
+#: Request bytes held for messages not yet whole, on one connection and on
+#: the port: a stream that passes either is refused RESOURCE_EXHAUSTED (so
+#: streams that never end cannot pile up messages of the size above).
+KEP_MAX_BUFFERED_REQUEST_BYTES = 16 * MIB
+KEP_MAX_BUFFERED_REQUEST_BYTES_TOTAL = 64 * MIB
 #: Connections open at once; a connection over it is closed as it opens.
 KEP_MAX_CONNECTIONS = 256
 #: A connection with no open stream for this long is sent GOAWAY and closed.
@@ -1034,6 +1044,11 @@ KEP_START_DRAIN_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1
+#: The longest ``grpc-message`` (percent-encoded) and trailer value a call
+#: ends with; a longer message is cut with an ellipsis.  h2 Huffman-codes
+#: header blocks on the reactor, in time that grows faster than their
+#: size, and gRPC clients refuse metadata past 16 KiB anyway.
+KEP_MAX_STATUS_MESSAGE_BYTES = 1 * KIB
 
 # -- traces (sandboxd.access.tracing, sandboxd.access.otlp) --------------------
 #: OpenTelemetry's batch defaults, each overridden by its ``OTEL_BSP_*``

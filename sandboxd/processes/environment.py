@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sandboxd.access.audit import audit_argv
-from sandboxd.errors import Code, bad_request, forbidden
+from sandboxd.errors import Code, bad_request, forbidden, quoted
 from sandboxd.policy.defaults import (
     ARG_STRING_MAX_BYTES,
 )
@@ -166,7 +166,7 @@ def refuse_secret_variables(context: Any, extra: Mapping[str, str]) -> None:
     for name in extra:
         if name in secrets or name.startswith(_SECRET_PREFIXES):
             raise forbidden(
-                f"the variable {name!r} holds the daemon's secret and cannot be set",
+                f"the variable {quoted(name)} holds the daemon's secret and cannot be set",
                 Code.PROTECTED_VARIABLE,
                 rule="policy:auth.tokens",
                 variable=name,
@@ -232,11 +232,11 @@ def validate_env(value: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
-            raise bad_request(f"invalid environment name {k!r}")
+            raise bad_request(f"invalid environment name {quoted(k)}")
         if not isinstance(v, str) or "\x00" in v:
             # Strings only, as the schema says: a number would be a guess
             # at its spelling (1.0 or 1?).
-            raise bad_request(f"the value of {k!r} must be a string")
+            raise bad_request(f"the value of {quoted(k)} must be a string")
         entry = len(os.fsencode(k)) + len(os.fsencode(v)) + 2  # '=' and NUL
         if entry > ARG_STRING_MAX_BYTES:
             raise bad_request(

@@ -51,6 +51,7 @@ from sandboxd.errors import (
     not_json,
     payload_too_large,
 )
+from sandboxd.policy.defaults import DRAIN_LIMIT_BYTES
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
 from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
@@ -123,10 +124,21 @@ class DoorRequest(Request):
         path = getattr(self.channel, "_path", b"") or b""
         self._cap = site.body_cap(path)
         super().gotLength(length)
+        door = site.port_door
         if length is not None and length > self._cap:
             self.too_big = self._cap
             self.answered_early = True
-            site.port_door.refuse_early(self, payload_too_large(self._cap))
+            door.refuse_early(self, payload_too_large(self._cap))
+            return
+        if length is not None and length <= DRAIN_LIMIT_BYTES:
+            # Small enough to read: refused in full once it is in, as the
+            # HTTP door drains such a body.
+            return
+        command = getattr(self.channel, "_command", b"") or b""
+        error = door.check_head(command, path.split(b"?", 1)[0], raw_headers(self))
+        if error is not None:
+            self.answered_early = True
+            door.refuse_early(self, error)
 
     def process(self) -> None:
         """Run the door, unless the request was answered at its head."""
@@ -138,7 +150,7 @@ class DoorRequest(Request):
         One chunk of the body; past the cap, or once the disk has no room
         for it, the rest is dropped, not kept.
         """
-        if self.too_big is not None or self.no_space:
+        if self.too_big is not None or self.no_space or self.answered_early:
             return
         self._received += len(data)
         if self._received > self._cap:
@@ -545,6 +557,17 @@ class PortDoor:
         headers besides ``error.headers``.
         """
         raise NotImplementedError
+
+    def check_head(
+        self, method: bytes, path: bytes, headers: dict[bytes, list[bytes]]
+    ) -> ApiError | None:
+        """
+        The refusal a request would get from its head alone (a credential
+        the gate refuses), asked before a body bigger than the HTTP door
+        drains is read: such a request is answered at once and its body
+        dropped.  None: read it (the default).
+        """
+        return None
 
     def prepare(self, call: Call) -> None:
         """Checks of the request before anything is admitted or read."""

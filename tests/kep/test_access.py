@@ -67,3 +67,32 @@ class AdmitTests(SynchronousTestCase):
         endpoint = context.table.get("files_read_raw")
         refused = self.assertRaises(gate.Refused, gate.admit, context, endpoint, {})
         self.assertEqual(refused.error.status, 401)
+
+
+class WarningTests(SynchronousTestCase):
+    """The start and reload warning about ``unauthenticated_as``."""
+
+    def test_warning_is_whole(self) -> None:
+        """It names the token and ends with what to do, as a whole sentence."""
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        policy = {
+            **POLICY,
+            "endpoints": {"kep": {"params": {"unauthenticated_as": "agent"}}},
+        }
+        access.warn_if_unauthenticated(memory_context(policy=policy, environ=ENV))
+        said = [
+            formatEvent(e) for e in events if e.get("log_namespace") == "sandboxd.kep"
+        ]
+        self.assertEqual(len(said), 1, said)
+        self.assertIn("acts as the token 'agent'", said[0])
+        self.assertTrue(
+            said[0].endswith(
+                "whoever can reach those ports can act as it, so keep that token "
+                "narrow and the ports reachable only by whom you mean"
+            ),
+            said[0],
+        )

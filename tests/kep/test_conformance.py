@@ -689,6 +689,62 @@ class ProcessConformance(ConformanceCase, ProcessCase):
         )
 
     @inlineCallbacks
+    def test_reflection_not_served(self) -> Any:
+        """
+        gRPC server reflection is not served (``UNIMPLEMENTED``, in both of
+        its versions), where the reference serves it; the descriptor set
+        the door's page writes for ``grpcurl -protoset`` describes the
+        service the port serves, method by method.
+        """
+        import grpc
+        from google.protobuf import descriptor_pb2
+
+        from sandboxd.kep import schema
+
+        def reflect(path: str) -> str:
+            with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+                call = channel.unary_unary(path)
+                try:
+                    call(b"", timeout=10)
+                except grpc.RpcError as e:
+                    return str(e.code().name)
+            return "OK"
+
+        for version in ("v1", "v1alpha"):
+            path = f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo"
+            code = yield self.blocking(reflect, path)
+            self.assertEqual(code, "UNIMPLEMENTED", path)
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "..", "..", "docs", "kep.md")) as f:
+            page = f.read()
+        section = page.split("\n## With grpcurl\n", 1)[1]
+        recipe = section.split("```python\n", 1)[1].split("```", 1)[0]
+        written = os.path.abspath(self.mktemp())
+        exec(recipe.replace('"process.protoset"', repr(written)), {})
+        with open(written, "rb") as f:
+            files = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+        services = [
+            (f"{f.package}.{service.name}", service)
+            for f in files.file
+            for service in f.service
+        ]
+        self.assertEqual([name for name, _ in services], [schema.SERVICE])
+        described = [
+            (m.name, m.server_streaming, m.input_type, m.output_type)
+            for m in services[0][1].method
+        ]
+        served = [
+            (
+                rpc.name,
+                rpc.server_streaming,
+                "." + rpc.request.name,
+                "." + rpc.response.name,
+            )
+            for rpc in schema.RPCS
+        ]
+        self.assertEqual(described, served)
+
+    @inlineCallbacks
     def test_ids_are_pids(self) -> Any:
         """
         The init's id is the process's own pid.  Differs on purpose: the

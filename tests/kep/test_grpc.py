@@ -12,11 +12,18 @@ from typing import Any
 from twisted.internet import defer, reactor
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import implementer
 
 from sandboxd.kep import schema
-from sandboxd.kep.grpc import Call, GrpcError, GrpcFactory, Method, Status
+from sandboxd.kep.grpc import (
+    Call,
+    GrpcError,
+    GrpcFactory,
+    Method,
+    Status,
+    status_message,
+)
 from sandboxd.proto3 import Kind, decode, encode, field, message
 
 try:
@@ -343,3 +350,26 @@ class GrpcioTests(TestCase):
         self.assertEqual(len(self.factory.connections), 1)
         yield self.factory.stop(5.0)
         self.assertEqual(self.factory.connections, set())
+
+
+class StatusMessageTests(SynchronousTestCase):
+    """``grpc-message`` is bounded, cut between characters, as clients decode it."""
+
+    def test_short_message_whole(self) -> None:
+        """A short message is percent-encoded whole."""
+        self.assertEqual(status_message("100% \u00e9"), b"100%25 %C3%A9")
+
+    def test_long_message_cut(self) -> None:
+        """
+        A long one is at most the bound, ends with an encoded ellipsis, and
+        decodes as UTF-8 (no character split by the cut).
+        """
+        from urllib.parse import unquote_to_bytes
+
+        for text in ("\u00e9" * 100000, "a" * 5000, "\u20ac" * 2000):
+            encoded = status_message(text, 1024)
+            self.assertLessEqual(len(encoded), 1024)
+            self.assertTrue(encoded.endswith(b"%E2%80%A6"))
+            decoded = unquote_to_bytes(encoded).decode("utf-8")
+            self.assertTrue(text.startswith(decoded[:-1]))
+            self.assertGreater(len(encoded), 1000)

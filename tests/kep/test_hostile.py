@@ -748,6 +748,75 @@ class GrpcWireTests(GrpcCase):
         self.assertLess(self.buffered(), 4 * 1024 * 1024)
 
 
+class GrpcEchoTests(GrpcCase):
+    """
+    Refusals that quote what the caller sent: a long ``cwd`` or variable
+    name is refused at once with a short ``grpc-message``, and the daemon
+    keeps answering meanwhile (an unbounded message was Huffman-coded on
+    the reactor for seconds to minutes, freezing every port).
+    """
+
+    timeout = 240
+
+    def execute(self, **config: Any) -> Any:
+        """Execute ``pwd`` with ``config``; /v1/health asked while it runs."""
+        import grpc
+        from k8s_agent_sandbox.commands._process_stubs import process_pb2_grpc
+
+        def run() -> tuple[str, str, float, int, float]:
+            with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+                stub = process_pb2_grpc.ProcessServiceStub(channel)
+                message = pb().ExecuteRequest(
+                    config=pb().ProcessConfig(command=["pwd"], **config)
+                )
+                began = time.monotonic()
+                future = stub.Execute.future(message, timeout=120)
+                time.sleep(0.3)
+                asked = time.monotonic()
+                health = raw_http(self.rest_port, get(b"/v1/health"), 120.0)
+                health_took = time.monotonic() - asked
+                error = future.exception()
+                took = time.monotonic() - began
+                assert error is not None
+                return (
+                    error.code().name,
+                    error.details() or "",
+                    took,
+                    status(health),
+                    health_took,
+                )
+
+        return self.blocking(run)
+
+    @inlineCallbacks
+    def test_long_values_are_cut(self) -> Any:
+        """
+        ``cwd`` of 60 000 characters: INVALID_ARGUMENT (a name no file
+        system takes); a missing ``cwd`` of 150 000 characters: refused;
+        a variable name of 60 000 characters with ``=``: INVALID_ARGUMENT.
+        Each ``grpc-message`` is at most 1 KiB, an ellipsis where it was
+        cut; ``/v1/health`` answers while the call is refused.
+        """
+        from sandboxd.policy.defaults import KEP_MAX_STATUS_MESSAGE_BYTES
+
+        cases = [
+            ({"cwd": "\u00e9" * 60000}, {"INVALID_ARGUMENT"}),
+            ({"cwd": "nope/" * 30000}, {"INVALID_ARGUMENT", "NOT_FOUND"}),
+            ({"env_vars": {"BAD=" + "\u00e9" * 60000: "x"}}, {"INVALID_ARGUMENT"}),
+        ]
+        for config, wanted in cases:
+            code, message, took, health, health_took = yield self.execute(**config)
+            what = list(config)
+            self.assertIn(code, wanted, (what, message[:300]))
+            self.assertLessEqual(
+                len(message.encode()), KEP_MAX_STATUS_MESSAGE_BYTES, what
+            )
+            self.assertIn("\u2026", message, what)  # cut, and says so
+            self.assertEqual(health, 200, what)
+            self.assertLess(health_took, 2.0, what)
+            self.assertLess(took, 5.0, what)
+
+
 class GrpcProcessTests(GrpcCase):
     """Processes through the door: never read, cancelled by the hundred, refused."""
 
@@ -997,3 +1066,286 @@ class GrpcOtherIdentityTests(GrpcCase):
             self.assertEqual(fields.get(b"grpc-status"), expected, (path, fields))
         self.assertFalse(alice.ended(sid))
         os.kill(pid, 0)
+
+
+def pump(client: H2Client, stream_id: int, data: bytes) -> bool:
+    """Send ``data`` on a stream as its windows allow; False once it ended."""
+    from h2.exceptions import StreamClosedError
+
+    view = memoryview(data)
+    while view:
+        if client.ended(stream_id) or client.closed:
+            return False
+        try:
+            window = client.h2.local_flow_control_window(stream_id)
+        except StreamClosedError:
+            return False
+        if window <= 0:
+            client.read(
+                lambda c: (
+                    c.ended(stream_id) or c.h2.local_flow_control_window(stream_id) > 0
+                ),
+                5,
+            )
+            continue
+        size = min(window, client.h2.max_outbound_frame_size, len(view))
+        client.h2.send_data(stream_id, bytes(view[:size]))
+        client.flush()
+        view = view[size:]
+    return True
+
+
+class PreAuthTests(GrpcCase):
+    """
+    A caller the door would refuse is answered on its request's head, on
+    both ports, as the HTTP port answers 401 before a body: the daemon
+    neither reads, holds nor spools its body; and what a connection's
+    unfinished messages make the daemon hold is bounded.
+    """
+
+    audit = True
+    extra_policy = {
+        "auth": {
+            "tokens": [
+                {"id": "ops", "token_env": "T_OPS", "scopes": ["*"]},
+                {"id": "reader", "token_env": "T_READER", "scopes": ["files:read"]},
+            ]
+        }
+    }
+    environ = {"T_OPS": "ops-secret", "T_READER": "reader-secret"}
+
+    def head_only(self, head: bytes, seconds: float = 5.0) -> Any:
+        """Send a request's head alone; what comes back before ``seconds``."""
+
+        def call() -> bytes:
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as s:
+                s.settimeout(seconds)
+                s.sendall(head)
+                try:
+                    return s.recv(4096)
+                except TimeoutError:
+                    return b""
+
+        return self.blocking(call)
+
+    @inlineCallbacks
+    def test_rest_refused_on_its_head(self) -> Any:
+        """
+        A PUT announcing 50 MB, or a chunked one, with a wrong token, none,
+        or a token without ``files:write``: 401 or 403 before any of its
+        body is sent, audited, nothing written; with the right token the
+        daemon waits for the body.
+        """
+        put = (
+            b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n%s"
+            b"Content-Length: 50000000\r\n\r\n"
+        )
+        cases = [
+            (put % b"Authorization: Bearer wrong\r\n", 401, "UNAUTHENTICATED"),
+            (put % b"", 401, "UNAUTHENTICATED"),
+            (put % b"X-Access-Token: reader-secret\r\n", 403, "PERMISSION_DENIED"),
+            (
+                b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Authorization: Bearer wrong\r\nTransfer-Encoding: chunked\r\n\r\n",
+                401,
+                "UNAUTHENTICATED",
+            ),
+        ]
+        for head, wanted, code in cases:
+            answer = yield self.head_only(head)
+            self.assertEqual(status(answer), wanted, (head, answer[:300]))
+            self.assertEqual(body_json(answer)["code"], code, answer)
+        answer = yield self.head_only(
+            put % b"Authorization: Bearer ops-secret\r\n", seconds=1.0
+        )
+        self.assertEqual(answer, b"")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "big")))
+        refused = [
+            (r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("path") == "/v1/files/big"
+        ]
+        unauthorized = (401, "unauthorized")
+        self.assertEqual(
+            refused,
+            [unauthorized, unauthorized, (403, "missing_scope"), unauthorized],
+        )
+
+    @inlineCallbacks
+    def test_grpc_refused_on_its_headers(self) -> Any:
+        """
+        A stream whose headers carry a wrong token (or none) is answered
+        UNAUTHENTICATED before it sends its message, and audited.
+        """
+
+        def call(token: bytes | None) -> dict[bytes, bytes]:
+            client = self.h2()
+            headers = [(b"authorization", b"Bearer " + token)] if token else []
+            sid = client.request(EXECUTE, None, headers, end=False)
+            client.read(lambda c: c.ended(sid), 5)
+            return client.fields(sid)
+
+        for token in (b"wrong", None):
+            fields = yield self.blocking(call, token)
+            self.assertEqual(fields.get(b"grpc-status"), b"16", (token, fields))
+        refused = [
+            (r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("path") == EXECUTE
+        ]
+        self.assertEqual(refused, [(401, "unauthorized")] * 2)
+
+    @inlineCallbacks
+    def test_unfinished_messages_are_bounded(self) -> Any:
+        """
+        Streams that announce 4 MiB messages and never end them: once a
+        connection's unfinished messages pass the bound, the next stream
+        is refused RESOURCE_EXHAUSTED, the daemon holds no more than the
+        bound, and nothing once the client has gone.
+        """
+        from sandboxd.policy.defaults import (
+            KEP_MAX_BUFFERED_REQUEST_BYTES,
+            KEP_MAX_MESSAGE_BYTES,
+        )
+
+        auth = [(b"authorization", b"Bearer ops-secret")]
+        part = KEP_MAX_MESSAGE_BYTES - 1024
+        streams = KEP_MAX_BUFFERED_REQUEST_BYTES // part + 1
+
+        def call() -> tuple[list[bytes | None], int]:
+            client = self.h2()
+            sids = []
+            for _ in range(streams):
+                sid = client.request(EXECUTE, None, auth, end=False)
+                prefix = b"\0" + KEP_MAX_MESSAGE_BYTES.to_bytes(4, "big")
+                pump(client, sid, prefix + b"x" * part)
+                sids.append(sid)
+            client.read(lambda c: c.ended(sids[-1]), 5)
+            held = self.factory().buffered
+            client.close()
+            return [client.fields(sid).get(b"grpc-status") for sid in sids], held
+
+        answers, held = yield self.blocking(call)
+        self.assertEqual(answers[:-1], [None] * (streams - 1))
+        self.assertEqual(answers[-1], b"8")
+        self.assertLessEqual(held, KEP_MAX_BUFFERED_REQUEST_BYTES)
+        yield self.sleep(0.3)
+        self.assertEqual(self.factory().buffered, 0)
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"16", fields)
+
+
+class KepRootLinkTests(GrpcCase):
+    """
+    With ``--kep-root`` below the base directory, the KEP root is a
+    boundary for links as it is for ``..``: reads, writes, listings and
+    ``cwd`` through a link leading out of it are refused, as the path guard
+    refuses a link out of the base directory.
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        self.root = os.path.join(self.base_dir, "work")
+        os.makedirs(os.path.join(self.root, "sub"), exist_ok=True)
+        private = os.path.join(self.base_dir, "private")
+        os.makedirs(private, exist_ok=True)
+        with open(os.path.join(private, "notes.txt"), "w") as f:
+            f.write("PRIVATE DATA")
+        with open(os.path.join(self.root, "sub", "in.txt"), "w") as f:
+            f.write("inside")
+        for name, target in (
+            ("link-out", "../private"),
+            ("file-out", "../private/notes.txt"),
+            ("link-in", "sub"),
+        ):
+            if not os.path.lexists(os.path.join(self.root, name)):
+                os.symlink(target, os.path.join(self.root, name))
+        kwargs.setdefault("kep_root", self.root)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_links_out_of_the_kep_root(self) -> Any:
+        """
+        GET, PUT and ``cwd`` through a link out of the KEP root are 403
+        ``PERMISSION_DENIED`` (``kep:root``) and nothing lands outside; the
+        listing leaves those links out; links inside still work, and
+        DELETE of a link out removes the link, not what it leads to.
+        """
+        for method, path in (
+            ("GET", "/v1/files/file-out"),
+            ("GET", "/v1/files/link-out%2Fnotes.txt"),
+            ("GET", "/v1/files/link-out"),
+            ("PUT", "/v1/files/link-out%2Fplanted.txt"),
+            ("PUT", "/v1/files/file-out"),
+        ):
+            response = yield self.http(method, path, content=b"x")
+            self.assertEqual(response.status_code, 403, (method, path, response.text))
+            self.assertEqual(response.json()["code"], "PERMISSION_DENIED")
+            self.assertEqual(response.headers.get("x-sandboxd-rule"), "kep:root")
+        private = os.path.join(self.base_dir, "private")
+        self.assertEqual(os.listdir(private), ["notes.txt"])
+        with open(os.path.join(private, "notes.txt")) as f:
+            self.assertEqual(f.read(), "PRIVATE DATA")
+        listing = yield self.http("GET", "/v1/files/")
+        names = [e["name"] for e in listing.json()["entries"]]
+        self.assertEqual(names, ["link-in", "sub"])
+        inside = yield self.http("GET", "/v1/files/link-in%2Fin.txt")
+        self.assertEqual((inside.status_code, inside.content), (200, b"inside"))
+        error = yield self.blocking(
+            lambda: self.caught_execute(["pwd"], cwd="link-out")
+        )
+        self.assertEqual(error, "PERMISSION_DENIED")
+        ran = yield self.blocking(lambda: self.caught_execute(["pwd"], cwd="link-in"))
+        self.assertEqual(ran, os.path.join(self.root, "sub") + "\n")
+        response = yield self.http("DELETE", "/v1/files/file-out")
+        self.assertEqual(response.status_code, 204, response.text)
+        self.assertFalse(os.path.lexists(os.path.join(self.root, "file-out")))
+        self.assertTrue(os.path.exists(os.path.join(private, "notes.txt")))
+
+    def caught_execute(self, command: list[str], cwd: str) -> str:
+        """Execute's stdout, or the name of its refusal's status."""
+        import grpc
+        from k8s_agent_sandbox.commands._process_stubs import process_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+            stub = process_pb2_grpc.ProcessServiceStub(channel)
+            request = pb().ExecuteRequest(
+                config=pb().ProcessConfig(command=command, cwd=cwd)
+            )
+            try:
+                answer = stub.Execute(request, timeout=20)
+            except grpc.RpcError as e:
+                return str(e.code().name)
+            return str(answer.stdout.decode())
+
+
+class RestProtectedInsideTests(KepCase):
+    """A recursive DELETE refused for what a tree holds says so."""
+
+    extra_policy = {
+        "endpoints": {"files_*": {"paths": {"deny": ["**/.ssh/**", "**/secret/**"]}}}
+    }
+
+    @inlineCallbacks
+    def test_delete_tree_holding_protected_paths(self) -> Any:
+        """
+        ``proj`` holds ``.ssh/id_rsa``: its recursive DELETE is 403 and
+        says ``proj`` holds a protected path (not that ``proj`` is denied,
+        which reading and writing in it show it is not), without naming
+        what; nothing is removed.
+        """
+        proj = os.path.join(self.base_dir, "proj")
+        os.makedirs(os.path.join(proj, ".ssh"))
+        with open(os.path.join(proj, ".ssh", "id_rsa"), "w") as f:
+            f.write("key")
+        response = yield self.http("PUT", "/v1/files/proj%2Fmain.py", content=b"x")
+        self.assertEqual(response.status_code, 204, response.text)
+        response = yield self.http(
+            "DELETE", "/v1/files/proj", params={"recursive": "true"}
+        )
+        self.assertEqual(response.status_code, 403, response.text)
+        message = response.json()["message"]
+        self.assertIn("proj holds a path the policy denies", message)
+        self.assertNotIn("is denied", message)
+        self.assertNotIn(".ssh", message)
+        self.assertTrue(os.path.exists(os.path.join(proj, "main.py")))
+        self.assertTrue(os.path.exists(os.path.join(proj, ".ssh", "id_rsa")))

@@ -489,6 +489,11 @@ class ProtectedInsideTreeTests(DaemonTestCase):
         reply = yield self.request("DELETE", "/files?path=repo")
         self.assertEqual((reply.status, reply.json()["code"]), (403, "path_denied"))
         self.assertNotIn(".git", reply.json()["error"])
+        # The tree itself is not denied: what it holds is.
+        self.assertEqual(
+            reply.json()["error"],
+            f"{repo} holds a path the policy denies, so the tree is left as it is",
+        )
         self.assertTrue(os.path.exists(os.path.join(repo, "a.txt")))
         self.assertTrue(os.path.exists(os.path.join(repo, ".git", "config")))
         os.makedirs(os.path.join(self.base_dir, "plain", "sub"))
