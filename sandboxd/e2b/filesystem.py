@@ -120,15 +120,19 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
 
 
 def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
-    """``Move``: a rename that replaces a file, as envd's ``os.Rename`` does."""
+    """
+    ``Move``: envd's ``os.Rename``, which replaces a file or an empty
+    directory and refuses a directory that is not empty (never moves the
+    source into a directory, as ``files_move`` does).
+    """
     body = {
         "source": _path(message, "source"),
         "destination": _path(message, "destination"),
         "overwrite": True,
         "user": call.user(),
     }
-    moved: Deferred[dict[str, Any]] = file_routes.files_move(
-        call.server_request(body=body)
+    moved: Deferred[dict[str, Any]] = file_routes.move(
+        call.server_request(body=body), into=False
     )
     # A client that leaves gives up a copy to another file system, as on
     # the HTTP API: it would hold a worker thread for a move nobody hears of.

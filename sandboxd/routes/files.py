@@ -613,6 +613,14 @@ def files_delete(request: ServerRequest) -> Any:
 
 def files_move(request: ServerRequest) -> Any:
     """``POST /files/move``: rename, into a directory when the destination is one."""
+    return move(request)
+
+
+def move(request: ServerRequest, into: bool = True) -> Any:
+    """
+    ``files_move``'s work; with ``into`` false a destination that is a
+    directory is replaced as ``rename(2)`` replaces it (E2B's ``Move``).
+    """
     body = request.body
     try:
         source = required(body.get("source"), "source")
@@ -631,7 +639,7 @@ def files_move(request: ServerRequest) -> Any:
     across = _crossing_bounds(request, gone)
 
     def job() -> dict[str, str]:
-        src, dst = walk.move(guard, source, destination, allowed, across)
+        src, dst = walk.move(guard, source, destination, allowed, across, into)
         return {"source": src, "destination": dst}
 
     def refused(failure: Failure) -> Failure:

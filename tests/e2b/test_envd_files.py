@@ -66,3 +66,40 @@ class UploadRefusalTests(E2BCase):
         self.assertEqual(response.code, 400, answer)
         self.assertIn(b"a multipart part without its closing delimiter", answer)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "up")))
+
+
+class RenameTests(E2BCase):
+    """``files.rename`` is envd's ``os.Rename``: never a move into a directory."""
+
+    @inlineCallbacks
+    def test_onto_directories(self) -> Any:
+        """
+        A directory replaces an empty directory (its files are then there);
+        a non-empty directory, or a file onto a directory, is refused and
+        nothing moves.
+        """
+        base = self.base_dir
+        for d in ("src/in", "empty", "full", "other"):
+            os.makedirs(os.path.join(base, d))
+        for f in ("src/in/x.txt", "full/y.txt", "a.txt"):
+            with open(os.path.join(base, f), "w") as out:
+                out.write(f)
+
+        def job() -> Any:
+            files = self.sandbox().files
+            return (
+                files.rename("src", "empty"),
+                caught(lambda: files.rename("empty", "full")),
+                caught(lambda: files.rename("a.txt", "other")),
+            )
+
+        moved, full, onto_dir = yield self.sdk(job)
+        self.assertEqual(moved.path, os.path.join(base, "empty"))
+        with open(os.path.join(base, "empty/in/x.txt")) as f:
+            self.assertEqual(f.read(), "src/in/x.txt")
+        self.assertFalse(os.path.exists(os.path.join(base, "src")))
+        self.assertIn("Directory not empty", str(full))
+        self.assertEqual(os.listdir(os.path.join(base, "full")), ["y.txt"])
+        self.assertIn("Is a directory", str(onto_dir))
+        self.assertTrue(os.path.exists(os.path.join(base, "a.txt")))
+        self.assertEqual(os.listdir(os.path.join(base, "other")), [])
