@@ -73,6 +73,11 @@ def _path(message: dict[str, Any], name: str = "path") -> str:
     return value
 
 
+def _file(call: Call, message: dict[str, Any], name: str = "path") -> str:
+    """A path field, its leading ``~`` the call's user's home, as envd takes it."""
+    return call.expand(_path(message, name))
+
+
 def _guard(call: Call) -> PathGuard:
     """
     The mapped endpoint's guard; on a root daemon what it creates belongs
@@ -90,12 +95,12 @@ def _thread(call: Call, fn: Any, *args: Any) -> Any:
 
 def stat_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``Stat``: the entry (a link as a link, with its target)."""
-    return {"entry": describe(_guard(call), _path(message))}
+    return {"entry": describe(_guard(call), _file(call, message))}
 
 
 def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``MakeDir``: with parents; an existing directory is ``already_exists``."""
-    path = _path(message)
+    path = _file(call, message)
     guard = _guard(call)
     try:
         with guard.locate(path, "write", follow=True) as loc:
@@ -126,8 +131,8 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     source into a directory, as ``files_move`` does).
     """
     body = {
-        "source": _path(message, "source"),
-        "destination": _path(message, "destination"),
+        "source": _file(call, message, "source"),
+        "destination": _file(call, message, "destination"),
         "overwrite": True,
         "user": call.user(),
     }
@@ -163,7 +168,7 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
 def list_dir(call: Call, message: dict[str, Any]) -> Any:
     """``ListDir``: entries below the directory, to ``depth`` (0 means 1)."""
     guard = _guard(call)
-    path = string_field(message, "path") or guard.default_dir
+    path = call.expand(string_field(message, "path") or guard.default_dir)
     depth = uint_field(message, "depth", 1) or 1
     if depth > MAX_LIST_DEPTH:
         raise bad_request(f"'depth' must be at most {MAX_LIST_DEPTH}")
@@ -178,7 +183,7 @@ def list_dir(call: Call, message: dict[str, Any]) -> Any:
 def remove(call: Call, message: dict[str, Any]) -> Any:
     """``Remove``: a file, a link or a whole tree."""
     guard = _guard(call)
-    path = _path(message)
+    path = _file(call, message)
     return _thread(call, walk.delete, guard, path).addCallback(lambda _: {})
 
 
@@ -227,7 +232,7 @@ def _event_json(
 def _open_watch(call: Call, message: dict[str, Any]) -> Any:
     """A Deferred ``(root, Watch)`` for the message's directory."""
     guard = _guard(call)
-    path = _path(message)
+    path = _file(call, message)
     recursive = bool_field(message, "recursive")
     retention = call.rule.limits.max_output_bytes or MIB
     service = _watch_service(call)

@@ -103,3 +103,53 @@ class RenameTests(E2BCase):
         self.assertIn("Is a directory", str(onto_dir))
         self.assertTrue(os.path.exists(os.path.join(base, "a.txt")))
         self.assertEqual(os.listdir(os.path.join(base, "other")), [])
+
+
+class HomeTests(E2BCase):
+    """A leading ``~`` is the user's home, as envd and the shell take it."""
+
+    @inlineCallbacks
+    def test_tilde_is_the_home(self) -> Any:
+        """
+        ``~/x`` in the file calls is the same file as ``~/x`` in a command;
+        ``~name`` is refused, and a home outside the base dir is refused
+        by the path policy as any outside path is.
+        """
+        from e2b import InvalidArgumentException
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        home = os.path.join(self.base_dir, "home")
+        os.makedirs(home)
+        os.environ["HOME"] = home  # the daemon's, so its commands' too
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            files = sbx.files
+            written = files.write("~/t.txt", "tilde")
+            files.write_files([WriteEntry(path="~/m.txt", data="many")])
+            files.make_dir("~/d")
+            moved = files.rename("~/m.txt", "~/d/m.txt")
+            return (
+                written.path,
+                moved.path,
+                files.read("~/t.txt"),
+                sorted(e.name for e in files.list("~")),
+                sbx.commands.run("cat ~/t.txt ~/d/m.txt").stdout,
+                caught(lambda: files.read("~root/t.txt")),
+            )
+
+        path, moved, text, names, shell, other = yield self.sdk(job)
+        self.assertEqual(path, os.path.join(home, "t.txt"))
+        self.assertEqual(moved, os.path.join(home, "d/m.txt"))
+        self.assertEqual((text, names, shell), ("tilde", ["d", "t.txt"], "tildemany"))
+        self.assertIsInstance(other, InvalidArgumentException)
+        self.assertIn("cannot expand another user's home directory", str(other))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "~")))
+
+        os.environ["HOME"] = os.path.realpath(self.mktemp())
+        os.makedirs(os.environ["HOME"])
+        refused = yield self.sdk(
+            lambda: caught(lambda: self.sandbox().files.write("~/t.txt", "x"))
+        )
+        self.assertIn("path_not_allowed", str(refused))
+        self.assertFalse(os.path.exists(os.path.join(os.environ["HOME"], "t.txt")))
