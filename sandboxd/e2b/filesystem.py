@@ -180,11 +180,21 @@ def list_dir(call: Call, message: dict[str, Any]) -> Any:
     return _thread(call, _list, guard, path, depth, int(cap))
 
 
+def _remove(guard: PathGuard, path: str) -> None:
+    try:
+        walk.delete(guard, path)
+    except ApiError as e:
+        # envd's Remove is os.RemoveAll: what is not there is removed
+        # already (E2B code cleans up with it before a run, untried).
+        if e.status != 404 or e.code != Code.NOT_FOUND:
+            raise
+
+
 def remove(call: Call, message: dict[str, Any]) -> Any:
-    """``Remove``: a file, a link or a whole tree."""
+    """``Remove``: a file, a link or a whole tree; a missing path is no error."""
     guard = _guard(call)
     path = _file(call, message)
-    return _thread(call, walk.delete, guard, path).addCallback(lambda _: {})
+    return _thread(call, _remove, guard, path).addCallback(lambda _: {})
 
 
 # -- watching ---------------------------------------------------------------------

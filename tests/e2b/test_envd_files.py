@@ -153,3 +153,26 @@ class HomeTests(E2BCase):
         )
         self.assertIn("path_not_allowed", str(refused))
         self.assertFalse(os.path.exists(os.path.join(os.environ["HOME"], "t.txt")))
+
+
+class RemoveTests(E2BCase):
+    """``files.remove`` is envd's ``os.RemoveAll``."""
+
+    @inlineCallbacks
+    def test_missing_path_is_removed_already(self) -> Any:
+        """
+        Removing what is not there (or below a missing directory) succeeds,
+        as the SDK's own tests expect; a path outside is still refused.
+        """
+
+        def job() -> Any:
+            files = self.sandbox().files
+            return (
+                files.remove("not-there"),
+                files.remove("no/such/dir"),
+                caught(lambda: files.remove("/etc/hostname")),
+            )
+
+        gone, below, outside = yield self.sdk(job)
+        self.assertEqual((gone, below), (None, None))
+        self.assertIn("path_not_allowed", str(outside))
