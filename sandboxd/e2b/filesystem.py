@@ -147,6 +147,23 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     )
 
 
+def _listed(guard: PathGuard, full: str, st: Any) -> dict[str, Any]:
+    """
+    One listed entry, a link as ``Stat`` shows it (envd's ``ListDir`` and
+    ``Stat`` share one description): its target's type and mode, and
+    ``symlinkTarget``.  A link whose target the path rules refuse to
+    describe is shown as envd shows a broken one (type unspecified, its
+    own path as the target).
+    """
+    if not stat.S_ISLNK(st.st_mode):
+        return entry_json(full, st)
+    try:
+        with guard.locate(full, "read", follow=True) as loc:
+            return entry_json(full, st, loc.lstat(), loc.path)
+    except ApiError:
+        return entry_json(full, st)
+
+
 def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str, Any]:
     entries: list[dict[str, Any]] = []
     with guard.open_dir(path) as (fd, root):
@@ -156,12 +173,7 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
                 continue
             if len(entries) >= max_entries:
                 break
-            entry = entry_json(full, st)
-            if stat.S_ISLNK(st.st_mode):
-                entry["type"] = "FILE_TYPE_SYMLINK"
-                entry["mode"] = stat.S_IMODE(st.st_mode) & 0o777
-                entry.pop("symlinkTarget", None)
-            entries.append(entry)
+            entries.append(_listed(guard, full, st))
     return {"entries": entries}
 
 

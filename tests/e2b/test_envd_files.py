@@ -176,3 +176,45 @@ class RemoveTests(E2BCase):
         gone, below, outside = yield self.sdk(job)
         self.assertEqual((gone, below), (None, None))
         self.assertIn("path_not_allowed", str(outside))
+
+
+class ListLinkTests(E2BCase):
+    """``files.list`` shows a link as ``files.get_info`` (and envd) does."""
+
+    @inlineCallbacks
+    def test_links_listed_as_their_targets(self) -> Any:
+        """
+        A link to a file or directory lists with its target's type and
+        mode and its ``symlink_target``, the same as ``get_info``; one that
+        leaves the base dir is not listed.
+        """
+        top = os.path.join(self.base_dir, "l")
+        os.makedirs(os.path.join(top, "dir"))
+        with open(os.path.join(top, "f.txt"), "w"):
+            pass
+        os.chmod(os.path.join(top, "f.txt"), 0o640)
+        os.symlink("f.txt", os.path.join(top, "link"))
+        os.symlink("dir", os.path.join(top, "dirlink"))
+        os.symlink("/etc", os.path.join(top, "out"))
+
+        def job() -> Any:
+            files = self.sandbox().files
+            listed = {e.name: e for e in files.list("l")}
+            return listed, files.get_info("l/link"), files.get_info("l/dirlink")
+
+        listed, link_info, dirlink_info = yield self.sdk(job)
+        from e2b import FileType
+
+        for name, info, kind in (
+            ("link", link_info, FileType.FILE),
+            ("dirlink", dirlink_info, FileType.DIR),
+        ):
+            entry = listed[name]
+            self.assertEqual(entry.type, kind)
+            self.assertEqual(
+                (entry.type, entry.mode, entry.symlink_target),
+                (info.type, info.mode, info.symlink_target),
+            )
+        self.assertEqual(listed["link"].mode, 0o640)
+        self.assertEqual(listed["link"].symlink_target, os.path.join(top, "f.txt"))
+        self.assertNotIn("out", listed)  # outside: not listed at all
