@@ -325,11 +325,21 @@ class Door(PortDoor):
         return self.procedures.get(key) or self.procedures.get(_templated(key))
 
     def unknown(self, request: Any) -> Procedure:
-        """``unimplemented``, as a stream when the client asked for one."""
+        """
+        ``unimplemented``, as a stream when the client asked for one; a
+        control-plane call of E2B's cloud API that is not served is
+        refused as such, with the SDK's API key taken as the token (not
+        401 for a key the SDK sends only there).
+        """
+        from sandboxd.e2b import controlplane
+
+        name = request.path.decode("latin-1", "replace")[:200]
+        if controlplane.control_plane_path(name):
+            return controlplane.unserved_procedure(name)
         content_type = request.getHeader(b"content-type") or b""
         streaming = content_type.startswith(b"application/connect+")
         return Procedure(
-            request.path.decode("latin-1", "replace")[:200],
+            name,
             SERVER_STREAM if streaming else UNARY,
             "e2b",
             _unknown,
