@@ -43,7 +43,13 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
-from sandboxd.files.watch import Watch, WatchService, seen_as, watch_dirs
+from sandboxd.files.watch import (
+    ATTRIBUTES,
+    Watch,
+    WatchService,
+    seen_as,
+    watch_dirs,
+)
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
     E2B_WATCHER_IDLE_SECONDS,
@@ -63,7 +69,11 @@ _EVENT_TYPES = {
     "modified": "EVENT_TYPE_WRITE",
     "deleted": "EVENT_TYPE_REMOVE",
     "moved": "EVENT_TYPE_RENAME",
+    ATTRIBUTES: "EVENT_TYPE_CHMOD",
 }
+
+#: The events that describe an entry still there (envd's ``opCarriesEntry``).
+_CARRIES_ENTRY = ("EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD")
 
 
 def _path(message: dict[str, Any], name: str = "path") -> str:
@@ -242,7 +252,7 @@ def _event_json(
         # as ``\xNN`` (a lone surrogate would make the SDK refuse the
         # whole message, every event of the poll with it).
         message: dict[str, Any] = {"name": walk.display_name(name), "type": what}
-        if include_entry and what in ("EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE"):
+        if include_entry and what in _CARRIES_ENTRY:
             try:
                 message["entry"] = describe(guard, path)
             except ApiError:

@@ -48,7 +48,7 @@ from sandboxd.files.stream import (
     parse_range,
     read_all,
 )
-from sandboxd.files.watch import seed_changes, seen_as, watch_dirs
+from sandboxd.files.watch import ATTRIBUTES, seed_changes, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
@@ -972,6 +972,8 @@ def files_watch(request: ServerRequest) -> Any:
         name, the client reads the shown one.
         """
         data = event.data
+        if event.event == ATTRIBUTES:
+            return None  # the E2B door's CHMOD; not one of this stream's events
         try:
             path = seen_as(guard, data["path"])
             if "dest" in data:

@@ -7,6 +7,7 @@ what is tested): what E2B code ported unchanged meets.
 from __future__ import annotations
 
 import os
+import time
 from io import BytesIO
 from typing import Any
 
@@ -218,3 +219,42 @@ class ListLinkTests(E2BCase):
         self.assertEqual(listed["link"].mode, 0o640)
         self.assertEqual(listed["link"].symlink_target, os.path.join(top, "f.txt"))
         self.assertNotIn("out", listed)  # outside: not listed at all
+
+
+class WatchChmodTests(E2BCase):
+    """``watch_dir`` reports attribute changes as envd does (``CHMOD``)."""
+
+    @inlineCallbacks
+    def test_chmod_and_touch(self) -> Any:
+        """
+        A chmod of a watched file is one ``chmod`` event, as is a touch of
+        it (its times change); an overwrite through the door is no chmod.
+        """
+        watched = os.path.join(self.base_dir, "w")
+        os.makedirs(watched)
+        target = os.path.join(watched, "x.txt")
+        with open(target, "w") as f:
+            f.write("old")
+
+        def events_after(handle: Any, change: Any) -> list[tuple[str, str]]:
+            change()
+            seen: list[Any] = []
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                seen += handle.get_new_events()
+                time.sleep(0.1)
+            return [(e.name, e.type.value) for e in seen]
+
+        def job() -> Any:
+            files = self.sandbox().files
+            handle = files.watch_dir("w")
+            chmod = events_after(handle, lambda: os.chmod(target, 0o600))
+            touch = events_after(handle, lambda: os.utime(target, (1, 1)))
+            write = events_after(handle, lambda: files.write("w/x.txt", "new"))
+            handle.stop()
+            return chmod, touch, write
+
+        chmod, touch, write = yield self.sdk(job)
+        self.assertEqual(chmod, [("x.txt", "chmod")])
+        self.assertEqual(touch, [("x.txt", "chmod")])
+        self.assertNotIn(("x.txt", "chmod"), write)
