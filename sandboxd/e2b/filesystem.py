@@ -40,6 +40,7 @@ from sandboxd.errors import (
     internal,
     limit_exceeded,
     not_found,
+    timed_out,
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
@@ -315,7 +316,16 @@ def watch_dir(call: Call, message: dict[str, Any]) -> None:
                 watch.release()
 
         stream.on_end(stop)
-        stream.deadline(call.timeout_seconds(), stream.end)
+        seconds = call.timeout_seconds()
+        if seconds is not None:
+            # As envd's WatchDir returns the context's error at its deadline:
+            # the SDK hands on_exit a TimeoutException, telling a watch that
+            # timed out from one that was stopped.
+            expired = timed_out(
+                f"the watch's deadline passed after {seconds:g} seconds",
+                limit="Connect-Timeout-Ms",
+            )
+            stream.deadline(seconds, lambda: stream.end(expired))
         stream.send({"start": {}})
 
     def failed(failure: Any) -> None:

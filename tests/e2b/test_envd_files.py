@@ -258,3 +258,45 @@ class WatchChmodTests(E2BCase):
         self.assertEqual(chmod, [("x.txt", "chmod")])
         self.assertEqual(touch, [("x.txt", "chmod")])
         self.assertNotIn(("x.txt", "chmod"), write)
+
+
+class WatchDeadlineTests(E2BCase):
+    """A streamed ``watch_dir`` that reaches its ``timeout`` says so."""
+
+    @inlineCallbacks
+    def test_on_exit_hears_the_timeout(self) -> Any:
+        """
+        The async SDK's ``watch_dir(timeout=…)`` hands ``on_exit`` a
+        ``TimeoutException`` at the deadline, as with envd, not None (a
+        watch that was stopped).
+        """
+        os.makedirs(os.path.join(self.base_dir, "w"))
+
+        def job() -> Any:
+            import asyncio
+
+            from e2b import AsyncSandbox
+
+            async def main() -> Any:
+                sbx = await AsyncSandbox.create()
+                ended: list[Any] = []
+                await sbx.files.watch_dir(
+                    "w",
+                    on_event=lambda e: None,
+                    on_exit=lambda e=None: ended.append(e),
+                    timeout=1,
+                )
+                for _ in range(100):
+                    if ended:
+                        break
+                    await asyncio.sleep(0.05)
+                return ended
+
+            return asyncio.run(main())
+
+        from e2b import TimeoutException
+
+        ended = yield self.sdk(job)
+        self.assertEqual(len(ended), 1, ended)
+        self.assertIsInstance(ended[0], TimeoutException)
+        self.assertIn("the watch's deadline passed after 1 seconds", str(ended[0]))
