@@ -116,9 +116,14 @@ def unserved(call: Call, _: Any) -> Any:
     )
 
 
-def unserved_procedure(name: str) -> Procedure:
-    """The procedure of a control-plane call not served (the API key is the token)."""
-    return Procedure(name, REST, GOVERNED_AS, unserved, api_key=True)
+def unserved_procedure(path: str) -> Procedure | None:
+    """
+    The procedure of a control-plane call not served (the API key is the
+    token, as on the served ones), or None for a path that is not one.
+    """
+    if not control_plane_path(path):
+        return None
+    return Procedure(path, REST, GOVERNED_AS, unserved, api_key=True)
 
 
 #: What ``Sandbox.create()`` sends (E2B's ``NewSandbox``): read for its

@@ -306,6 +306,10 @@ class Door(PortDoor):
     via = gate.Door.E2B
     endpoint_id = "e2b"
     call_class = Call
+    #: The procedure of a path no procedure serves that is still answered
+    #: for what it is (E2B's control-plane calls), or None: set by the
+    #: service, since those calls' module builds on this one.
+    fallback: Callable[[str], Procedure | None] | None = None
 
     def body_cap(self, path: bytes) -> int:
         """The body cap of a request to ``path`` (uploads: ``max_bytes``)."""
@@ -331,11 +335,11 @@ class Door(PortDoor):
         refused as such, with the SDK's API key taken as the token (not
         401 for a key the SDK sends only there).
         """
-        from sandboxd.e2b import controlplane
-
         name = request.path.decode("latin-1", "replace")[:200]
-        if controlplane.control_plane_path(name):
-            return controlplane.unserved_procedure(name)
+        if self.fallback is not None:
+            found = self.fallback(name)
+            if found is not None:
+                return found
         content_type = request.getHeader(b"content-type") or b""
         streaming = content_type.startswith(b"application/connect+")
         return Procedure(
