@@ -14,6 +14,14 @@ token: it is checked as one (governed as ``capabilities``, which every
 identity may call), and the answer hands the same token back, so the SDK
 authenticates every envd call with it.  Nothing is created or ended: the
 sandbox is the machine sandboxd runs on.
+
+``set_timeout`` (``POST /sandboxes/ID/timeout``) is answered 204 and
+changes nothing, as ``kill()``: the machine has no timeout to set (the
+SDK's debug mode skips the call too).  Every other control-plane call
+(``get_info``, ``Sandbox.list``, snapshots, templates, ...) is refused as
+what it is, with the API key taken as the token as on the calls above:
+404 for a sandbox other than this one, 501 for a call this port does not
+serve, never a 401 that would send the user to check a valid key.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any
 
 from sandboxd.api.fields import F
 from sandboxd.e2b.door import REST, Call, Procedure
+from sandboxd.errors import not_found, unsupported
 
 #: The id every answer gives the one sandbox.
 SANDBOX_ID = "sandboxd"
@@ -65,6 +74,58 @@ def kill(call: Call, _: Any) -> int:
     return 204
 
 
+def set_timeout(call: Call, _: Any) -> int:
+    """``POST /sandboxes/ID/timeout``: 204; the machine has no timeout to set."""
+    return 204
+
+
+#: The first segment of E2B's control-plane paths (after an optional
+#: ``/v1``, ``/v2``, ``/v3``): what the SDK sends its API URL.
+_CONTROL_PLANE = frozenset(
+    {"sandboxes", "templates", "snapshots", "volumes", "secrets", "teams", "tags"}
+)
+
+
+def control_plane_path(path: str) -> bool:
+    """Whether ``path`` is one of E2B's control-plane calls (not envd's)."""
+    parts = path.strip("/").split("/")
+    if parts and parts[0] in ("v1", "v2", "v3"):
+        parts = parts[1:]
+    return bool(parts) and parts[0] in _CONTROL_PLANE
+
+
+def unserved(call: Call, _: Any) -> Any:
+    """
+    A control-plane call this port does not serve: 404 for a sandbox
+    other than this one (the SDK raises ``SandboxNotFoundException``), 501
+    naming the call otherwise.
+    """
+    method = call.request.method.decode("latin-1")
+    path = call.request.path.decode("latin-1", "replace")[:200]
+    parts = path.strip("/").split("/")
+    if parts and parts[0] in ("v1", "v2", "v3"):
+        parts = parts[1:]
+    if len(parts) >= 2 and parts[0] == "sandboxes" and parts[1] != SANDBOX_ID:
+        raise not_found(
+            f"no sandbox {parts[1][:100]!r}: this port serves one sandbox, "
+            f"{SANDBOX_ID!r}, the machine sandboxd runs on"
+        )
+    raise unsupported(
+        f"{method} {path} is a call of E2B's cloud API, which this port does not "
+        f"serve: it serves one sandbox, {SANDBOX_ID!r}, the machine sandboxd runs on"
+    )
+
+
+def unserved_procedure(path: str) -> Procedure | None:
+    """
+    The procedure of a control-plane call not served (the API key is the
+    token, as on the served ones), or None for a path that is not one.
+    """
+    if not control_plane_path(path):
+        return None
+    return Procedure(path, REST, GOVERNED_AS, unserved, api_key=True)
+
+
 #: What ``Sandbox.create()`` sends (E2B's ``NewSandbox``): read for its
 #: shape only, as E2B's API checks it, since the one sandbox there is takes
 #: no template, timeout or settings.
@@ -85,6 +146,9 @@ CREATE_FIELDS = (
 #: resumes, which a running one has no use for).
 CONNECT_FIELDS = (F("timeout", "integer"),)
 CONNECT_V2_FIELDS = (*CONNECT_FIELDS, F("memory", "boolean"))
+
+#: What ``set_timeout()`` sends (E2B's ``SandboxTimeoutRequest``).
+TIMEOUT_FIELDS = (F("timeout", "integer"),)
 
 PROCEDURES = {
     "POST /v2/sandboxes": Procedure(
@@ -110,6 +174,14 @@ PROCEDURES = {
         sandbox,
         api_key=True,
         fields=CONNECT_V2_FIELDS,
+    ),
+    f"POST /sandboxes/{SANDBOX_ID}/timeout": Procedure(
+        f"POST /sandboxes/{SANDBOX_ID}/timeout",
+        REST,
+        GOVERNED_AS,
+        set_timeout,
+        api_key=True,
+        fields=TIMEOUT_FIELDS,
     ),
     f"DELETE /sandboxes/{SANDBOX_ID}": Procedure(
         f"DELETE /sandboxes/{SANDBOX_ID}", REST, GOVERNED_AS, kill, api_key=True

@@ -20,6 +20,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
+import posixpath
+import pwd
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +35,7 @@ from sandboxd.e2b import connect
 from sandboxd.errors import (
     ApiError,
     bad_request,
+    invalid_path,
     malformed_request,
     payload_too_large,
     unsupported,
@@ -42,6 +46,8 @@ from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
     MIB,
 )
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import resolve_user
 from sandboxd.web import portdoor
 from sandboxd.web.params import declared_types
 from sandboxd.web.portdoor import (
@@ -88,6 +94,51 @@ def basic_user(headers: dict[bytes, list[bytes]]) -> str | None:
     return None
 
 
+def home_of(rule: EffectiveRule, user: str | None) -> str:
+    """
+    The home directory of the user a call's commands run as (``user``,
+    else ``params.default_user``, else the daemon's own): the ``HOME``
+    those commands get.
+
+    :raises ApiError: 400 for an unknown user or one without a home, 403
+        for a user the policy refuses.
+    """
+    run_as = resolve_user(user, rule)
+    if run_as is not None:
+        home = run_as.home
+    else:
+        home = os.environ.get("HOME", "")
+        if not home:
+            try:
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except KeyError:
+                home = ""
+    if not home.startswith("/"):
+        raise invalid_path("cannot expand '~': the user has no home directory")
+    return home
+
+
+def expand_home(path: str, rule: EffectiveRule, user: str | None) -> str:
+    """
+    ``path`` with a leading ``~`` taken as the user's home, as envd
+    expands it (so ``files.write("~/x")`` and ``cat ~/x`` name one file);
+    the result still goes through the path guard.
+
+    :raises ApiError: 400 ``invalid_path`` for ``~name``, another user's
+        home, which envd does not expand either.
+    """
+    if not path.startswith("~"):
+        return path
+    if len(path) > 1 and path[1] not in "/\\":
+        raise invalid_path(
+            f"cannot expand another user's home directory: {path[:100]!r}"
+            " (only '~' and '~/...')"
+        )
+    rest = path[1:].lstrip("/")
+    home = home_of(rule, user)
+    return posixpath.join(home, rest) if rest else home
+
+
 @attrs.define(eq=False)
 class Call(portdoor.Call):
     """One request through the E2B door: envd's user, Connect's deadlines."""
@@ -95,6 +146,13 @@ class Call(portdoor.Call):
     def user(self) -> str | None:
         """The envd user (``Authorization: Basic``), §7.4's ``user``."""
         return basic_user(self.headers)
+
+    def expand(self, path: str, user: str | None = None) -> str:
+        """
+        ``path`` with a leading ``~`` as the home of ``user`` (default:
+        the call's envd user): :func:`expand_home`.
+        """
+        return expand_home(path, self.rule, user if user is not None else self.user())
 
     def timeout_seconds(self) -> float | None:
         """
@@ -248,6 +306,10 @@ class Door(PortDoor):
     via = gate.Door.E2B
     endpoint_id = "e2b"
     call_class = Call
+    #: The procedure of a path no procedure serves that is still answered
+    #: for what it is (E2B's control-plane calls), or None: set by the
+    #: service, since those calls' module builds on this one.
+    fallback: Callable[[str], Procedure | None] | None = None
 
     def body_cap(self, path: bytes) -> int:
         """The body cap of a request to ``path`` (uploads: ``max_bytes``)."""
@@ -267,11 +329,21 @@ class Door(PortDoor):
         return self.procedures.get(key) or self.procedures.get(_templated(key))
 
     def unknown(self, request: Any) -> Procedure:
-        """``unimplemented``, as a stream when the client asked for one."""
+        """
+        ``unimplemented``, as a stream when the client asked for one; a
+        control-plane call of E2B's cloud API that is not served is
+        refused as such, with the SDK's API key taken as the token (not
+        401 for a key the SDK sends only there).
+        """
+        name = request.path.decode("latin-1", "replace")[:200]
+        if self.fallback is not None:
+            found = self.fallback(name)
+            if found is not None:
+                return found
         content_type = request.getHeader(b"content-type") or b""
         streaming = content_type.startswith(b"application/connect+")
         return Procedure(
-            request.path.decode("latin-1", "replace")[:200],
+            name,
             SERVER_STREAM if streaming else UNARY,
             "e2b",
             _unknown,

@@ -40,10 +40,17 @@ from sandboxd.errors import (
     internal,
     limit_exceeded,
     not_found,
+    timed_out,
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
-from sandboxd.files.watch import Watch, WatchService, seen_as, watch_dirs
+from sandboxd.files.watch import (
+    ATTRIBUTES,
+    Watch,
+    WatchService,
+    seen_as,
+    watch_dirs,
+)
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
     E2B_WATCHER_IDLE_SECONDS,
@@ -63,7 +70,11 @@ _EVENT_TYPES = {
     "modified": "EVENT_TYPE_WRITE",
     "deleted": "EVENT_TYPE_REMOVE",
     "moved": "EVENT_TYPE_RENAME",
+    ATTRIBUTES: "EVENT_TYPE_CHMOD",
 }
+
+#: The events that describe an entry still there (envd's ``opCarriesEntry``).
+_CARRIES_ENTRY = ("EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD")
 
 
 def _path(message: dict[str, Any], name: str = "path") -> str:
@@ -71,6 +82,11 @@ def _path(message: dict[str, Any], name: str = "path") -> str:
     if not value:
         raise bad_request(f"'{name}' is required")
     return value
+
+
+def _file(call: Call, message: dict[str, Any], name: str = "path") -> str:
+    """A path field, its leading ``~`` the call's user's home, as envd takes it."""
+    return call.expand(_path(message, name))
 
 
 def _guard(call: Call) -> PathGuard:
@@ -90,12 +106,12 @@ def _thread(call: Call, fn: Any, *args: Any) -> Any:
 
 def stat_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``Stat``: the entry (a link as a link, with its target)."""
-    return {"entry": describe(_guard(call), _path(message))}
+    return {"entry": describe(_guard(call), _file(call, message))}
 
 
 def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``MakeDir``: with parents; an existing directory is ``already_exists``."""
-    path = _path(message)
+    path = _file(call, message)
     guard = _guard(call)
     try:
         with guard.locate(path, "write", follow=True) as loc:
@@ -120,15 +136,19 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
 
 
 def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
-    """``Move``: a rename that replaces a file, as envd's ``os.Rename`` does."""
+    """
+    ``Move``: envd's ``os.Rename``, which replaces a file or an empty
+    directory and refuses a directory that is not empty (never moves the
+    source into a directory, as ``files_move`` does).
+    """
     body = {
-        "source": _path(message, "source"),
-        "destination": _path(message, "destination"),
+        "source": _file(call, message, "source"),
+        "destination": _file(call, message, "destination"),
         "overwrite": True,
         "user": call.user(),
     }
-    moved: Deferred[dict[str, Any]] = file_routes.files_move(
-        call.server_request(body=body)
+    moved: Deferred[dict[str, Any]] = file_routes.move(
+        call.server_request(body=body), into=False
     )
     # A client that leaves gives up a copy to another file system, as on
     # the HTTP API: it would hold a worker thread for a move nobody hears of.
@@ -136,6 +156,23 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     return moved.addCallback(
         lambda done: {"entry": describe(_guard(call), done["destination"])}
     )
+
+
+def _listed(guard: PathGuard, full: str, st: Any) -> dict[str, Any]:
+    """
+    One listed entry, a link as ``Stat`` shows it (envd's ``ListDir`` and
+    ``Stat`` share one description): its target's type and mode, and
+    ``symlinkTarget``.  A link whose target the path rules refuse to
+    describe is shown as envd shows a broken one (type unspecified, its
+    own path as the target).
+    """
+    if not stat.S_ISLNK(st.st_mode):
+        return entry_json(full, st)
+    try:
+        with guard.locate(full, "read", follow=True) as loc:
+            return entry_json(full, st, loc.lstat(), loc.path)
+    except ApiError:
+        return entry_json(full, st)
 
 
 def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str, Any]:
@@ -147,19 +184,14 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
                 continue
             if len(entries) >= max_entries:
                 break
-            entry = entry_json(full, st)
-            if stat.S_ISLNK(st.st_mode):
-                entry["type"] = "FILE_TYPE_SYMLINK"
-                entry["mode"] = stat.S_IMODE(st.st_mode) & 0o777
-                entry.pop("symlinkTarget", None)
-            entries.append(entry)
+            entries.append(_listed(guard, full, st))
     return {"entries": entries}
 
 
 def list_dir(call: Call, message: dict[str, Any]) -> Any:
     """``ListDir``: entries below the directory, to ``depth`` (0 means 1)."""
     guard = _guard(call)
-    path = string_field(message, "path") or guard.default_dir
+    path = call.expand(string_field(message, "path") or guard.default_dir)
     depth = uint_field(message, "depth", 1) or 1
     if depth > MAX_LIST_DEPTH:
         raise bad_request(f"'depth' must be at most {MAX_LIST_DEPTH}")
@@ -171,11 +203,21 @@ def list_dir(call: Call, message: dict[str, Any]) -> Any:
     return _thread(call, _list, guard, path, depth, int(cap))
 
 
+def _remove(guard: PathGuard, path: str) -> None:
+    try:
+        walk.delete(guard, path)
+    except ApiError as e:
+        # envd's Remove is os.RemoveAll: what is not there is removed
+        # already (E2B code cleans up with it before a run, untried).
+        if e.status != 404 or e.code != Code.NOT_FOUND:
+            raise
+
+
 def remove(call: Call, message: dict[str, Any]) -> Any:
-    """``Remove``: a file, a link or a whole tree."""
+    """``Remove``: a file, a link or a whole tree; a missing path is no error."""
     guard = _guard(call)
-    path = _path(message)
-    return _thread(call, walk.delete, guard, path).addCallback(lambda _: {})
+    path = _file(call, message)
+    return _thread(call, _remove, guard, path).addCallback(lambda _: {})
 
 
 # -- watching ---------------------------------------------------------------------
@@ -211,7 +253,7 @@ def _event_json(
         # as ``\xNN`` (a lone surrogate would make the SDK refuse the
         # whole message, every event of the poll with it).
         message: dict[str, Any] = {"name": walk.display_name(name), "type": what}
-        if include_entry and what in ("EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE"):
+        if include_entry and what in _CARRIES_ENTRY:
             try:
                 message["entry"] = describe(guard, path)
             except ApiError:
@@ -223,7 +265,7 @@ def _event_json(
 def _open_watch(call: Call, message: dict[str, Any]) -> Any:
     """A Deferred ``(root, Watch)`` for the message's directory."""
     guard = _guard(call)
-    path = _path(message)
+    path = _file(call, message)
     recursive = bool_field(message, "recursive")
     retention = call.rule.limits.max_output_bytes or MIB
     service = _watch_service(call)
@@ -274,7 +316,16 @@ def watch_dir(call: Call, message: dict[str, Any]) -> None:
                 watch.release()
 
         stream.on_end(stop)
-        stream.deadline(call.timeout_seconds(), stream.end)
+        seconds = call.timeout_seconds()
+        if seconds is not None:
+            # As envd's WatchDir returns the context's error at its deadline:
+            # the SDK hands on_exit a TimeoutException, telling a watch that
+            # timed out from one that was stopped.
+            expired = timed_out(
+                f"the watch's deadline passed after {seconds:g} seconds",
+                limit="Connect-Timeout-Ms",
+            )
+            stream.deadline(seconds, lambda: stream.end(expired))
         stream.send({"start": {}})
 
     def failed(failure: Any) -> None:

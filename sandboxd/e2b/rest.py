@@ -16,6 +16,7 @@ HTTP status, the message carrying sandboxd's §6 code and rule.
 from __future__ import annotations
 
 import posixpath
+import traceback
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -63,6 +64,7 @@ def download(call: Call, _: Any) -> Any:
     path = _query(call, "path")
     if not path:
         raise bad_request("'path' is required")
+    path = call.expand(path, _query(call, "username") or call.user())
     request = call.server_request(query={"path": path})
     request.headers = conditional_headers(call)
     response = file_routes.files_read_raw(request)
@@ -131,6 +133,13 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             finally:
                 for _, data in files:
                     data.release()
+        except BaseException as error:
+            # A refusal raised while the body was being split leaves views
+            # of it in its traceback's frames; a body spooled to disk (a
+            # mapped file) cannot be closed while they live, and the
+            # BufferError would replace the refusal with a 500.
+            traceback.clear_frames(error.__traceback__)
+            raise
         finally:
             release()
 
@@ -138,16 +147,16 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
         files: list[tuple[str, memoryview]] = []
         if boundary is None:
             assert path is not None
-            files.append((path, memoryview(body)))
+            files.append((call.expand(path, user), memoryview(body)))
             return files
         parts = split_multipart(boundary, body)
         if path is not None and len(parts) == 1:
-            files.append((path, parts[0][1]))
+            files.append((call.expand(path, user), parts[0][1]))
         else:
             for name, data in parts:
                 if not name:
                     raise bad_request("every file part needs a file name (its path)")
-                files.append((name, data))
+                files.append((call.expand(name, user), data))
         if not files:
             raise bad_request("no file in the upload")
         return files

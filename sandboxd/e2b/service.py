@@ -61,6 +61,7 @@ class E2BService(PolicyListener):
         self.code_description = code_description
         self.code_port: Any = None
         self.door = Door(context, procedures(), limits)
+        self.door.fallback = controlplane.unserved_procedure
         self.processes = process.ProcessDoor()
         self.watchers = filesystem.Watchers(context.reactor)
 

@@ -45,6 +45,7 @@ from sandboxd.errors import (
     file_exists,
     file_not_found,
     forbidden,
+    is_a_directory,
     mount_point,
     not_a_directory,
 )
@@ -485,12 +486,17 @@ def move(
     destination: Any,
     overwrite: bool,
     across: crossing.Bounds,
+    into: bool = True,
 ) -> tuple[str, str]:
     """
     ``files_move``: errors say which side (``source:`` / ``destination:``).
 
     :param across: the bounds of a copy, when the destination is on another
         file system.
+    :param into: a destination that is a directory takes the source into
+        it, as ``mv`` does; otherwise the move is ``rename(2)``'s (envd's
+        ``os.Rename``): an empty directory is replaced, a non-empty one
+        refused.
     """
     try:
         src = guard.locate(source, "delete", follow=False, missing_ok=False)
@@ -522,7 +528,9 @@ def move(
             raise _prefixed(e, "destination") from None
         with dst:
             try:
-                return _move_to(guard, src, dst, source, destination, overwrite, across)
+                return _move_to(
+                    guard, src, dst, source, destination, overwrite, across, into
+                )
             except BaseException:
                 dst.undo_made()  # refused: the directories made for it go too
                 raise
@@ -536,13 +544,14 @@ def _move_to(
     destination: Any,
     overwrite: bool,
     across: crossing.Bounds,
+    into: bool = True,
 ) -> tuple[str, str]:
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
     dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
     inner_fd = -1
     try:
-        if dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
+        if into and dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
             # Moving onto a directory moves into it, as mv and shutil.move do.
             inner_fd = os.open(dst_name or ".", _SUBDIR_FLAGS, dir_fd=dst_fd)
             dst_fd, dst_name = inner_fd, src.name
@@ -552,6 +561,10 @@ def _move_to(
                 raise _prefixed(refusal(decision), "destination")
         elif dst_name == "":
             raise bad_request("destination: is a root directory")
+        elif dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
+            # rename(2) onto a directory: refused before any copy to
+            # another file system, as the kernel would refuse the rename.
+            _refuse_replacing_dir(dst, src, destination)
         elif isinstance(destination, str) and destination.endswith("/"):
             # A name ending in a slash names a directory, as it does to mv.
             raise _prefixed(not_a_directory(destination), "destination")
@@ -588,6 +601,10 @@ def _move_to(
                 source,
             )
     except OSError as e:
+        if e.errno == errno.ENOTEMPTY and not into:
+            raise file_exists(
+                f"destination: Directory not empty: {destination}"
+            ) from None
         if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
             raise file_exists(f"destination: File exists: {destination}") from None
         if e.errno == errno.EINVAL:
@@ -599,6 +616,26 @@ def _move_to(
         if inner_fd >= 0:
             os.close(inner_fd)
     return src.path, dst_path
+
+
+def _refuse_replacing_dir(dst: Location, src: Location, destination: Any) -> None:
+    """
+    What ``rename(2)`` refuses of a directory it would replace: one that
+    is not empty, or one a file (not a directory) would replace.
+    """
+    src_st, dst_st = src.lstat(), dst.lstat()
+    if src_st is not None and not stat.S_ISDIR(src_st.st_mode):
+        raise _prefixed(is_a_directory(destination), "destination")
+    if src_st is not None and dst_st is not None and src_st.st_ino == dst_st.st_ino:
+        if src_st.st_dev == dst_st.st_dev:
+            return  # a rename onto itself does nothing
+    fd = os.open(dst.name, _SUBDIR_FLAGS, dir_fd=dst.dir_fd)
+    try:
+        with os.scandir(fd) as entries:
+            if next(entries, None) is not None:
+                raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY))
+    finally:
+        os.close(fd)
 
 
 def change_mode(guard: PathGuard, path: Any, mode: int) -> dict[str, Any]:

@@ -52,6 +52,12 @@ from sandboxd.policy.defaults import (
 
 log = Logger(namespace="sandboxd.files.watch")
 
+#: The event of an entry's attributes changed (``IN_ATTRIB``: permissions,
+#: owner, times, links); kept in the log for the E2B door's ``CHMOD``, left
+#: out of ``/files/watch``, whose events are created, modified, deleted and
+#: moved.
+ATTRIBUTES = "attributes"
+
 
 def _inotify() -> ModuleType:
     """
@@ -75,6 +81,7 @@ def _mask() -> int:
         | inotify.IN_MOVED_TO
         | inotify.IN_DELETE_SELF
         | inotify.IN_MOVE_SELF
+        | inotify.IN_ATTRIB
     )
     return mask
 
@@ -318,6 +325,10 @@ class Watch:
                 self._add({"event": "created", "path": path, "type": kind})
                 if kind == "directory" and self.recursive:
                     self._watch_tree(filepath.path)
+        elif mask & inotify.IN_ATTRIB:
+            # Permissions, owner, times or links changed: shown by the E2B
+            # door only (envd's CHMOD), not in the HTTP API's four events.
+            self._add({"event": ATTRIBUTES, "path": path, "type": kind})
 
     def _inside_temporary(self, path: str) -> bool:
         """
@@ -378,7 +389,17 @@ class Watch:
             self.service.reactor.callLater(0, self._watch_tree, path)
 
     def _add(self, item: dict[str, Any]) -> None:
-        """Debounce: a modify after a create or modify of the same path is dropped."""
+        """
+        Debounce: a modify after a create or modify of the same path is
+        dropped, and so is an attribute change after another (a recursive
+        watch hears a directory's from its parent and from itself).
+        """
+        if item["event"] == ATTRIBUTES:
+            for old in reversed(self.pending):
+                if old["path"] == item["path"]:
+                    if old["event"] == ATTRIBUTES:
+                        return
+                    break
         if item["event"] == "modified":
             for old in reversed(self.pending):
                 if old["path"] == item["path"]:

@@ -48,7 +48,7 @@ from sandboxd.files.stream import (
     parse_range,
     read_all,
 )
-from sandboxd.files.watch import seed_changes, seen_as, watch_dirs
+from sandboxd.files.watch import ATTRIBUTES, seed_changes, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
@@ -613,6 +613,14 @@ def files_delete(request: ServerRequest) -> Any:
 
 def files_move(request: ServerRequest) -> Any:
     """``POST /files/move``: rename, into a directory when the destination is one."""
+    return move(request)
+
+
+def move(request: ServerRequest, into: bool = True) -> Any:
+    """
+    ``files_move``'s work; with ``into`` false a destination that is a
+    directory is replaced as ``rename(2)`` replaces it (E2B's ``Move``).
+    """
     body = request.body
     try:
         source = required(body.get("source"), "source")
@@ -631,7 +639,7 @@ def files_move(request: ServerRequest) -> Any:
     across = _crossing_bounds(request, gone)
 
     def job() -> dict[str, str]:
-        src, dst = walk.move(guard, source, destination, allowed, across)
+        src, dst = walk.move(guard, source, destination, allowed, across, into)
         return {"source": src, "destination": dst}
 
     def refused(failure: Failure) -> Failure:
@@ -964,6 +972,8 @@ def files_watch(request: ServerRequest) -> Any:
         name, the client reads the shown one.
         """
         data = event.data
+        if event.event == ATTRIBUTES:
+            return None  # the E2B door's CHMOD; not one of this stream's events
         try:
             path = seen_as(guard, data["path"])
             if "dest" in data:

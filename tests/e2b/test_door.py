@@ -428,7 +428,10 @@ class WatchStreamTests(E2BCase):
 
     @inlineCallbacks
     def test_watch_dir_stream(self) -> Any:
-        """start, then filesystem events as they happen, until the deadline."""
+        """
+        start, then filesystem events as they happen, until the deadline,
+        which ends the stream with deadline_exceeded as envd's does.
+        """
         os.makedirs(os.path.join(self.base_dir, "w"))
 
         def touch() -> None:
@@ -448,7 +451,8 @@ class WatchStreamTests(E2BCase):
         self.assertEqual(messages[0], (0, {"start": {}}))
         events = [m["filesystem"] for _, m in messages if "filesystem" in m]
         self.assertIn({"name": "seen.txt", "type": "EVENT_TYPE_CREATE"}, events)
-        self.assertEqual(messages[-1], (2, {}))
+        flags, end = messages[-1]
+        self.assertEqual((flags, end["error"]["code"]), (2, "deadline_exceeded"))
 
 
 class DisabledEndpointTests(E2BCase):

@@ -102,3 +102,39 @@ class TokenModeTests(E2BCase):
         self.assertNotEqual(done.returncode, 0)
         self.assertIn("401", done.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "notes.txt")))
+
+    @inlineCallbacks
+    def test_calls_not_served(self) -> Any:
+        """
+        With the key ``Sandbox.create()`` took, ``set_timeout`` is done (the
+        machine has no timeout), ``connect`` to another id is not found,
+        and ``get_info`` and ``Sandbox.list`` say this port does not serve
+        them: none of them blames the credentials.
+        """
+        yield self.start()
+        snippet = (
+            "from e2b import Sandbox\n"
+            "sbx = Sandbox.create()\n"
+            "calls = [\n"
+            "    ('set_timeout', lambda: sbx.set_timeout(600)),\n"
+            "    ('connect', lambda: Sandbox.connect('other')),\n"
+            "    ('get_info', lambda: sbx.get_info()),\n"
+            "    ('list', lambda: Sandbox.list().next_items()),\n"
+            "]\n"
+            "for name, call in calls:\n"
+            "    try:\n"
+            "        print(name, 'ok', call())\n"
+            "    except Exception as e:\n"
+            "        print(name, type(e).__name__, e)\n"
+        )
+        done = yield self.run_python(snippet, self.token)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        self.assertEqual(lines["set_timeout"], "ok None")
+        # The SDK's own words for a 404 there ("Paused sandbox other not found").
+        self.assertTrue(lines["connect"].startswith("SandboxNotFoundException"))
+        self.assertIn("other not found", lines["connect"])
+        for name in ("get_info", "list"):
+            self.assertIn("501: ", lines[name])
+            self.assertIn("this port does not serve", lines[name])
+            self.assertNotIn("credentials", lines[name])

@@ -130,6 +130,24 @@ class WatchTests(StreamCase):
         response2._transport.loseConnection()
         yield deferLater(reactor, 0.05, lambda: None)
 
+    @inlineCallbacks
+    def test_attribute_changes_are_not_events(self) -> Any:
+        """
+        A chmod is none of this stream's four events (the watch hears it
+        for the E2B door): only the file made after it is shown.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        with open(os.path.join(self.base_dir, "w", "a.txt"), "w"):
+            pass
+        c, response = yield self.open_stream("path=w&follow=true")
+        os.chmod(os.path.join(self.base_dir, "w", "a.txt"), 0o600)
+        yield deferLater(reactor, 0.3, lambda: None)
+        with open(os.path.join(self.base_dir, "w", "b.txt"), "w"):
+            pass
+        yield c.wait_for(b"b.txt")
+        self.assertEqual([e[1] for e in c.events()], ["created"])
+        self.close(response)
+
     def shown(self, c: _Collect, top: str) -> list[tuple[str, str, str | None]]:
         """The stream's events as (event, path below ``top``, dest below it)."""
 
