@@ -10,12 +10,14 @@ derived from these classes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from sandboxd.browser.urlpolicy import UrlTarget, url_refusal
 from sandboxd.policy.defaults import AGENT_FULL_ACCESS_MODES
+
+if TYPE_CHECKING:
+    from sandboxd.browser.urlpolicy import UrlTarget
 
 
 @attrs.frozen
@@ -184,6 +186,10 @@ class Params:
         url_allow``) and the leaf key that decided it (for
         :func:`sandboxd.errors.policy_rule`).
         """
+        # Only the groups that take URLs (git, webhooks) ask, so the
+        # matcher is imported by the first of them, not at every start.
+        from sandboxd.browser.urlpolicy import url_refusal
+
         refused = url_refusal(self.url_deny, self.url_allow, target)
         if refused is None:
             return None
