@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import json
 import os
 import select
@@ -23,7 +24,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from sandboxd.client._api import Terminal
@@ -924,9 +925,17 @@ class DetachFilter:
 
 
 def _window_size(fd: int) -> tuple[int, int] | None:
+    """
+    The window's ``(cols, rows)``; None when ``fd`` is no terminal or one
+    that reports no size (0x0: a pty nobody sized yet, as ``docker exec
+    -t`` before its first resize and many harnesses give), which the
+    daemon would refuse.
+    """
     try:
         size = os.get_terminal_size(fd)
     except OSError:
+        return None
+    if size.columns <= 0 or size.lines <= 0:
         return None
     return size.columns, size.lines
 
@@ -947,33 +956,55 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         )
         return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
-    if args.session:
-        terminal = sb.pty.attach(args.session)
-        terminal.resize(*size)
-    else:
-        # Detaching leaves the session for `sandboxd term SESSION`.
-        terminal = sb.pty.open(
-            keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+    with _raw_mode(stdin):
+        if args.session:
+            terminal = sb.pty.attach(args.session)
+            terminal.resize(*size)
+        else:
+            # Detaching leaves the session for `sandboxd term SESSION`.
+            terminal = sb.pty.open(
+                keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+            )
+        err.write(
+            f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
         )
-    err.write(f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n")
-    err.flush()
-    return run_terminal(terminal, keys, stdin, stdout, err)
+        err.flush()
+        return run_terminal(terminal, keys, stdin, stdout, err)
+
+
+@contextlib.contextmanager
+def _raw_mode(fd: int) -> Iterator[None]:
+    """
+    The local terminal in raw mode for the block, restored after it.
+
+    Raw from before the session is created or attached, and switched
+    without flushing input (``tty.setraw``'s default, ``TCSAFLUSH``,
+    drops it): keys typed while the WebSocket opens wait in the kernel's
+    input queue (its bound, about 4 KiB) and are sent once attached,
+    neither echoed locally nor lost, as ssh and ``docker exec -it`` do.
+    """
+    import termios
+    import tty
+
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd, termios.TCSANOW)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def run_terminal(
     terminal: Terminal[Blocking], keys: bytes, stdin: int, stdout: int, err: TextIO
 ) -> int:
     """
-    The interactive loop: the terminal in raw mode, output written as it
-    comes (a thread), keys sent as typed, SIGWINCH forwarded as a resize.
+    The interactive loop (the local terminal already in raw mode, see
+    :func:`_raw_mode`): output written as it comes (a thread), keys sent
+    as typed, SIGWINCH forwarded as a resize.
     """
-    import termios
-    import tty
-
-    saved = None
-    if os.isatty(stdin):
-        saved = termios.tcgetattr(stdin)
-        tty.setraw(stdin)
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -1021,8 +1052,6 @@ def run_terminal(
                 break
     finally:
         signal.signal(signal.SIGWINCH, old_winch)
-        if saved is not None:
-            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
         terminal.close()
         reader.join(timeout=2)
     if detached:

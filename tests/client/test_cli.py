@@ -658,7 +658,7 @@ class TermTests(ClientCase):
             ) from None
         return super().setUp()
 
-    def _spawn(self, *args: str) -> Any:
+    def _spawn(self, *args: str, dimensions: tuple[int, int] = (24, 80)) -> Any:
         import pexpect
 
         env = {
@@ -673,7 +673,7 @@ class TermTests(ClientCase):
             sys.executable,
             ["-m", "sandboxd.client.cli", "term", *args],
             env=env,
-            dimensions=(24, 80),
+            dimensions=dimensions,
             timeout=20,
         )
         self.addCleanup(child.close, force=True)
@@ -715,6 +715,39 @@ class TermTests(ClientCase):
             again.expect(pexpect_eof())
             again.wait()
             self.assertEqual(again.exitstatus, 3)
+
+        return self.in_thread(body)
+
+    def test_unsized_terminal(self) -> Any:
+        """
+        A terminal that reports no size (0x0: a pty nobody sized yet) gets
+        a shell of 80x24, not a refusal of its size.
+        """
+
+        def body() -> None:
+            child = self._spawn("--shell", "sh", dimensions=(0, 0))
+            child.expect(r"\[session ([0-9a-f]+); detach with")
+            child.send("stty size\r")
+            child.expect("24 80")
+            child.send("exit\r")
+            child.expect(pexpect_eof())
+
+        return self.in_thread(body)
+
+    def test_typeahead_reaches_the_shell(self) -> Any:
+        """
+        Keys typed before ``term`` has attached (here at once, while the
+        interpreter is still starting) run in the shell once it is up,
+        rather than being dropped when the terminal goes raw.
+        """
+
+        def body() -> None:
+            child = self._spawn("--shell", "sh")
+            child.send("echo early-$((6*7))\r")
+            child.expect(r"\[session ")
+            child.expect("early-42")
+            child.send("exit\r")
+            child.expect(pexpect_eof())
 
         return self.in_thread(body)
 
