@@ -852,6 +852,22 @@ def console_url(base: str, token: str) -> str:
 
 
 def cmd_ui(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """
+    Mint a console link and print the console's URL with it; nothing is
+    minted when the daemon does not serve the console (a link is a
+    credential: printed for a page that answers 404, it would sit in a
+    terminal's scrollback or a CI log for nothing).
+    """
+    decision = sb.check("ui_assets")
+    if not decision["allowed"]:
+        why = decision.get("rule") or decision.get("reason") or decision.get("code")
+        err.write(
+            f"sandboxd ui: the daemon at {sb.url} does not serve the web console "
+            f"({why}); turn its console group on "
+            '(policy {"groups": {"console": true}}, or ABX_SERVER_ENABLED_GROUPS=console); '
+            "no link was minted\n"
+        )
+        return 1
     body: dict[str, Any] = {"audience": "console", "ttl_seconds": args.ttl}
     if args.scopes:
         body["scopes"] = args.scopes

@@ -538,31 +538,6 @@ class ListingTests(ClientCase):
         )
 
     @inlineCallbacks
-    def test_ui(self) -> Any:
-        """
-        ``ui`` prints the console's URL with a console link in its fragment
-        (narrowed with ``--scope``), and that link works as a bearer token.
-        """
-        done = yield self.cli("ui", "--scope", "core:read", "--scope", "files:read")
-        self.assertEqual(done.returncode, 0, done.stderr)
-        url = done.stdout.decode().strip()
-        prefix = f"{self.daemon.url}/ui/#link="
-        self.assertTrue(url.startswith(prefix), url)
-        link = url[len(prefix) :]
-        self.assertTrue(link.startswith("sbxl_"))
-        self.assertIn(b"works until", done.stderr)
-        caps = yield self.request(
-            "GET",
-            "/capabilities",
-            headers={"Authorization": f"Bearer {link}"},
-            token=None,
-        )
-        self.assertEqual(caps.status, 200)
-        self.assertEqual(caps.json()["identity"]["scopes"], ["core:read", "files:read"])
-        as_json = yield self.cli("ui", "--json", "--ttl", "60")
-        self.assertEqual(json.loads(as_json.stdout)["audience"], "console")
-
-    @inlineCallbacks
     def test_console_script(self) -> Any:
         """The installed ``sandboxd`` script runs exec with the child's exit code."""
         script = os.path.join(os.path.dirname(sys.executable), "sandboxd")
@@ -606,6 +581,58 @@ class ListingTests(ClientCase):
             timeout=40,
         )
         self.assertEqual(done.returncode, 5, done.stderr)
+
+
+class UiTests(ClientCase):
+    """``sandboxd ui`` on a daemon serving the web console."""
+
+    policy = {"groups": {"console": True}}
+
+    @inlineCallbacks
+    def test_ui(self) -> Any:
+        """
+        ``ui`` prints the console's URL with a console link in its fragment
+        (narrowed with ``--scope``), and that link works as a bearer token.
+        """
+        done = yield self.cli("ui", "--scope", "core:read", "--scope", "files:read")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        url = done.stdout.decode().strip()
+        prefix = f"{self.daemon.url}/ui/#link="
+        self.assertTrue(url.startswith(prefix), url)
+        link = url[len(prefix) :]
+        self.assertTrue(link.startswith("sbxl_"))
+        self.assertIn(b"works until", done.stderr)
+        caps = yield self.request(
+            "GET",
+            "/capabilities",
+            headers={"Authorization": f"Bearer {link}"},
+            token=None,
+        )
+        self.assertEqual(caps.status, 200)
+        self.assertEqual(caps.json()["identity"]["scopes"], ["core:read", "files:read"])
+        as_json = yield self.cli("ui", "--json", "--ttl", "60")
+        self.assertEqual(json.loads(as_json.stdout)["audience"], "console")
+
+
+class UiConsoleOffTests(ClientCase):
+    """``sandboxd ui`` on a daemon whose console group is off (the default)."""
+
+    @inlineCallbacks
+    def test_refused_and_nothing_minted(self) -> Any:
+        """
+        It exits 1 saying the console is off and how to turn it on, prints
+        no URL, and mints no link (one would be a live credential printed
+        for a page that answers 404).
+        """
+        done = yield self.cli("ui")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertEqual(done.stdout, b"")
+        self.assertIn(b"does not serve the web console", done.stderr)
+        self.assertIn(b'{"groups": {"console": true}}', done.stderr)
+        self.assertNotIn(b"sbxl_", done.stderr)
+        links = yield self.request("GET", "/auth/links")
+        self.assertEqual(links.status, 200)
+        self.assertEqual(links.json()["links"], [])
 
 
 class DetachKeyTests(SynchronousTestCase):
