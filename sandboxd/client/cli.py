@@ -238,7 +238,7 @@ def _print_json(data: Any, out: TextIO) -> None:
 
 def _explain(error: SandboxError, url: str) -> str:
     if isinstance(error, Unauthorized):
-        return f"{url} refused the token ({error.message}): pass --token or set SANDBOXD_TOKEN"
+        return f"token rejected: {url} refused it ({error.message}): pass --token or set SANDBOXD_TOKEN"
     if isinstance(error, ConnectionFailed):
         return f"cannot reach the daemon at {url}: {error.message}"
     return str(error)

@@ -99,13 +99,36 @@ class ExecTests(ClientCase):
         """A wrong token or an unreachable daemon is a clear message and exit 1."""
         bad = yield self.cli("exec", "--token", "wrong", "--", "true")
         self.assertEqual(bad.returncode, 1)
-        self.assertIn(b"refused the token", bad.stderr)
+        self.assertIn(b"token rejected", bad.stderr)
         gone = yield self.cli("ls", "--url", "http://127.0.0.1:9")
         self.assertEqual(gone.returncode, 1)
         self.assertIn(b"cannot reach the daemon", gone.stderr)
         malformed = yield self.cli("ls", "--url", "http://[::")
         self.assertEqual(malformed.returncode, 2)
         self.assertIn(b"invalid daemon URL", malformed.stderr)
+
+    @inlineCallbacks
+    def test_token_and_url_mistakes(self) -> Any:
+        """
+        A token with a trailing newline (read from a file or a secret)
+        works; a non-ASCII one is refused as such (exit 2), with no codec
+        message; an ``https://`` URL for the plain-HTTP port fails at once
+        saying the port speaks plain HTTP, not after a 30 s timeout.
+        """
+        token = self.daemon.token or ""
+        padded = yield self.cli("ls", env={"SANDBOXD_TOKEN": f" {token}\n"})
+        self.assertEqual(padded.returncode, 0, padded.stderr)
+        accented = yield self.cli("ls", env={"SANDBOXD_TOKEN": "t\u00f6k"})
+        self.assertEqual(accented.returncode, 2, accented.stderr)
+        self.assertIn("must be printable ASCII".encode(), accented.stderr)
+        self.assertNotIn(b"codec", accented.stderr)
+        https = self.daemon.url.replace("http://", "https://")
+        started = time.monotonic()
+        tls = yield self.cli("ls", "--url", https, "--request-timeout", "20")
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(tls.returncode, 1, tls.stderr)
+        self.assertIn(b"TLS handshake failed", tls.stderr)
+        self.assertIn(b"use http:// rather than https://", tls.stderr)
 
     @inlineCallbacks
     def test_refused_path(self) -> Any:
