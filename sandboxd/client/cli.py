@@ -34,6 +34,7 @@ from sandboxd.client.errors import (
     ConnectionFailed,
     DeadlineExceeded,
     NotFoundError,
+    PayloadTooLarge,
     RequestTimeout,
     SandboxError,
     Unauthorized,
@@ -284,6 +285,31 @@ def cmd_exec(
     except ValueError as e:
         err.write(f"sandboxd exec: {e}\n")
         return 2
+    try:
+        return _run_exec(sb, args, command, options, stdin, out, err)
+    except PayloadTooLarge as e:
+        if stdin is None:
+            raise
+        # The daemon names its limit; what the user needs is that stdin is
+        # what filled it, and the ways round it.
+        err.write(
+            f"sandboxd exec: {e.message}; stdin ({len(stdin)} bytes) goes "
+            "base64-encoded in that request, a third larger: raise that limit, "
+            "or copy the data in with `sandboxd cp` and redirect from the file\n"
+        )
+        return 1
+
+
+def _run_exec(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    command: str,
+    options: dict[str, Any],
+    stdin: bytes | None,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """``exec`` once its command line and stdin are known."""
     if args.json:
         got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
@@ -348,7 +374,9 @@ def _cannot_run(error: SandboxError) -> int | None:
     return None
 
 
-#: The most local stdin ``exec`` sends (it goes in one request).
+#: The most local stdin ``exec`` reads (it goes base64 in one request, so
+#: the daemon's ``shell_stream`` ``max_request_bytes``, 1 MiB by default,
+#: is the bound that usually applies first).
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 

@@ -165,8 +165,12 @@ sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that 
 exits with its exit code (128 + N when signal N ended it, 124 when the
 daemon killed it at `--timeout`, 1 with a message when the output went
 over the daemon's `max_output_bytes`). When local stdin is not a terminal
-it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`; up
-to 64 MiB, read before the command starts); a pipe that shows neither data
+it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`;
+read before the command starts). It goes base64-encoded in the request, so
+the daemon's `endpoints.shell_stream.limits.max_request_bytes` bounds it:
+about 780 KB under the default 1 MiB (and the client reads at most 64 MiB);
+for more, raise that limit or copy the data in with `sandboxd cp` and
+redirect from the file. A pipe that shows neither data
 nor its end within a quarter of a second (a supervisor's idle stdin) is not
 waited for; `-n` sends nothing. Piped into
 `head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window

@@ -179,6 +179,23 @@ class ExecBytesTests(ClientCase):
         self.assertEqual(kept.stdout, b"")
 
     @inlineCallbacks
+    def test_stdin_over_the_request_limit(self) -> Any:
+        """
+        Stdin travels base64 in one request: 700 KB fits the default 1 MiB
+        ``max_request_bytes``; 1 MB does not, and the refusal says stdin
+        filled it, which limit to raise, and to copy the data in instead.
+        """
+        fits = yield self.cli("exec", "--", "wc", "-c", input=b"a" * 700_000)
+        self.assertEqual(fits.returncode, 0, fits.stderr)
+        self.assertEqual(fits.stdout.split(), [b"700000"])
+        over = yield self.cli("exec", "--", "wc", "-c", input=b"a" * 1_000_000)
+        self.assertEqual(over.returncode, 1, over.stderr)
+        self.assertEqual(over.stdout, b"")
+        self.assertIn(b"shell_stream.limits.max_request_bytes", over.stderr)
+        self.assertIn(b"stdin (1000000 bytes)", over.stderr)
+        self.assertIn(b"`sandboxd cp`", over.stderr)
+
+    @inlineCallbacks
     def test_idle_stdin_pipe_not_waited_for(self) -> Any:
         """A stdin pipe that stays open and silent (a CI runner's) does not hang exec."""
         import subprocess
