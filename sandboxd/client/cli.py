@@ -15,32 +15,38 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import io
 import json
 import os
+import posixpath
 import select
 import shlex
 import signal
 import stat
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from sandboxd.client._api import Terminal
-from sandboxd.client._core import exit_status, seg
+from sandboxd.client._core import CHUNK_BYTES, exit_status, seg
+from sandboxd.client._shared import RangeState
 from sandboxd.client._sync import Blocking, Sandbox
 from sandboxd.client.errors import (
     ConnectionFailed,
     DeadlineExceeded,
     NotFoundError,
     PayloadTooLarge,
+    ProtocolError,
     RequestTimeout,
     SandboxError,
     Unauthorized,
     UploadMismatch,
 )
-from sandboxd.client.models import Diagnostic, Written
+from sandboxd.client.models import Diagnostic, Stat, Written
 from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
@@ -110,8 +116,16 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help=CLIENT_COMMANDS["cp"],
     )
-    p.add_argument("source")
-    p.add_argument("destination")
+    p.add_argument("source", help="a local path, :PATH in the sandbox, or - (stdin)")
+    p.add_argument(
+        "destination", help="a local path, :PATH in the sandbox, or - (stdout)"
+    )
+    p.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help="copy a directory and what it holds",
+    )
     p.add_argument(
         "--no-resume",
         action="store_true",
@@ -522,16 +536,62 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+#: What ``cp`` takes for stdin (as a source) or stdout (as a destination).
+STDIO = "-"
+
+
+def _remote_stat(sb: Sandbox, remote: str) -> Stat | None:
+    """
+    ``remote``'s stat, or None when it is missing or cannot be asked for
+    (the copy itself then says why).
+    """
+    try:
+        found = sb.files.stat(remote)
+    except SandboxError:
+        return None
+    return found if found.get("exists") else None
+
+
+def _is_remote_dir(sb: Sandbox, remote: str) -> bool:
+    found = _remote_stat(sb, remote)
+    return found is not None and found["type"] == "directory"
+
+
+def cmd_cp(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    inp: Any = None,
+) -> int:
+    """
+    Copy one file in or out (``-`` is stdin or stdout), into a directory
+    when the target is one, or a directory tree with ``-r``.
+    """
     src, dst = args.source, args.destination
     remote_src, remote_dst = src.startswith(":"), dst.startswith(":")
     if remote_src == remote_dst:
         err.write("sandboxd cp: exactly one side must be in the sandbox (:PATH)\n")
         return 2
+    if args.recursive and STDIO in (src, dst):
+        err.write("sandboxd cp: -r copies a directory, not stdin or stdout\n")
+        return 2
+    if args.recursive:
+        if remote_src and _is_remote_dir(sb, src[1:]):
+            return _cp_tree_out(sb, args, out, err)
+        if not remote_src and os.path.isdir(src):
+            return _cp_tree_in(sb, args, out, err)
+    elif not remote_src and src != STDIO and os.path.isdir(src):
+        err.write(f"sandboxd cp: {src}: is a directory (copy it with -r)\n")
+        return 1
     show = (
         args.progress if args.progress is not None else (err.isatty() and not args.json)
     )
     bar = ProgressBar(err, os.path.basename(src.lstrip(":")) or src) if show else None
+    if remote_src and dst == STDIO:
+        return _cp_to_stdout(sb, src[1:], out, err, bar)
+    if src == STDIO:
+        return _cp_from_stdin(sb, args, out, err, bar, inp)
     try:
         if remote_src:
             remote = src[1:]
@@ -544,7 +604,8 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             result = {"source": src, "destination": local, "bytes": size}
         else:
             remote = dst[1:] or "."
-            if remote.endswith("/") or remote == ".":
+            # Into a directory, as cp does: named so, or one that exists.
+            if remote.endswith("/") or remote == "." or _is_remote_dir(sb, remote):
                 remote = remote.rstrip("/") + "/" + os.path.basename(src)
             # A big file goes as a resumable upload: its id is kept until it
             # completes, so the same cp run again carries a cut one on.
@@ -596,12 +657,185 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         return 1
     if bar is not None:
         bar.end()
+    _copied(result, args, out)
+    return 0
+
+
+def _copied(result: dict[str, Any], args: argparse.Namespace, out: TextIO) -> None:
+    """What ``cp`` prints once done: ``SOURCE -> DESTINATION (SIZE)``, or JSON."""
     if args.json:
         _print_json(result, out)
     else:
         out.write(
             f"{result['source']} -> {result['destination']} ({_size(result['bytes'])})\n"
         )
+
+
+def _cp_to_stdout(
+    sb: Sandbox, remote: str, out: TextIO, err: TextIO, bar: ProgressBar | None
+) -> int:
+    """
+    ``cp :REMOTE -``: the file's bytes to stdout as they come (resumed by
+    ``Range`` after a cut, like a download); nothing else is printed there.
+    """
+    write = _binary_writer(out)
+
+    def restart() -> None:
+        # The file changed under a resumed read: what went out is gone.
+        if state.offset:
+            raise ProtocolError(
+                "the file changed during the copy: what reached stdout mixes two versions"
+            )
+
+    state = RangeState(restart)
+    try:
+        sb._face.run(sb._http.fetch_raw(remote, write, state, bar))
+    finally:
+        if bar is not None:
+            bar.end()
+    return 0
+
+
+def _cp_from_stdin(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    bar: ProgressBar | None,
+    inp: Any,
+) -> int:
+    """
+    ``cp - :REMOTE``: stdin, read to its end into a local temporary file
+    (so its size is known and a big one goes as a resumable upload), then
+    uploaded to REMOTE, which must name the file.
+    """
+    remote = args.destination[1:]
+    if (
+        not remote
+        or remote.endswith("/")
+        or remote == "."
+        or _is_remote_dir(sb, remote)
+    ):
+        err.write(
+            "sandboxd cp: name the file stdin is copied to (:DIR/NAME), "
+            "not a directory\n"
+        )
+        return 2
+    if inp is None:
+        err.write("sandboxd cp: no stdin to copy\n")
+        return 2
+    source = getattr(inp, "buffer", inp)
+    with tempfile.TemporaryDirectory(prefix="sandboxd-cp-") as spool_dir:
+        spool = os.path.join(spool_dir, "stdin")
+        with open(spool, "wb") as f:
+            while chunk := source.read(CHUNK_BYTES):
+                f.write(chunk.encode() if isinstance(chunk, str) else chunk)
+        try:
+            written = sb.files.upload(
+                spool,
+                remote,
+                progress=bar,
+                overwrite=not args.no_overwrite,
+                resume=not args.no_resume,
+            )
+        finally:
+            if bar is not None:
+                bar.end()
+    _copied(
+        {
+            "source": STDIO,
+            "destination": ":" + written["path"],
+            "bytes": written["bytes"],
+        },
+        args,
+        out,
+    )
+    return 0
+
+
+def _cp_tree_in(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """
+    ``cp -r DIR :REMOTE``: DIR packed into a tar.gz here and unpacked there
+    (``files_extract``: every member checked before anything is written),
+    into REMOTE when it is a directory, else as REMOTE, as ``cp -r`` does.
+    """
+    src = args.source
+    remote = args.destination[1:] or "."
+    if remote == "." or _is_remote_dir(sb, remote):
+        name = os.path.basename(os.path.abspath(src))
+        target = remote.rstrip("/") + "/" + name
+    else:
+        target = remote.rstrip("/") or "/"
+    packed = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+            for name in sorted(os.listdir(src)):
+                tar.add(os.path.join(src, name), arcname=name)
+    except OSError as e:
+        err.write(f"sandboxd cp: {_local_error(e, src)}\n")
+        return 1
+    # The directory itself, so an empty one is copied too.
+    sb.files.mkdir(target)
+    done = sb.files.extract(packed.getvalue(), target, overwrite=not args.no_overwrite)
+    _copied(
+        {
+            "source": src,
+            "destination": ":" + done["destination"],
+            "bytes": done["bytes"],
+            "files": done["files"],
+        },
+        args,
+        out,
+    )
+    return 0
+
+
+def _cp_tree_out(
+    sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """
+    ``cp -r :DIR LOCAL``: DIR packed there (``files_archive``) and unpacked
+    here, into LOCAL when it is a directory, else as LOCAL.  Members are
+    unpacked with tarfile's ``data`` filter: nothing lands outside LOCAL,
+    no device or set-id file is made.
+    """
+    remote = args.source[1:]
+    found = _remote_stat(sb, remote)
+    name = posixpath.basename((found["path"] if found else remote).rstrip("/"))
+    local = args.destination
+    if os.path.isdir(local):
+        local = os.path.join(local, name or "copy")
+    data = sb.files.archive([remote])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        # The archive holds DIR's files under DIR's own name: drop that
+        # first part, so they land in LOCAL.
+        inside = []
+        for member in tar.getmembers():
+            named = member.name[2:] if member.name.startswith("./") else member.name
+            _, sep, rest = named.partition("/")
+            if sep and rest:
+                member.name = rest
+                inside.append(member)
+        try:
+            os.makedirs(local, exist_ok=True)
+            tar.extractall(local, members=inside, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            message = (
+                _local_error(e, local) if isinstance(e, OSError) else f"{local}: {e}"
+            )
+            err.write(f"sandboxd cp: {message}\n")
+            return 1
+    size = sum(m.size for m in inside if m.isfile())
+    _copied(
+        {
+            "source": args.source,
+            "destination": local,
+            "bytes": size,
+            "files": sum(1 for m in inside if m.isfile()),
+        },
+        args,
+        out,
+    )
     return 0
 
 
@@ -1274,6 +1508,8 @@ def main(
     try:
         if args.command == "exec":
             return cmd_exec(sb, args, out, err, inp)
+        if args.command == "cp":
+            return cmd_cp(sb, args, out, err, inp)
         return HANDLERS[args.command](sb, args, out, err)
     except BrokenPipeError:
         return _reader_gone(out)

@@ -149,6 +149,8 @@ export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...
 sandboxd exec --cwd app --env DEBUG=1 --timeout 600 -- python3 -m pytest -q
 sandboxd cp ./dataset.tar.gz :in/             # upload; a progress bar on a terminal
 sandboxd cp :out/model.bin ./                 # download; run again to resume a cut one
+sandboxd cp -r ./src :app                     # a directory: into :app when it exists
+pg_dump db | sandboxd cp - :in/db.sql         # - is stdin (or stdout: cp :f -)
 sandboxd ls -l out
 sandboxd ps
 sandboxd logs 4242 -f                         # follow to the end, resuming after a drop
@@ -159,6 +161,15 @@ sandboxd caps --explain files_read_raw --path /etc/passwd
 sandboxd diagnostics app/main.py              # PATH:3:5: error: undefined name 'x' [pyflakes]
 sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that defines it
 ```
+
+`cp` copies into a directory when the target is one (`cp f.txt :dir`, as
+`cp` does), and a directory tree with `-r` (packed into a tar.gz on one side
+and unpacked on the other through `files_archive` and `files_extract`, so
+their `max_bytes`, 100 MB by default, bound it; the daemon's archive holds
+files, so an empty directory is copied in but not out). `-` is stdin as the
+source and stdout as the destination, as in other Unix tools (`./-` names a
+file called `-`); stdin is read to its end before it is sent, and nothing but
+the file's bytes goes to stdout.
 
 `exec` prints the command's output as it comes, byte for byte (so
 `sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and

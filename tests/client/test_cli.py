@@ -315,6 +315,96 @@ class CopyTests(ClientCase):
             self.assertNotIn(".part", message)
 
     @inlineCallbacks
+    def test_dash_is_stdin_and_stdout(self) -> Any:
+        """
+        ``-`` is stdout as a destination and stdin as a source (piped
+        bytes arrive as they are); no local file named ``-`` is read or
+        written, and stdin needs a file name on the remote side.
+        """
+        data = bytes(range(256)) * 40
+        with open(self.path("r.bin"), "wb") as f:
+            f.write(data)
+        down = yield self.cli("cp", ":r.bin", "-")
+        self.assertEqual(down.returncode, 0, down.stderr)
+        self.assertEqual(down.stdout, data)
+        up = yield self.cli("cp", "-", ":in/fromstdin.bin", input=data[::-1])
+        self.assertEqual(up.returncode, 0, up.stderr)
+        self.assertIn(b"- -> :", up.stdout)
+        with open(self.path("in", "fromstdin.bin"), "rb") as f:
+            self.assertEqual(f.read(), data[::-1])
+        self.assertFalse(os.path.exists("-"))
+        into_dir = yield self.cli("cp", "-", ":in/", input=b"x")
+        self.assertEqual(into_dir.returncode, 2, into_dir.stderr)
+        self.assertIn(b"name the file", into_dir.stderr)
+
+    @inlineCallbacks
+    def test_into_an_existing_directory(self) -> Any:
+        """
+        A target that is an existing directory, named without a trailing
+        slash, means into it, either way; a local directory without ``-r``
+        says to use it.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        with open(os.path.join(local, "f.txt"), "wb") as f:
+            f.write(b"local\n")
+        os.makedirs(self.path("rdir"))
+        up = yield self.cli("cp", os.path.join(local, "f.txt"), ":rdir")
+        self.assertEqual(up.returncode, 0, up.stderr)
+        with open(self.path("rdir", "f.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"local\n")
+        with open(self.path("r.txt"), "wb") as f:
+            f.write(b"remote\n")
+        down = yield self.cli("cp", ":r.txt", local)
+        self.assertEqual(down.returncode, 0, down.stderr)
+        with open(os.path.join(local, "r.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"remote\n")
+        tree = yield self.cli("cp", local, ":rdir")
+        self.assertEqual(tree.returncode, 1)
+        self.assertIn(b"is a directory (copy it with -r)", tree.stderr)
+
+    @inlineCallbacks
+    def test_recursive(self) -> Any:
+        """
+        ``cp -r`` copies a tree in (nested and empty directories) and out
+        (nested ones): into a directory that exists, as the target when it
+        does not.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(local, "proj", "src", "deep"))
+        os.makedirs(os.path.join(local, "proj", "empty"))
+        with open(os.path.join(local, "proj", "src", "deep", "a.bin"), "wb") as f:
+            f.write(b"\x00a" * 1000)
+        with open(os.path.join(local, "proj", "top.txt"), "wb") as f:
+            f.write(b"top\n")
+        with open(os.path.join(local, "proj", "src", ".dot"), "wb") as f:
+            f.write(b"hidden\n")
+        os.makedirs(self.path("dest"))
+        into = yield self.cli("cp", "-r", os.path.join(local, "proj"), ":dest")
+        self.assertEqual(into.returncode, 0, into.stderr)
+        with open(self.path("dest", "proj", "src", "deep", "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00a" * 1000)
+        self.assertTrue(os.path.isdir(self.path("dest", "proj", "empty")))
+        named = yield self.cli("cp", "-r", os.path.join(local, "proj"), ":copy")
+        self.assertEqual(named.returncode, 0, named.stderr)
+        with open(self.path("copy", "top.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"top\n")
+
+        back = os.path.join(local, "back")
+        os.makedirs(back)
+        out = yield self.cli("cp", "-r", ":dest/proj", back)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(os.path.join(back, "proj", "src", "deep", "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00a" * 1000)
+        with open(os.path.join(back, "proj", "src", ".dot"), "rb") as f:
+            self.assertEqual(f.read(), b"hidden\n")
+        fresh = os.path.join(local, "fresh")
+        again = yield self.cli("cp", "-r", ":copy", fresh)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        with open(os.path.join(fresh, "top.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"top\n")
+
+    @inlineCallbacks
     def test_refused_download_leaves_nothing(self) -> Any:
         """A download the daemon refuses (missing, outside the base dir) leaves no ``.part``."""
         local = os.path.realpath(self.mktemp())
