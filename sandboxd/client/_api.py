@@ -1034,11 +1034,15 @@ class Pty(_Namespace[F]):
         manager, the session ends with the block (a loop of ``with
         sb.pty.open()`` does not pile up sessions to the daemon's cap);
         ``keep=True`` only detaches, for a later :meth:`attach`.
+
+        The WebSocket is ``pty_url`` when it is set (as for :meth:`attach`),
+        else the ``ws_url`` the daemon answered: that names the daemon's own
+        PTY port, which a port-forward or proxy with other local ports does
+        not reach.
         """
         created = await Pty.create.fn(self, **options)
-        terminal = Terminal(
-            self, created["session_id"], created["ws_url"], None, owned=not keep
-        )
+        base = self._client.settings.pty_url or created["ws_url"]
+        terminal = Terminal(self, created["session_id"], base, None, owned=not keep)
         await terminal._open(None)
         return terminal
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,11 +119,25 @@ def settings_from(
     """
     Settings from arguments, then ``SANDBOXD_URL``/``SANDBOXD_TOKEN``/``SANDBOXD_PTY_URL``.
 
-    :raises ValueError: the URL is not an http(s) URL with a host.
+    The token loses surrounding whitespace: one read from a file, a
+    Kubernetes secret or a ``.env`` line often ends with a newline, which
+    no header may carry.
+
+    :raises ValueError: the URL is not an http(s) URL with a host, or the
+        token holds what a header cannot carry (a control character, or one
+        that is not ASCII).
     """
     url = url or os.environ.get("SANDBOXD_URL") or "http://127.0.0.1:9000"
     if token is None:
-        token = os.environ.get("SANDBOXD_TOKEN") or None
+        token = os.environ.get("SANDBOXD_TOKEN")
+    if token is not None:
+        token = token.strip() or None
+    bad = next((c for c in token or "" if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"the token must be printable ASCII, and it holds {bad!r}: "
+            "check --token or SANDBOXD_TOKEN"
+        )
     pty_url = pty_url or os.environ.get("SANDBOXD_PTY_URL") or None
     if "://" not in url:
         url = "http://" + url
@@ -273,10 +288,34 @@ def _decoded(response: httpx.Response, loads: Callable[[bytes], Any]) -> Any:
 
 
 def transport_error(error: Exception, what: str) -> SandboxError:
-    """A client-side failure as a :class:`SandboxError`."""
+    """
+    A client-side failure as a :class:`SandboxError`.  A failed TLS
+    handshake says so and names the likeliest cause (an ``https://`` URL
+    for a port that speaks plain HTTP, which the daemon answers in plain
+    HTTP at once), rather than only OpenSSL's words for it.
+    """
     if isinstance(error, httpx.TimeoutException):
         return RequestTimeout(f"{what}: no answer in time ({type(error).__name__})")
+    if _tls_failure(error):
+        return ConnectionFailed(
+            f"{what}: the TLS handshake failed ({error}); if this port speaks "
+            "plain HTTP, use http:// rather than https://"
+        )
     return ConnectionFailed(f"{what}: {error or type(error).__name__}")
+
+
+def _tls_failure(error: BaseException) -> bool:
+    """Whether ``error`` is, or was caused by, an :class:`ssl.SSLError`."""
+    seen: BaseException | None = error
+    for _ in range(5):  # httpx -> httpcore -> ssl, at most
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError) and not isinstance(
+            seen, ssl.SSLCertVerificationError
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class SSELines:

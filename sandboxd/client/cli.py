@@ -14,31 +14,39 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
+import io
 import json
 import os
+import posixpath
 import select
 import shlex
 import signal
 import stat
 import sys
+import tarfile
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from sandboxd.client._api import Terminal
-from sandboxd.client._core import exit_status, seg
+from sandboxd.client._core import CHUNK_BYTES, exit_status, seg
+from sandboxd.client._shared import RangeState
 from sandboxd.client._sync import Blocking, Sandbox
 from sandboxd.client.errors import (
     ConnectionFailed,
     DeadlineExceeded,
     NotFoundError,
+    PayloadTooLarge,
+    ProtocolError,
     RequestTimeout,
     SandboxError,
     Unauthorized,
     UploadMismatch,
 )
-from sandboxd.client.models import Diagnostic, Written
+from sandboxd.client.models import Diagnostic, Stat, Written
 from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
@@ -108,8 +116,16 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help=CLIENT_COMMANDS["cp"],
     )
-    p.add_argument("source")
-    p.add_argument("destination")
+    p.add_argument("source", help="a local path, :PATH in the sandbox, or - (stdin)")
+    p.add_argument(
+        "destination", help="a local path, :PATH in the sandbox, or - (stdout)"
+    )
+    p.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help="copy a directory and what it holds",
+    )
     p.add_argument(
         "--no-resume",
         action="store_true",
@@ -237,7 +253,7 @@ def _print_json(data: Any, out: TextIO) -> None:
 
 def _explain(error: SandboxError, url: str) -> str:
     if isinstance(error, Unauthorized):
-        return f"{url} refused the token ({error.message}): pass --token or set SANDBOXD_TOKEN"
+        return f"token rejected: {url} refused it ({error.message}): pass --token or set SANDBOXD_TOKEN"
     if isinstance(error, ConnectionFailed):
         return f"cannot reach the daemon at {url}: {error.message}"
     return str(error)
@@ -283,6 +299,31 @@ def cmd_exec(
     except ValueError as e:
         err.write(f"sandboxd exec: {e}\n")
         return 2
+    try:
+        return _run_exec(sb, args, command, options, stdin, out, err)
+    except PayloadTooLarge as e:
+        if stdin is None:
+            raise
+        # The daemon names its limit; what the user needs is that stdin is
+        # what filled it, and the ways round it.
+        err.write(
+            f"sandboxd exec: {e.message}; stdin ({len(stdin)} bytes) goes "
+            "base64-encoded in that request, a third larger: raise that limit, "
+            "or copy the data in with `sandboxd cp` and redirect from the file\n"
+        )
+        return 1
+
+
+def _run_exec(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    command: str,
+    options: dict[str, Any],
+    stdin: bytes | None,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """``exec`` once its command line and stdin are known."""
     if args.json:
         got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
@@ -347,7 +388,9 @@ def _cannot_run(error: SandboxError) -> int | None:
     return None
 
 
-#: The most local stdin ``exec`` sends (it goes in one request).
+#: The most local stdin ``exec`` reads (it goes base64 in one request, so
+#: the daemon's ``shell_stream`` ``max_request_bytes``, 1 MiB by default,
+#: is the bound that usually applies first).
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 
@@ -493,16 +536,62 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+#: What ``cp`` takes for stdin (as a source) or stdout (as a destination).
+STDIO = "-"
+
+
+def _remote_stat(sb: Sandbox, remote: str) -> Stat | None:
+    """
+    ``remote``'s stat, or None when it is missing or cannot be asked for
+    (the copy itself then says why).
+    """
+    try:
+        found = sb.files.stat(remote)
+    except SandboxError:
+        return None
+    return found if found.get("exists") else None
+
+
+def _is_remote_dir(sb: Sandbox, remote: str) -> bool:
+    found = _remote_stat(sb, remote)
+    return found is not None and found["type"] == "directory"
+
+
+def cmd_cp(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    inp: Any = None,
+) -> int:
+    """
+    Copy one file in or out (``-`` is stdin or stdout), into a directory
+    when the target is one, or a directory tree with ``-r``.
+    """
     src, dst = args.source, args.destination
     remote_src, remote_dst = src.startswith(":"), dst.startswith(":")
     if remote_src == remote_dst:
         err.write("sandboxd cp: exactly one side must be in the sandbox (:PATH)\n")
         return 2
+    if args.recursive and STDIO in (src, dst):
+        err.write("sandboxd cp: -r copies a directory, not stdin or stdout\n")
+        return 2
+    if args.recursive:
+        if remote_src and _is_remote_dir(sb, src[1:]):
+            return _cp_tree_out(sb, args, out, err)
+        if not remote_src and os.path.isdir(src):
+            return _cp_tree_in(sb, args, out, err)
+    elif not remote_src and src != STDIO and os.path.isdir(src):
+        err.write(f"sandboxd cp: {src}: is a directory (copy it with -r)\n")
+        return 1
     show = (
         args.progress if args.progress is not None else (err.isatty() and not args.json)
     )
     bar = ProgressBar(err, os.path.basename(src.lstrip(":")) or src) if show else None
+    if remote_src and dst == STDIO:
+        return _cp_to_stdout(sb, src[1:], out, err, bar)
+    if src == STDIO:
+        return _cp_from_stdin(sb, args, out, err, bar, inp)
     try:
         if remote_src:
             remote = src[1:]
@@ -515,7 +604,8 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             result = {"source": src, "destination": local, "bytes": size}
         else:
             remote = dst[1:] or "."
-            if remote.endswith("/") or remote == ".":
+            # Into a directory, as cp does: named so, or one that exists.
+            if remote.endswith("/") or remote == "." or _is_remote_dir(sb, remote):
                 remote = remote.rstrip("/") + "/" + os.path.basename(src)
             # A big file goes as a resumable upload: its id is kept until it
             # completes, so the same cp run again carries a cut one on.
@@ -567,12 +657,185 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         return 1
     if bar is not None:
         bar.end()
+    _copied(result, args, out)
+    return 0
+
+
+def _copied(result: dict[str, Any], args: argparse.Namespace, out: TextIO) -> None:
+    """What ``cp`` prints once done: ``SOURCE -> DESTINATION (SIZE)``, or JSON."""
     if args.json:
         _print_json(result, out)
     else:
         out.write(
             f"{result['source']} -> {result['destination']} ({_size(result['bytes'])})\n"
         )
+
+
+def _cp_to_stdout(
+    sb: Sandbox, remote: str, out: TextIO, err: TextIO, bar: ProgressBar | None
+) -> int:
+    """
+    ``cp :REMOTE -``: the file's bytes to stdout as they come (resumed by
+    ``Range`` after a cut, like a download); nothing else is printed there.
+    """
+    write = _binary_writer(out)
+
+    def restart() -> None:
+        # The file changed under a resumed read: what went out is gone.
+        if state.offset:
+            raise ProtocolError(
+                "the file changed during the copy: what reached stdout mixes two versions"
+            )
+
+    state = RangeState(restart)
+    try:
+        sb._face.run(sb._http.fetch_raw(remote, write, state, bar))
+    finally:
+        if bar is not None:
+            bar.end()
+    return 0
+
+
+def _cp_from_stdin(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    bar: ProgressBar | None,
+    inp: Any,
+) -> int:
+    """
+    ``cp - :REMOTE``: stdin, read to its end into a local temporary file
+    (so its size is known and a big one goes as a resumable upload), then
+    uploaded to REMOTE, which must name the file.
+    """
+    remote = args.destination[1:]
+    if (
+        not remote
+        or remote.endswith("/")
+        or remote == "."
+        or _is_remote_dir(sb, remote)
+    ):
+        err.write(
+            "sandboxd cp: name the file stdin is copied to (:DIR/NAME), "
+            "not a directory\n"
+        )
+        return 2
+    if inp is None:
+        err.write("sandboxd cp: no stdin to copy\n")
+        return 2
+    source = getattr(inp, "buffer", inp)
+    with tempfile.TemporaryDirectory(prefix="sandboxd-cp-") as spool_dir:
+        spool = os.path.join(spool_dir, "stdin")
+        with open(spool, "wb") as f:
+            while chunk := source.read(CHUNK_BYTES):
+                f.write(chunk.encode() if isinstance(chunk, str) else chunk)
+        try:
+            written = sb.files.upload(
+                spool,
+                remote,
+                progress=bar,
+                overwrite=not args.no_overwrite,
+                resume=not args.no_resume,
+            )
+        finally:
+            if bar is not None:
+                bar.end()
+    _copied(
+        {
+            "source": STDIO,
+            "destination": ":" + written["path"],
+            "bytes": written["bytes"],
+        },
+        args,
+        out,
+    )
+    return 0
+
+
+def _cp_tree_in(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """
+    ``cp -r DIR :REMOTE``: DIR packed into a tar.gz here and unpacked there
+    (``files_extract``: every member checked before anything is written),
+    into REMOTE when it is a directory, else as REMOTE, as ``cp -r`` does.
+    """
+    src = args.source
+    remote = args.destination[1:] or "."
+    if remote == "." or _is_remote_dir(sb, remote):
+        name = os.path.basename(os.path.abspath(src))
+        target = remote.rstrip("/") + "/" + name
+    else:
+        target = remote.rstrip("/") or "/"
+    packed = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+            for name in sorted(os.listdir(src)):
+                tar.add(os.path.join(src, name), arcname=name)
+    except OSError as e:
+        err.write(f"sandboxd cp: {_local_error(e, src)}\n")
+        return 1
+    # The directory itself, so an empty one is copied too.
+    sb.files.mkdir(target)
+    done = sb.files.extract(packed.getvalue(), target, overwrite=not args.no_overwrite)
+    _copied(
+        {
+            "source": src,
+            "destination": ":" + done["destination"],
+            "bytes": done["bytes"],
+            "files": done["files"],
+        },
+        args,
+        out,
+    )
+    return 0
+
+
+def _cp_tree_out(
+    sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """
+    ``cp -r :DIR LOCAL``: DIR packed there (``files_archive``) and unpacked
+    here, into LOCAL when it is a directory, else as LOCAL.  Members are
+    unpacked with tarfile's ``data`` filter: nothing lands outside LOCAL,
+    no device or set-id file is made.
+    """
+    remote = args.source[1:]
+    found = _remote_stat(sb, remote)
+    name = posixpath.basename((found["path"] if found else remote).rstrip("/"))
+    local = args.destination
+    if os.path.isdir(local):
+        local = os.path.join(local, name or "copy")
+    data = sb.files.archive([remote])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        # The archive holds DIR's files under DIR's own name: drop that
+        # first part, so they land in LOCAL.
+        inside = []
+        for member in tar.getmembers():
+            named = member.name[2:] if member.name.startswith("./") else member.name
+            _, sep, rest = named.partition("/")
+            if sep and rest:
+                member.name = rest
+                inside.append(member)
+        try:
+            os.makedirs(local, exist_ok=True)
+            tar.extractall(local, members=inside, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            message = (
+                _local_error(e, local) if isinstance(e, OSError) else f"{local}: {e}"
+            )
+            err.write(f"sandboxd cp: {message}\n")
+            return 1
+    size = sum(m.size for m in inside if m.isfile())
+    _copied(
+        {
+            "source": args.source,
+            "destination": local,
+            "bytes": size,
+            "files": sum(1 for m in inside if m.isfile()),
+        },
+        args,
+        out,
+    )
     return 0
 
 
@@ -851,6 +1114,22 @@ def console_url(base: str, token: str) -> str:
 
 
 def cmd_ui(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """
+    Mint a console link and print the console's URL with it; nothing is
+    minted when the daemon does not serve the console (a link is a
+    credential: printed for a page that answers 404, it would sit in a
+    terminal's scrollback or a CI log for nothing).
+    """
+    decision = sb.check("ui_assets")
+    if not decision["allowed"]:
+        why = decision.get("rule") or decision.get("reason") or decision.get("code")
+        err.write(
+            f"sandboxd ui: the daemon at {sb.url} does not serve the web console "
+            f"({why}); turn its console group on "
+            '(policy {"groups": {"console": true}}, or ABX_SERVER_ENABLED_GROUPS=console); '
+            "no link was minted\n"
+        )
+        return 1
     body: dict[str, Any] = {"audience": "console", "ttl_seconds": args.ttl}
     if args.scopes:
         body["scopes"] = args.scopes
@@ -924,9 +1203,17 @@ class DetachFilter:
 
 
 def _window_size(fd: int) -> tuple[int, int] | None:
+    """
+    The window's ``(cols, rows)``; None when ``fd`` is no terminal or one
+    that reports no size (0x0: a pty nobody sized yet, as ``docker exec
+    -t`` before its first resize and many harnesses give), which the
+    daemon would refuse.
+    """
     try:
         size = os.get_terminal_size(fd)
     except OSError:
+        return None
+    if size.columns <= 0 or size.lines <= 0:
         return None
     return size.columns, size.lines
 
@@ -947,33 +1234,55 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         )
         return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
-    if args.session:
-        terminal = sb.pty.attach(args.session)
-        terminal.resize(*size)
-    else:
-        # Detaching leaves the session for `sandboxd term SESSION`.
-        terminal = sb.pty.open(
-            keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+    with _raw_mode(stdin):
+        if args.session:
+            terminal = sb.pty.attach(args.session)
+            terminal.resize(*size)
+        else:
+            # Detaching leaves the session for `sandboxd term SESSION`.
+            terminal = sb.pty.open(
+                keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+            )
+        err.write(
+            f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
         )
-    err.write(f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n")
-    err.flush()
-    return run_terminal(terminal, keys, stdin, stdout, err)
+        err.flush()
+        return run_terminal(terminal, keys, stdin, stdout, err)
+
+
+@contextlib.contextmanager
+def _raw_mode(fd: int) -> Iterator[None]:
+    """
+    The local terminal in raw mode for the block, restored after it.
+
+    Raw from before the session is created or attached, and switched
+    without flushing input (``tty.setraw``'s default, ``TCSAFLUSH``,
+    drops it): keys typed while the WebSocket opens wait in the kernel's
+    input queue (its bound, about 4 KiB) and are sent once attached,
+    neither echoed locally nor lost, as ssh and ``docker exec -it`` do.
+    """
+    import termios
+    import tty
+
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd, termios.TCSANOW)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def run_terminal(
     terminal: Terminal[Blocking], keys: bytes, stdin: int, stdout: int, err: TextIO
 ) -> int:
     """
-    The interactive loop: the terminal in raw mode, output written as it
-    comes (a thread), keys sent as typed, SIGWINCH forwarded as a resize.
+    The interactive loop (the local terminal already in raw mode, see
+    :func:`_raw_mode`): output written as it comes (a thread), keys sent
+    as typed, SIGWINCH forwarded as a resize.
     """
-    import termios
-    import tty
-
-    saved = None
-    if os.isatty(stdin):
-        saved = termios.tcgetattr(stdin)
-        tty.setraw(stdin)
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -1021,8 +1330,6 @@ def run_terminal(
                 break
     finally:
         signal.signal(signal.SIGWINCH, old_winch)
-        if saved is not None:
-            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
         terminal.close()
         reader.join(timeout=2)
     if detached:
@@ -1201,6 +1508,8 @@ def main(
     try:
         if args.command == "exec":
             return cmd_exec(sb, args, out, err, inp)
+        if args.command == "cp":
+            return cmd_cp(sb, args, out, err, inp)
         return HANDLERS[args.command](sb, args, out, err)
     except BrokenPipeError:
         return _reader_gone(out)

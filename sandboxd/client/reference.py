@@ -149,6 +149,8 @@ export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...
 sandboxd exec --cwd app --env DEBUG=1 --timeout 600 -- python3 -m pytest -q
 sandboxd cp ./dataset.tar.gz :in/             # upload; a progress bar on a terminal
 sandboxd cp :out/model.bin ./                 # download; run again to resume a cut one
+sandboxd cp -r ./src :app                     # a directory: into :app when it exists
+pg_dump db | sandboxd cp - :in/db.sql         # - is stdin (or stdout: cp :f -)
 sandboxd ls -l out
 sandboxd ps
 sandboxd logs 4242 -f                         # follow to the end, resuming after a drop
@@ -160,13 +162,26 @@ sandboxd diagnostics app/main.py              # PATH:3:5: error: undefined name 
 sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that defines it
 ```
 
+`cp` copies into a directory when the target is one (`cp f.txt :dir`, as
+`cp` does), and a directory tree with `-r` (packed into a tar.gz on one side
+and unpacked on the other through `files_archive` and `files_extract`, so
+their `max_bytes`, 100 MB by default, bound it; the daemon's archive holds
+files, so an empty directory is copied in but not out). `-` is stdin as the
+source and stdout as the destination, as in other Unix tools (`./-` names a
+file called `-`); stdin is read to its end before it is sent, and nothing but
+the file's bytes goes to stdout.
+
 `exec` prints the command's output as it comes, byte for byte (so
 `sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and
 exits with its exit code (128 + N when signal N ended it, 124 when the
 daemon killed it at `--timeout`, 1 with a message when the output went
 over the daemon's `max_output_bytes`). When local stdin is not a terminal
-it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`; up
-to 64 MiB, read before the command starts); a pipe that shows neither data
+it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`;
+read before the command starts). It goes base64-encoded in the request, so
+the daemon's `endpoints.shell_stream.limits.max_request_bytes` bounds it:
+about 780 KB under the default 1 MiB (and the client reads at most 64 MiB);
+for more, raise that limit or copy the data in with `sandboxd cp` and
+redirect from the file. A pipe that shows neither data
 nor its end within a quarter of a second (a supervisor's idle stdin) is not
 waited for; `-n` sends nothing. Piped into
 `head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window

@@ -42,6 +42,11 @@ What is refused (RFC 9112), each as a :class:`HeadError`:
 
 One empty line before the request line is skipped (RFC 9112 §2.2; old
 clients send one after a POST body).
+
+A TLS handshake (its first byte, 0x16, can begin no request line) is
+refused at its first byte rather than waited on for a head end that never
+comes: a client given ``https://`` for a plain-HTTP port gets its TLS
+error at once instead of after the head deadline.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ _VERSIONS = frozenset({b"HTTP/1.1", b"HTTP/1.0"})
 _KNOWN_METHODS = frozenset(
     {b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"}
 )
+#: The first byte of a TLS record carrying a handshake (a ClientHello).
+_TLS_HANDSHAKE = b"\x16"
 #: Digits past which a Content-Length is beyond every bound anyway.
 _LENGTH_DIGITS = 30
 _TOO_LONG = 10**_LENGTH_DIGITS
@@ -148,6 +155,10 @@ def parse_head(
     :raises HeadError: the head is refused (see the module docstring).
     """
     begin = start + 2 if buffer.startswith(b"\r\n", start) else start
+    if buffer.startswith(_TLS_HANDSHAKE, begin):
+        raise HeadError(
+            "a TLS handshake: this port speaks plain HTTP (use http://, not https://)"
+        )
     end = buffer.find(b"\r\n\r\n", begin)
     if end < 0:
         if len(buffer) - begin > limits.max_buffered:

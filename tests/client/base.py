@@ -61,10 +61,10 @@ class ClientCase(DaemonTestCase):
         """A blocking client of this case's daemon (closed at cleanup)."""
         if self.call_seconds is not None:
             options.setdefault("timeout", self.call_seconds)
+        options.setdefault("pty_url", self.pty_url)
         sb = Sandbox(
             self.daemon.url,
             token=self.daemon.token if token is True else (token or None),
-            pty_url=self.pty_url,
             **options,
         )
         self.addCleanup(sb.close)

@@ -99,13 +99,36 @@ class ExecTests(ClientCase):
         """A wrong token or an unreachable daemon is a clear message and exit 1."""
         bad = yield self.cli("exec", "--token", "wrong", "--", "true")
         self.assertEqual(bad.returncode, 1)
-        self.assertIn(b"refused the token", bad.stderr)
+        self.assertIn(b"token rejected", bad.stderr)
         gone = yield self.cli("ls", "--url", "http://127.0.0.1:9")
         self.assertEqual(gone.returncode, 1)
         self.assertIn(b"cannot reach the daemon", gone.stderr)
         malformed = yield self.cli("ls", "--url", "http://[::")
         self.assertEqual(malformed.returncode, 2)
         self.assertIn(b"invalid daemon URL", malformed.stderr)
+
+    @inlineCallbacks
+    def test_token_and_url_mistakes(self) -> Any:
+        """
+        A token with a trailing newline (read from a file or a secret)
+        works; a non-ASCII one is refused as such (exit 2), with no codec
+        message; an ``https://`` URL for the plain-HTTP port fails at once
+        saying the port speaks plain HTTP, not after a 30 s timeout.
+        """
+        token = self.daemon.token or ""
+        padded = yield self.cli("ls", env={"SANDBOXD_TOKEN": f" {token}\n"})
+        self.assertEqual(padded.returncode, 0, padded.stderr)
+        accented = yield self.cli("ls", env={"SANDBOXD_TOKEN": "t\u00f6k"})
+        self.assertEqual(accented.returncode, 2, accented.stderr)
+        self.assertIn(b"must be printable ASCII", accented.stderr)
+        self.assertNotIn(b"codec", accented.stderr)
+        https = self.daemon.url.replace("http://", "https://")
+        started = time.monotonic()
+        tls = yield self.cli("ls", "--url", https, "--request-timeout", "20")
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(tls.returncode, 1, tls.stderr)
+        self.assertIn(b"TLS handshake failed", tls.stderr)
+        self.assertIn(b"use http:// rather than https://", tls.stderr)
 
     @inlineCallbacks
     def test_refused_path(self) -> Any:
@@ -154,6 +177,23 @@ class ExecBytesTests(ClientCase):
         self.assertEqual(done.stdout, b"x\n\xff\x00")
         kept = yield self.cli("exec", "-n", "--", "cat", input=b"x\n")
         self.assertEqual(kept.stdout, b"")
+
+    @inlineCallbacks
+    def test_stdin_over_the_request_limit(self) -> Any:
+        """
+        Stdin travels base64 in one request: 700 KB fits the default 1 MiB
+        ``max_request_bytes``; 1 MB does not, and the refusal says stdin
+        filled it, which limit to raise, and to copy the data in instead.
+        """
+        fits = yield self.cli("exec", "--", "wc", "-c", input=b"a" * 700_000)
+        self.assertEqual(fits.returncode, 0, fits.stderr)
+        self.assertEqual(fits.stdout.split(), [b"700000"])
+        over = yield self.cli("exec", "--", "wc", "-c", input=b"a" * 1_000_000)
+        self.assertEqual(over.returncode, 1, over.stderr)
+        self.assertEqual(over.stdout, b"")
+        self.assertIn(b"shell_stream.limits.max_request_bytes", over.stderr)
+        self.assertIn(b"stdin (1000000 bytes)", over.stderr)
+        self.assertIn(b"`sandboxd cp`", over.stderr)
 
     @inlineCallbacks
     def test_idle_stdin_pipe_not_waited_for(self) -> Any:
@@ -273,6 +313,96 @@ class CopyTests(ClientCase):
             self.assertTrue(message.startswith(f"sandboxd cp: {named}: "), message)
             self.assertNotIn("Errno", message)
             self.assertNotIn(".part", message)
+
+    @inlineCallbacks
+    def test_dash_is_stdin_and_stdout(self) -> Any:
+        """
+        ``-`` is stdout as a destination and stdin as a source (piped
+        bytes arrive as they are); no local file named ``-`` is read or
+        written, and stdin needs a file name on the remote side.
+        """
+        data = bytes(range(256)) * 40
+        with open(self.path("r.bin"), "wb") as f:
+            f.write(data)
+        down = yield self.cli("cp", ":r.bin", "-")
+        self.assertEqual(down.returncode, 0, down.stderr)
+        self.assertEqual(down.stdout, data)
+        up = yield self.cli("cp", "-", ":in/fromstdin.bin", input=data[::-1])
+        self.assertEqual(up.returncode, 0, up.stderr)
+        self.assertIn(b"- -> :", up.stdout)
+        with open(self.path("in", "fromstdin.bin"), "rb") as f:
+            self.assertEqual(f.read(), data[::-1])
+        self.assertFalse(os.path.exists("-"))
+        into_dir = yield self.cli("cp", "-", ":in/", input=b"x")
+        self.assertEqual(into_dir.returncode, 2, into_dir.stderr)
+        self.assertIn(b"name the file", into_dir.stderr)
+
+    @inlineCallbacks
+    def test_into_an_existing_directory(self) -> Any:
+        """
+        A target that is an existing directory, named without a trailing
+        slash, means into it, either way; a local directory without ``-r``
+        says to use it.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        with open(os.path.join(local, "f.txt"), "wb") as f:
+            f.write(b"local\n")
+        os.makedirs(self.path("rdir"))
+        up = yield self.cli("cp", os.path.join(local, "f.txt"), ":rdir")
+        self.assertEqual(up.returncode, 0, up.stderr)
+        with open(self.path("rdir", "f.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"local\n")
+        with open(self.path("r.txt"), "wb") as f:
+            f.write(b"remote\n")
+        down = yield self.cli("cp", ":r.txt", local)
+        self.assertEqual(down.returncode, 0, down.stderr)
+        with open(os.path.join(local, "r.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"remote\n")
+        tree = yield self.cli("cp", local, ":rdir")
+        self.assertEqual(tree.returncode, 1)
+        self.assertIn(b"is a directory (copy it with -r)", tree.stderr)
+
+    @inlineCallbacks
+    def test_recursive(self) -> Any:
+        """
+        ``cp -r`` copies a tree in (nested and empty directories) and out
+        (nested ones): into a directory that exists, as the target when it
+        does not.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(local, "proj", "src", "deep"))
+        os.makedirs(os.path.join(local, "proj", "empty"))
+        with open(os.path.join(local, "proj", "src", "deep", "a.bin"), "wb") as f:
+            f.write(b"\x00a" * 1000)
+        with open(os.path.join(local, "proj", "top.txt"), "wb") as f:
+            f.write(b"top\n")
+        with open(os.path.join(local, "proj", "src", ".dot"), "wb") as f:
+            f.write(b"hidden\n")
+        os.makedirs(self.path("dest"))
+        into = yield self.cli("cp", "-r", os.path.join(local, "proj"), ":dest")
+        self.assertEqual(into.returncode, 0, into.stderr)
+        with open(self.path("dest", "proj", "src", "deep", "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00a" * 1000)
+        self.assertTrue(os.path.isdir(self.path("dest", "proj", "empty")))
+        named = yield self.cli("cp", "-r", os.path.join(local, "proj"), ":copy")
+        self.assertEqual(named.returncode, 0, named.stderr)
+        with open(self.path("copy", "top.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"top\n")
+
+        back = os.path.join(local, "back")
+        os.makedirs(back)
+        out = yield self.cli("cp", "-r", ":dest/proj", back)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(os.path.join(back, "proj", "src", "deep", "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00a" * 1000)
+        with open(os.path.join(back, "proj", "src", ".dot"), "rb") as f:
+            self.assertEqual(f.read(), b"hidden\n")
+        fresh = os.path.join(local, "fresh")
+        again = yield self.cli("cp", "-r", ":copy", fresh)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        with open(os.path.join(fresh, "top.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"top\n")
 
     @inlineCallbacks
     def test_refused_download_leaves_nothing(self) -> Any:
@@ -538,31 +668,6 @@ class ListingTests(ClientCase):
         )
 
     @inlineCallbacks
-    def test_ui(self) -> Any:
-        """
-        ``ui`` prints the console's URL with a console link in its fragment
-        (narrowed with ``--scope``), and that link works as a bearer token.
-        """
-        done = yield self.cli("ui", "--scope", "core:read", "--scope", "files:read")
-        self.assertEqual(done.returncode, 0, done.stderr)
-        url = done.stdout.decode().strip()
-        prefix = f"{self.daemon.url}/ui/#link="
-        self.assertTrue(url.startswith(prefix), url)
-        link = url[len(prefix) :]
-        self.assertTrue(link.startswith("sbxl_"))
-        self.assertIn(b"works until", done.stderr)
-        caps = yield self.request(
-            "GET",
-            "/capabilities",
-            headers={"Authorization": f"Bearer {link}"},
-            token=None,
-        )
-        self.assertEqual(caps.status, 200)
-        self.assertEqual(caps.json()["identity"]["scopes"], ["core:read", "files:read"])
-        as_json = yield self.cli("ui", "--json", "--ttl", "60")
-        self.assertEqual(json.loads(as_json.stdout)["audience"], "console")
-
-    @inlineCallbacks
     def test_console_script(self) -> Any:
         """The installed ``sandboxd`` script runs exec with the child's exit code."""
         script = os.path.join(os.path.dirname(sys.executable), "sandboxd")
@@ -606,6 +711,58 @@ class ListingTests(ClientCase):
             timeout=40,
         )
         self.assertEqual(done.returncode, 5, done.stderr)
+
+
+class UiTests(ClientCase):
+    """``sandboxd ui`` on a daemon serving the web console."""
+
+    policy = {"groups": {"console": True}}
+
+    @inlineCallbacks
+    def test_ui(self) -> Any:
+        """
+        ``ui`` prints the console's URL with a console link in its fragment
+        (narrowed with ``--scope``), and that link works as a bearer token.
+        """
+        done = yield self.cli("ui", "--scope", "core:read", "--scope", "files:read")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        url = done.stdout.decode().strip()
+        prefix = f"{self.daemon.url}/ui/#link="
+        self.assertTrue(url.startswith(prefix), url)
+        link = url[len(prefix) :]
+        self.assertTrue(link.startswith("sbxl_"))
+        self.assertIn(b"works until", done.stderr)
+        caps = yield self.request(
+            "GET",
+            "/capabilities",
+            headers={"Authorization": f"Bearer {link}"},
+            token=None,
+        )
+        self.assertEqual(caps.status, 200)
+        self.assertEqual(caps.json()["identity"]["scopes"], ["core:read", "files:read"])
+        as_json = yield self.cli("ui", "--json", "--ttl", "60")
+        self.assertEqual(json.loads(as_json.stdout)["audience"], "console")
+
+
+class UiConsoleOffTests(ClientCase):
+    """``sandboxd ui`` on a daemon whose console group is off (the default)."""
+
+    @inlineCallbacks
+    def test_refused_and_nothing_minted(self) -> Any:
+        """
+        It exits 1 saying the console is off and how to turn it on, prints
+        no URL, and mints no link (one would be a live credential printed
+        for a page that answers 404).
+        """
+        done = yield self.cli("ui")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertEqual(done.stdout, b"")
+        self.assertIn(b"does not serve the web console", done.stderr)
+        self.assertIn(b'{"groups": {"console": true}}', done.stderr)
+        self.assertNotIn(b"sbxl_", done.stderr)
+        links = yield self.request("GET", "/auth/links")
+        self.assertEqual(links.status, 200)
+        self.assertEqual(links.json()["links"], [])
 
 
 class DetachKeyTests(SynchronousTestCase):
@@ -658,7 +815,7 @@ class TermTests(ClientCase):
             ) from None
         return super().setUp()
 
-    def _spawn(self, *args: str) -> Any:
+    def _spawn(self, *args: str, dimensions: tuple[int, int] = (24, 80)) -> Any:
         import pexpect
 
         env = {
@@ -673,7 +830,7 @@ class TermTests(ClientCase):
             sys.executable,
             ["-m", "sandboxd.client.cli", "term", *args],
             env=env,
-            dimensions=(24, 80),
+            dimensions=dimensions,
             timeout=20,
         )
         self.addCleanup(child.close, force=True)
@@ -715,6 +872,39 @@ class TermTests(ClientCase):
             again.expect(pexpect_eof())
             again.wait()
             self.assertEqual(again.exitstatus, 3)
+
+        return self.in_thread(body)
+
+    def test_unsized_terminal(self) -> Any:
+        """
+        A terminal that reports no size (0x0: a pty nobody sized yet) gets
+        a shell of 80x24, not a refusal of its size.
+        """
+
+        def body() -> None:
+            child = self._spawn("--shell", "sh", dimensions=(0, 0))
+            child.expect(r"\[session ([0-9a-f]+); detach with")
+            child.send("stty size\r")
+            child.expect("24 80")
+            child.send("exit\r")
+            child.expect(pexpect_eof())
+
+        return self.in_thread(body)
+
+    def test_typeahead_reaches_the_shell(self) -> Any:
+        """
+        Keys typed before ``term`` has attached (here at once, while the
+        interpreter is still starting) run in the shell once it is up,
+        rather than being dropped when the terminal goes raw.
+        """
+
+        def body() -> None:
+            child = self._spawn("--shell", "sh")
+            child.send("echo early-$((6*7))\r")
+            child.expect(r"\[session ")
+            child.expect("early-42")
+            child.send("exit\r")
+            child.expect(pexpect_eof())
 
         return self.in_thread(body)
 

@@ -24,7 +24,7 @@ from sandboxd.client import (
     PreconditionFailed,
     Sandbox,
 )
-from tests.client.base import ROOT, ClientCase
+from tests.client.base import ROOT, ClientCase, CutProxy
 
 
 class ImportTests(ClientCase):
@@ -551,6 +551,30 @@ class PtyTests(ClientCase):
             with self.assertRaises(NotFound):
                 stranger.pty.attach("no-such-session")
             creator.pty.close(created["session_id"])
+
+        return self.in_thread(body)
+
+    def test_open_through_pty_url(self) -> Any:
+        """
+        A new terminal is dialled at ``pty_url`` when one is given, as a
+        reattach is: through a port-forward whose local port is not the
+        daemon's, the ``ws_url`` the daemon answers names a port nobody
+        forwards.
+        """
+        from twisted.internet import reactor
+
+        forward = CutProxy(self.daemon.context.pty_port, lambda index, seen: False)
+        port = reactor.listenTCP(0, forward, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"ws://127.0.0.1:{port.getHost().port}"
+
+        def body() -> None:
+            sb = self.sandbox(pty_url=url)
+            with sb.pty.open(shell="sh") as term:
+                term.send("echo fwd-$((40+2))\n")
+                term.expect("fwd-42")
+            self.assertEqual(len(forward.requests), 1)
+            self.assertIn(b"GET /pty?session_id=", bytes(forward.requests[0]))
 
         return self.in_thread(body)
 

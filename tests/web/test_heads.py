@@ -222,6 +222,17 @@ class RefusalTests(SynchronousTestCase):
             self.assertRefused(line + b"\r\nHost: x\r\n\r\n")
         self.assertRefused(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n")
 
+    def test_tls_handshake_refused_at_once(self) -> None:
+        """
+        The first byte of a TLS ClientHello is refused on its own, saying
+        the port speaks plain HTTP: waiting for a head end would hold an
+        ``https://`` client until the head deadline.
+        """
+        with self.assertRaises(HeadError) as caught:
+            parse_head(b"\x16")
+        self.assertIn("plain HTTP", caught.exception.reason)
+        self.assertRaises(HeadError, parse_head, b"\x16\x03\x01\x02\x00\x01")
+
     def test_malformed_header_lines(self) -> None:
         """No colon, an empty name, whitespace before the colon, a non-token name."""
         for line in (
