@@ -219,7 +219,13 @@ class LspService(Service):
         self._sweep = None
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            if now - session.last_activity > session.limits["idle_timeout_seconds"]:
+            # A server still starting, or answering a question, is not idle
+            # however long that takes (a first question on a busy machine).
+            busy = session.state == "starting" or (
+                session.state == "ready" and not session.idle
+            )
+            quiet = now - session.last_activity > session.limits["idle_timeout_seconds"]
+            if quiet and not busy:
                 log.info("language server {id} idle: stopped", id=session.id)
                 self.remove(session)
         self._arm_sweep()

@@ -29,6 +29,7 @@ class FakeSession:
         self.last_activity = last
         self.idle = idle
         self.closed = False
+        self.limits = {"idle_timeout_seconds": 1}
 
     def close(self) -> Any:
         self.closed = True
@@ -92,3 +93,25 @@ class RoomTests(SynchronousTestCase):
         )
         self.assertIn("none is idle", caught.exception.message)
         self.assertIn("a1", self.service.sessions)
+
+
+class SweepTests(SynchronousTestCase):
+    """The idle sweep stops only what is idle."""
+
+    def test_busy_and_starting_sessions_stay(self) -> None:
+        """
+        A session quiet past its idle timeout is stopped, but not one still
+        starting or answering a question that is taking long.
+        """
+        service = LspService(SimpleNamespace(reactor=Clock(), children=None))
+        quiet = FakeSession("q", "alice", last=0)
+        asking = FakeSession("a", "alice", last=0, idle=False)
+        starting = FakeSession("s", "alice", last=0)
+        starting.state = "starting"
+        for s in (quiet, asking, starting):
+            service.sessions[s.id] = s  # type: ignore[assignment]
+        service._sweep_idle()
+        self.assertEqual(
+            (quiet.closed, asking.closed, starting.closed), (True, False, False)
+        )
+        self.assertEqual(sorted(service.sessions), ["a", "s"])
