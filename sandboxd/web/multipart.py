@@ -96,7 +96,17 @@ def body_buffer(content: Any) -> tuple[Any, Callable[[], None]]:
     if size == 0:
         return b"", lambda: None
     mapped = mmap.mmap(content.fileno(), size, access=mmap.ACCESS_READ)
-    return mapped, mapped.close
+
+    def close() -> None:
+        try:
+            mapped.close()
+        except BufferError:
+            # Views of it live on (the parts beside the one used, or an
+            # error's traceback holding the split's frames): the map goes
+            # when the last of them does, and the call's answer stands.
+            pass
+
+    return mapped, close
 
 
 __all__ = ["body_buffer", "boundary_of", "split_multipart"]

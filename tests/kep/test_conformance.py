@@ -146,6 +146,37 @@ class FilesConformance(ConformanceCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "f.txt")))
 
     @inlineCallbacks
+    def test_put_multipart_spooled_to_disk(self) -> Any:
+        """
+        A multipart body big enough to be kept on disk is written (a form
+        field beside the file too), or refused with its own 400: never a
+        500 from letting go of the body while parts of it are still held.
+        """
+        payload = bytes(range(256)) * 1024
+        r = yield self.http(
+            "PUT",
+            "/v1/files/big.bin",
+            data={"note": "a field beside the file"},
+            files={"file": ("big.bin", payload)},
+        )
+        self.assertEqual(r.status_code, 204, r.text)
+        with open(os.path.join(self.base_dir, "big.bin"), "rb") as f:
+            self.assertEqual(f.read(), payload)
+        r = yield self.http(
+            "PUT", "/v1/files/none.bin", files={"notfile": ("n", payload)}
+        )
+        self.assert_error(r, 400, "INVALID_ARGUMENT")
+        r = yield self.http(
+            "PUT",
+            "/v1/files/bad.bin",
+            content=b"--B\r\n" + b"x" * 300_000,
+            headers={"content-type": "multipart/form-data; boundary=B"},
+        )
+        self.assert_error(r, 400, "INVALID_ARGUMENT")
+        for name in ("none.bin", "bad.bin"):
+            self.assertFalse(os.path.exists(os.path.join(self.base_dir, name)))
+
+    @inlineCallbacks
     def test_put_onto_directory(self) -> Any:
         """A PUT whose target is a directory is 400 INVALID_ARGUMENT."""
         os.makedirs(os.path.join(self.base_dir, "d"))
