@@ -66,7 +66,7 @@ from sandboxd.processes.service import ProcessService
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import system as system_routes
 from sandboxd.routes import terminal as terminal_routes
-from sandboxd.terminals.session import PtySession
+from sandboxd.terminals.session import OutputLost, PtySession
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -341,11 +341,16 @@ class _PtyClient:
         terminal wrote, as envd sends them (the frame's text has U+FFFD for
         what is not UTF-8: the bytes are read from the scrollback instead).
         """
-        message = json.loads(frame)
-        if message.get("type") == "output" and message.get("data"):
-            data = self.session.output_since(int(message.get("offset", 0)))
-            if data:
-                self.stream.send({"event": {"data": {"pty": b64(data)}}})
+        if self.stream.ended:
+            return
+        try:
+            output = self.session.output_bytes(frame)
+        except OutputLost as e:
+            # Never a stream that silently misses bytes.
+            self.stream.end(internal(f"{e}; the stream ends here"))
+            return
+        if output is not None and output[1]:
+            self.stream.send({"event": {"data": {"pty": b64(output[1])}}})
 
     def session_ended(self, frame: bytes) -> None:
         """The shell ended: the ``end`` event, then the end of the stream."""

@@ -61,7 +61,7 @@ from sandboxd.processes.managed import Managed
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
-from sandboxd.terminals.session import PtySession, SpawnRequest
+from sandboxd.terminals.session import OutputLost, PtySession, SpawnRequest
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.portdoor import Pauser, governed_request, run_each
 
@@ -599,21 +599,42 @@ class _TerminalClient:
     def __init__(self, rpc: Rpc, session: PtySession) -> None:
         self.rpc = rpc
         self.session = session
+        #: The output offset the next message starts at.
         self.sent = 0
 
     def send_frame(self, frame: bytes) -> None:
-        """Output since the last message, as the bytes the terminal wrote."""
-        self._flush()
+        """
+        An output frame's bytes, as the terminal wrote them, in one message.
+        The frames follow each other with no gap; one that does not (output
+        the scrollback forgot before this client had it) ends the call with
+        an error rather than a stream that silently misses bytes.
+        """
+        if self.rpc.over:
+            return
+        try:
+            output = self.session.output_bytes(frame)
+        except OutputLost as e:
+            self._lost(e.kept_from)
+            return
+        if output is None or not output[1]:
+            return
+        begin, data = output
+        if begin != self.sent:
+            self._lost(begin)
+            return
+        self.sent += len(data)
+        self.rpc.send({"stdout": data})
 
-    def _flush(self) -> None:
-        data = self.session.output_since(self.sent)
-        if data:
-            self.sent += len(data)
-            self.rpc.send({"stdout": data})
+    def _lost(self, begin: int) -> None:
+        self.rpc.fail(
+            internal(
+                f"terminal output from byte {self.sent} to {begin} was lost "
+                "before it could be sent; the stream ends here"
+            )
+        )
 
     def session_ended(self, frame: bytes) -> None:
-        """The program ended: the rest of its output, then ``exit``."""
-        self._flush()
+        """The program ended (its last output came in frames): ``exit``."""
         self.rpc.send({"exit": {"exit_code": exit_code(self.session.exit_code)}})
         self.rpc.answer()
 

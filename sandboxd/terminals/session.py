@@ -73,6 +73,18 @@ CLIENT_SIGNALS = {
 _BULK_BYTES = 512
 
 
+class OutputLost(Exception):
+    """A client asked for output the scrollback has already forgotten."""
+
+    def __init__(self, offset: int, kept_from: int) -> None:
+        super().__init__(
+            f"terminal output from byte {offset} was asked for, "
+            f"but only output from byte {kept_from} is kept"
+        )
+        self.offset = offset
+        self.kept_from = kept_from
+
+
 class Client(Protocol):
     """What a session needs from an attached client (a WebSocket)."""
 
@@ -146,10 +158,20 @@ class Scrollback:
         """Bytes of output so far."""
         return self.start + len(self.data)
 
-    def append(self, chunk: bytes) -> None:
-        """Keep ``chunk``, forgetting the oldest bytes beyond the limit."""
+    def append(self, chunk: bytes, keep: int | None = None) -> None:
+        """
+        Keep ``chunk``, forgetting the oldest bytes beyond the limit, but
+        none from ``keep`` on: output not yet sent to the clients stays
+        until it is, however much one flush gathers.
+        """
         self.data += chunk
+        self.trim(keep)
+
+    def trim(self, keep: int | None = None) -> None:
+        """Forget the oldest bytes beyond the limit, but none from ``keep`` on."""
         over = len(self.data) - self.limit
+        if keep is not None:
+            over = min(over, keep - self.start)
         if over > 0:
             # Deleting from a bytearray's front only moves its start pointer.
             del self.data[:over]
@@ -300,7 +322,9 @@ class PtySession:
         self.last_activity = now
         if len(data) >= _BULK_BYTES:
             data = self._drain(data)
-        self.scrollback.append(data)
+        # What is pending is not sent yet: a flush can gather more than the
+        # scrollback holds, and clients that want the bytes read them here.
+        self.scrollback.append(data, keep=self.emitted)
         self._pending.append(data)
         self._pending_size += len(data)
         if self._flush_timer is not None:
@@ -363,19 +387,30 @@ class PtySession:
             frame = output_frame(text, start, self.emitted)
             for client in list(self.clients):
                 client.send_frame(frame)
+        self.scrollback.trim(keep=self.emitted)
 
-    def output_since(self, offset: int) -> bytes:
+    def output_bytes(self, frame: bytes) -> tuple[int, bytes] | None:
         """
-        The output bytes from ``offset`` (or the oldest kept) to what has
-        been sent to clients so far: the bytes themselves, for a client
-        that wants them rather than a frame's text (where what is not UTF-8
-        became U+FFFD).  A frame is sent as soon as ``emitted`` moves; the
-        last one (a character the program left unfinished) once it ended.
+        Where an ``output`` frame starts and the bytes it carries, as the
+        terminal wrote them, for a client that wants them rather than the
+        frame's text (where what is not UTF-8 became U+FFFD); None for any
+        other frame.
+
+        The frame says where its bytes are (``offset`` to ``end``); they
+        are still in the scrollback while the frame is being sent, since
+        output is kept until it has been sent.
+
+        :raises OutputLost: the scrollback no longer holds the frame's
+            first bytes (never silently skipped).
         """
+        message = json.loads(frame)
+        if message.get("type") != "output":
+            return None
+        offset, end = int(message["offset"]), int(message["end"])
         kept = self.scrollback
-        upto = kept.end if self.ended else self.emitted
-        begin = max(offset, kept.start)
-        return bytes(kept.data[begin - kept.start : upto - kept.start])
+        if offset < kept.start or end > kept.end:
+            raise OutputLost(offset, kept.start)
+        return offset, bytes(kept.data[offset - kept.start : end - kept.start])
 
     # -- clients --------------------------------------------------------------
 

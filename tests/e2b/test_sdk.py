@@ -447,6 +447,30 @@ class PtyTests(E2BCase):
         self.assertFalse(alive(pid))
 
     @inlineCallbacks
+    def test_pty_output_past_the_scrollback_is_exact(self) -> Any:
+        """
+        ``seq 1 100000`` on a terminal (about 670 KB, far past its 64 KiB
+        scrollback) reaches ``on_pty`` as exactly the bytes the terminal
+        wrote: none skipped, none sent twice.
+        """
+        want = b"".join(b"%d\r\n" % i for i in range(1, 100001))
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            data: list[bytes] = []
+            handle = sbx.pty.create(PtySize(rows=24, cols=80))
+            sbx.pty.send_stdin(handle.pid, b"stty -echo; seq 1 100000; exit\n")
+            handle.wait(on_pty=data.append)
+            return b"".join(data)
+
+        for _ in range(3):
+            data = yield self.sdk(job)
+            self.assertEqual(data.count(b"\r\n50000\r\n"), 1)
+            self.assertIn(want, data)
+
+    @inlineCallbacks
     def test_pty_deadline(self) -> Any:
         """A terminal's timeout (Connect-Timeout-Ms) ends it, as envd does."""
 

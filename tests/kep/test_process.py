@@ -415,6 +415,47 @@ class StartTests(ProcessCase):
         self.assertEqual(status_of(error)[0], "FAILED_PRECONDITION")
 
 
+class PtyOutputTests(ProcessCase):
+    """What a program writes to its terminal comes through whole."""
+
+    @inlineCallbacks
+    def test_seq_through_a_pty_is_exact(self) -> Any:
+        """
+        ``seq 1 100000`` on a pty (about 670 KB, far past the terminal's
+        64 KiB scrollback) arrives as exactly the bytes the terminal wrote,
+        once and in order, with a reader that starts late (the output piles
+        up meanwhile) and with one that reads at once.
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+        want = b"".join(b"%d\r\n" % i for i in range(1, 100001))
+
+        def job(delay: float) -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["seq", "1", "100000"]),
+                    pty=pb.PTY(cols=120, rows=40),
+                ),
+                timeout=30,
+            )
+            first = next(stream)
+            time.sleep(delay)
+            out = bytearray()
+            code = None
+            for response in stream:
+                if response.HasField("stdout"):
+                    out += response.stdout
+                elif response.HasField("exit"):
+                    code = response.exit.exit_code
+            return first.WhichOneof("event"), bytes(out), code
+
+        for delay in (0.5, 0.0, 0.0):
+            kind, out, code = yield self.blocking(job, delay)
+            self.assertEqual((kind, code), ("init", 0))
+            self.assertEqual(len(out), len(want))
+            self.assertTrue(out == want, "the terminal's output was not exact")
+
+
 def _eof(pb: Any, pid: int) -> Any:
     from google.protobuf import empty_pb2
 
