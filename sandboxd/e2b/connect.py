@@ -84,6 +84,10 @@ _BY_CODE = {
     Code.PRECONDITION_FAILED: ConnectCode.FAILED_PRECONDITION,
     Code.TIMEOUT: ConnectCode.DEADLINE_EXCEEDED,
     Code.IDLE_TIMEOUT: ConnectCode.DEADLINE_EXCEEDED,
+    # Too big is final: as resource_exhausted the E2B SDK raises
+    # RateLimitException, "please try again later", and a retry of the
+    # same payload can never pass.
+    Code.PAYLOAD_TOO_LARGE: ConnectCode.INVALID_ARGUMENT,
 }
 
 _BY_STATUS = {
@@ -94,7 +98,7 @@ _BY_STATUS = {
     408: ConnectCode.DEADLINE_EXCEEDED,
     409: ConnectCode.ABORTED,
     412: ConnectCode.FAILED_PRECONDITION,
-    413: ConnectCode.RESOURCE_EXHAUSTED,
+    413: ConnectCode.INVALID_ARGUMENT,
     415: ConnectCode.INVALID_ARGUMENT,
     416: ConnectCode.INVALID_ARGUMENT,
     429: ConnectCode.RESOURCE_EXHAUSTED,

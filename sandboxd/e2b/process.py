@@ -287,6 +287,20 @@ def _deadline_error(seconds: float | None) -> ApiError:
     )
 
 
+def _watch_deadline_error(seconds: float | None) -> ApiError:
+    """
+    A ``Connect`` stream's own deadline: it ends the watching only, as
+    envd's does; the process it watched goes on (its own deadline is the
+    one its ``Start`` was given).
+    """
+    shown = f" after {seconds:g} seconds" if seconds else ""
+    return timed_out(
+        f"this connection's deadline passed{shown}; the connection ends here, "
+        "the process still runs",
+        limit="Connect-Timeout-Ms",
+    )
+
+
 # -- following a process's output -----------------------------------------------
 
 
@@ -515,7 +529,7 @@ def connect_(call: Call, message: dict[str, Any]) -> None:
         raise _missing(message)
     timeout = call.timeout_seconds()
     stream = Stream(call, _keepalive)
-    stream.deadline(timeout, lambda: stream.end(_deadline_error(None)))
+    stream.deadline(timeout, lambda: stream.end(_watch_deadline_error(timeout)))
     stream.send({"event": {"start": {"pid": target.pid}}})
     if isinstance(target, PtySession):
         _attach(call, stream, target, replay=False)

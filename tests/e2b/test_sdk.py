@@ -118,6 +118,35 @@ class CommandTests(E2BCase):
         self.assertEqual((result.stdout, result.exit_code), ("abc\n", 0))
 
     @inlineCallbacks
+    def test_stdin_over_the_message_cap_is_invalid_argument(self) -> Any:
+        """
+        ``send_stdin`` of more than one Connect message may carry raises
+        InvalidArgumentException naming the limit, not RateLimitException
+        ("please try again later": the same call can never pass), and the
+        process gets none of it.
+        """
+        from e2b import InvalidArgumentException
+
+        from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("wc -c", background=True, stdin=True)
+            error = caught(
+                lambda: sbx.commands.send_stdin(
+                    handle.pid, b"x" * (E2B_MAX_MESSAGE_BYTES + 1)
+                )
+            )
+            handle.close_stdin()
+            return error, handle.wait()
+
+        error, result = yield self.sdk(job)
+        self.assertIsInstance(error, InvalidArgumentException)
+        self.assertIn("payload_too_large", str(error))
+        self.assertNotIn("try again", str(error))
+        self.assertEqual(result.stdout.strip(), "0")
+
+    @inlineCallbacks
     def test_timeout_ends_the_group(self) -> Any:
         """
         A command's timeout (Connect-Timeout-Ms) raises TimeoutException and
