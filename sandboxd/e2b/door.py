@@ -147,6 +147,9 @@ class Stream:
         self._deadline: Any = None
         self._end_hooks: list[Callable[[], None]] = []
         self._producer: Pauser | None = None
+        #: While the source waits for a client that reads nothing: the
+        #: timer of the bound on that wait.
+        self._unread: Any = None
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
@@ -196,13 +199,50 @@ class Stream:
         self.request.write(data)
 
     def register_producer(
-        self, pause: Callable[[], None], resume: Callable[[], None]
+        self,
+        pause: Callable[[], None],
+        resume: Callable[[], None],
+        patience: float | None = None,
+        too_long: Callable[[float], ApiError] | None = None,
     ) -> None:
-        """Let a client that reads slowly pause what feeds the stream."""
-        self._producer = Pauser(pause, resume)
+        """
+        Let a client that reads slowly pause what feeds the stream.
+
+        :param patience: how long the source may stay paused for a client
+            that takes nothing, as envd's programs wait on backpressure:
+            the connection is not cut as stalled meanwhile, and past it
+            the stream ends with ``too_long(patience)``.  None: the HTTP
+            front's bound on a stalled client (``--idle-timeout``) applies.
+        """
+
+        def paused() -> None:
+            if patience is not None and too_long is not None and self._unread is None:
+                self._unread = self.clock.callLater(
+                    patience, lambda: self._waited(too_long(patience))
+                )
+            pause()
+
+        def resumed() -> None:
+            self._stop_waiting()
+            resume()
+
+        self._producer = Pauser(paused, resumed)
+        if patience is not None:
+            self.request.patient = lambda: self._unread is not None
         self.request.registerProducer(self._producer, True)
 
+    def _waited(self, error: ApiError) -> None:
+        """The client read nothing for the whole bound: the stream ends."""
+        self._unread = None
+        self.end(error)
+
+    def _stop_waiting(self) -> None:
+        timer, self._unread = self._unread, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
     def _stop(self) -> None:
+        self._stop_waiting()
         if self._producer is not None:
             producer, self._producer = self._producer, None
             if self.request.channel is not None:

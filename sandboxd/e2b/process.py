@@ -59,7 +59,11 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
-from sandboxd.policy.defaults import E2B_CONFIGS_BYTES, E2B_CONFIGS_KEPT
+from sandboxd.policy.defaults import (
+    E2B_CONFIGS_BYTES,
+    E2B_CONFIGS_KEPT,
+    E2B_UNREAD_OUTPUT_SECONDS,
+)
 from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
 from sandboxd.processes.service import ProcessService
@@ -301,6 +305,19 @@ def _watch_deadline_error(seconds: float | None) -> ApiError:
     )
 
 
+def unread_too_long(seconds: float) -> ApiError:
+    """
+    A stream whose client took none of its output for ``seconds``: it
+    ends (``deadline_exceeded``, a ``TimeoutException`` in the SDK); the
+    program it followed runs on.
+    """
+    return timed_out(
+        f"the client took none of the output for {seconds:g} seconds; the stream "
+        "ends here, the process still runs",
+        idle=True,
+    )
+
+
 # -- following a process's output -----------------------------------------------
 
 
@@ -335,7 +352,13 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
     if stream.ended:
         return
     stream.on_end(managed.log.subscribe(deliver))
-    stream.register_producer(child.pause_reading, child.resume_reading)
+    # The child waits for a slow client (it blocks in write), as under envd.
+    stream.register_producer(
+        child.pause_reading,
+        child.resume_reading,
+        E2B_UNREAD_OUTPUT_SECONDS,
+        unread_too_long,
+    )
     if managed.log.closed and not stream.ended:
         stream.send(end_event(child.exit_code))
         stream.end()
@@ -382,14 +405,8 @@ class _PtyClient:
         """Input is by RPC here: nothing to resume."""
 
     def drop_slow(self) -> None:
-        """The client left output unread too long: end its stream."""
-        self.stream.end(
-            limit_exceeded(
-                429,
-                "the client left terminal output unread for too long",
-                Code.RATE_LIMITED,
-            )
-        )
+        """The client left output unread past the bound: end its stream."""
+        self.stream.end(unread_too_long(E2B_UNREAD_OUTPUT_SECONDS))
 
 
 def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
@@ -404,8 +421,13 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
         )
         return
     stream.on_end(lambda: session.detach(client))
+    # The shell waits for a slow client, as under envd, not the 10 s a
+    # WebSocket viewer gets: an SDK client may read its handle much later.
     stream.register_producer(
-        lambda: session.pause(client), lambda: session.resume(client)
+        lambda: session.pause(client, E2B_UNREAD_OUTPUT_SECONDS),
+        lambda: session.resume(client),
+        E2B_UNREAD_OUTPUT_SECONDS,
+        unread_too_long,
     )
 
 

@@ -328,10 +328,13 @@ class SandboxChannel(HTTPChannel):
             return
         if self._handlingRequest:
             before, self._delivered = self._delivered, delivery(self.transport)
-            if stalled(before, self._delivered) or (
-                self.site.silence_ends_requests  # type: ignore[attr-defined]
-                and untouched(before, self._delivered)
-            ):
+            if (
+                stalled(before, self._delivered)
+                or (
+                    self.site.silence_ends_requests  # type: ignore[attr-defined]
+                    and untouched(before, self._delivered)
+                )
+            ) and not self._waits_for_its_client():
                 self._cut_stalled()
                 return
             # A timer that fired is gone (``resetTimeout`` only moves a
@@ -340,6 +343,17 @@ class SandboxChannel(HTTPChannel):
             self.setTimeout(self.timeOut)
             return
         super().timeoutConnection()
+
+    def _waits_for_its_client(self) -> bool:
+        """
+        Whether the request in hand says its client may take nothing for
+        now: its response's source is paused for that client and bounds
+        the wait itself (``patient``: an E2B stream whose process waits on
+        backpressure, as envd's does), so it is not cut as stalled.
+        """
+        request = self.requests[0] if self.requests else None
+        patient = getattr(request, "patient", None)
+        return bool(patient is not None and patient())
 
     def _cut_stalled(self) -> None:
         """

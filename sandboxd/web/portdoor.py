@@ -114,6 +114,10 @@ class DoorRequest(Request):
     #: The body's spool (a temporary file past Twisted's in-memory size)
     #: ran out of disk: the rest is dropped, and the call answers 507.
     no_space = False
+    #: Whether the response waits for its client on purpose for now (its
+    #: source paused until the client reads, within a bound of its own):
+    #: then the connection is not cut as stalled (:mod:`sandboxd.web.channel`).
+    patient: Callable[[], bool] | None = None
     _received = 0
     _cap = 0
 

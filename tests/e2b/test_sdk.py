@@ -565,3 +565,95 @@ class AsyncSdkTests(E2BCase):
         self.assertIn(b"async-42", data)
         self.assertTrue(killed)
         self.assertIn(("x.txt", "create"), events)
+
+
+class UnreadOutputTests(E2BCase):
+    """
+    Output a client leaves unread pauses the program (it blocks in
+    ``write``), as under envd, however long the client takes within the
+    door's bound; the connection is not cut as a stalled one meanwhile
+    (the HTTP front's idle bound here is 1 s, so it cuts one after 2 s).
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("idle_timeout", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_command_read_late_arrives_whole(self) -> Any:
+        """
+        A background command's output read 5 s after it started (far more
+        than the socket buffers hold) arrives whole, with its exit code.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "seq 1 3000000; echo END", background=True, timeout=60
+            )
+            time.sleep(5)
+            return handle.wait()
+
+        result = yield self.sdk(job)
+        lines = result.stdout.split("\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertEqual(lines[-3:], ["3000000", "END", ""])
+        self.assertEqual(len(lines), 3000002)
+
+    @inlineCallbacks
+    def test_past_the_bound_the_stream_ends_with_a_timeout(self) -> Any:
+        """
+        Past the bound on unread output (made 2 s here) the stream ends
+        with an error the SDK maps (TimeoutException, not a raw
+        ``connectrpc`` error); the command itself runs on.
+        """
+        from e2b import TimeoutException
+
+        from sandboxd.e2b import process as process_module
+
+        self.patch(process_module, "E2B_UNREAD_OUTPUT_SECONDS", 2.0)
+        marker = os.path.join(self.base_dir, "pid")
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                f"echo $$ > {marker}; seq 1 3000000; sleep 30",
+                background=True,
+                timeout=60,
+            )
+            time.sleep(5)
+            return caught(handle.wait)
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, TimeoutException)
+        self.assertIn("took none of the output for 2 seconds", str(error))
+        with open(marker) as f:
+            pid = int(f.read())
+        self.assertTrue(alive(pid), "the command runs on")
+        os.kill(pid, 9)
+
+    @inlineCallbacks
+    def test_terminal_read_late_arrives_whole(self) -> Any:
+        """
+        A terminal whose handle is read 12 s after a command filled it
+        (past the 10 s a WebSocket viewer is given) has the shell wait
+        for it: every line arrives, none lost to a cut.
+        """
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            sbx.pty.send_stdin(
+                handle.pid, b"stty -echo; seq 1 1500000; echo END''MARK; exit\n"
+            )
+            time.sleep(12)
+            data: list[bytes] = []
+            error = caught(lambda: handle.wait(on_pty=data.append))
+            return error, b"".join(data)
+
+        error, data = yield self.sdk(job)
+        self.assertNotIsInstance(error, Exception)
+        want = b"".join(b"%d\r\n" % i for i in range(1, 1500001))
+        self.assertIn(want + b"ENDMARK", data)
