@@ -62,6 +62,7 @@ from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import (
     E2B_CONFIGS_BYTES,
     E2B_CONFIGS_KEPT,
+    E2B_INPUT_PENDING_BYTES,
     E2B_UNREAD_OUTPUT_SECONDS,
 )
 from sandboxd.processes.environment import note_argv, secret_names
@@ -611,19 +612,55 @@ def send_input(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def stream_input(call: Call, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """``StreamInput``: a start naming the process, then input in order."""
-    if not messages or field(messages[0], "start") is None:
-        raise bad_request("the input stream must begin with a 'start' message")
-    first = field(messages[0], "start")
-    target = _find(call, first)
-    if target is None:
-        raise _missing(first)
-    for message in messages[1:]:
+class _InputFeed:
+    """A ``StreamInput``'s messages after its start, applied as they arrive."""
+
+    def __init__(self, call: Call, target: Managed | PtySession) -> None:
+        self.call = call
+        self.target = target
+
+    def alive(self) -> bool:
+        """Whether the process or terminal still runs."""
+        if isinstance(self.target, PtySession):
+            return self.target.alive
+        return self.target.running
+
+    def waiting(self) -> bool:
+        """Whether what was written waits for the process to read it."""
+        if not self.alive():
+            return False
+        if isinstance(self.target, PtySession):
+            return self.target.input_waiting()
+        child = self.target.child
+        return child.stdin_open and child.stdin_pending() >= E2B_INPUT_PENDING_BYTES
+
+    def message(self, message: dict[str, Any]) -> None:
+        """One ``data`` message (a keepalive carries none)."""
         data = field(message, "data")
-        if data is not None:
-            _write_input(call, target, data)
-    return {}
+        if data is None:
+            return
+        if not self.alive():
+            raise not_found(f"process with pid {self.target.pid} has ended")
+        _write_input(self.call, self.target, data)
+
+    def end(self) -> dict[str, Any]:
+        """The client's stream is over: envd's empty response."""
+        return {}
+
+
+def stream_input(call: Call, first: dict[str, Any]) -> _InputFeed:
+    """
+    ``StreamInput``: a start naming the process, then input applied as
+    each message arrives (envd's ``for stream.Receive()``), so a live
+    keyboard or a stream larger than memory gets through.
+    """
+    start = field(first, "start")
+    if start is None:
+        raise bad_request("the input stream must begin with a 'start' message")
+    target = _find(call, start)
+    if target is None:
+        raise _missing(start)
+    return _InputFeed(call, target)
 
 
 def _stream_input_endpoint(call: Call, message: dict[str, Any]) -> str:
@@ -710,7 +747,11 @@ PROCEDURES = {
         _P + "SendInput", UNARY, _by_target("process_stdin", "pty_connect"), send_input
     ),
     _P + "StreamInput": Procedure(
-        _P + "StreamInput", CLIENT_STREAM, _stream_input_endpoint, stream_input
+        _P + "StreamInput",
+        CLIENT_STREAM,
+        _stream_input_endpoint,
+        stream_input,
+        live=True,
     ),
     _P + "SendSignal": Procedure(
         _P + "SendSignal",

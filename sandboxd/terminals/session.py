@@ -513,6 +513,10 @@ class PtySession:
                     return
             transport.write(data)
 
+    def input_waiting(self) -> bool:
+        """Whether the shell takes no input now (what was written waits)."""
+        return self._throttle is not None and self._throttle.paused
+
     def resize(self, cols: int, rows: int) -> None:
         """Resize the window (TIOCSWINSZ; the kernel sends SIGWINCH)."""
         if self.alive and self.transport is not None:

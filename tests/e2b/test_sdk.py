@@ -633,6 +633,30 @@ class UnreadOutputTests(E2BCase):
         os.kill(pid, 9)
 
     @inlineCallbacks
+    def test_a_quiet_input_stream_is_kept(self) -> Any:
+        """
+        A ``stream_input`` whose client sends nothing for 3 s (a keyboard
+        at rest) is not closed as an idle connection: the line after the
+        pause arrives.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("cat", background=True, stdin=True, timeout=60)
+
+            def lines() -> Any:
+                yield "one\n"
+                time.sleep(3)
+                yield "two\n"
+
+            sbx.commands.stream_input(handle.pid, lines())
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout
+
+        out = yield self.sdk(job)
+        self.assertEqual(out, "one\ntwo\n")
+
+    @inlineCallbacks
     def test_terminal_read_late_arrives_whole(self) -> Any:
         """
         A terminal whose handle is read 12 s after a command filled it
@@ -657,3 +681,107 @@ class UnreadOutputTests(E2BCase):
         self.assertNotIsInstance(error, Exception)
         want = b"".join(b"%d\r\n" % i for i in range(1, 1500001))
         self.assertIn(want + b"ENDMARK", data)
+
+
+class StreamInputTests(E2BCase):
+    """``commands.stream_input``: each message reaches the process as it is sent."""
+
+    @inlineCallbacks
+    def test_input_is_applied_as_it_arrives(self) -> Any:
+        """
+        A line the iterable yields reaches ``cat`` (and comes back as
+        output) before the iterable yields the next one, as envd applies
+        each message on receipt: not once the client's stream has ended.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("cat", background=True, stdin=True, timeout=60)
+            seen: list[str] = []
+            threading.Thread(
+                target=lambda: handle.wait(on_stdout=seen.append), daemon=True
+            ).start()
+            echoed = []
+
+            def lines() -> Any:
+                for i in range(3):
+                    yield f"line{i}\n"
+                    deadline = time.monotonic() + 5
+                    while f"line{i}" not in "".join(seen):
+                        if time.monotonic() > deadline:
+                            echoed.append(False)
+                            break
+                        time.sleep(0.02)
+                    else:
+                        echoed.append(True)
+
+            sbx.commands.stream_input(handle.pid, lines())
+            sbx.commands.kill(handle.pid)
+            return echoed
+
+        echoed = yield self.sdk(job)
+        self.assertEqual(echoed, [True, True, True])
+
+    @inlineCallbacks
+    def test_a_stream_larger_than_any_body_gets_through(self) -> Any:
+        """
+        20 MiB streamed in 64 KiB messages (more than a request body may
+        hold) reaches ``wc -c`` whole: each message is bounded, not the
+        stream.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("wc -c", background=True, stdin=True, timeout=60)
+            sbx.commands.stream_input(handle.pid, (b"z" * 65536 for _ in range(320)))
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout.strip()
+
+        count = yield self.sdk(job)
+        self.assertEqual(count, str(320 * 65536))
+
+    @inlineCallbacks
+    def test_a_process_not_reading_makes_the_stream_wait(self) -> Any:
+        """
+        Input for a process that does not read yet waits in the client
+        (its stream is read no further meanwhile), not in the daemon: none
+        is refused, and it all arrives once the process reads.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 3; wc -c", background=True, stdin=True, timeout=60
+            )
+            sbx.commands.stream_input(handle.pid, (b"z" * 65536 for _ in range(160)))
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout.strip()
+
+        count = yield self.sdk(job)
+        self.assertEqual(count, str(160 * 65536))
+
+    @inlineCallbacks
+    def test_a_missing_process_is_refused_at_once(self) -> Any:
+        """
+        A stream naming no process is NotFoundException as soon as its
+        start is read, and the next call on the door is served.
+        """
+        from e2b import NotFoundException
+
+        def job() -> Any:
+            sbx = self.sandbox()
+
+            def forever() -> Any:
+                for _ in range(300):
+                    yield b"x"
+                    time.sleep(0.05)
+
+            start = time.monotonic()
+            error = caught(lambda: sbx.commands.stream_input(4_000_000, forever()))
+            took = time.monotonic() - start
+            return error, took, sbx.commands.run("echo next").stdout
+
+        error, took, after = yield self.sdk(job)
+        self.assertIsInstance(error, NotFoundException)
+        self.assertLess(took, 10, "refused before the stream's 15 s were sent")
+        self.assertEqual(after, "next\n")
