@@ -97,7 +97,7 @@ class Procedure:
     api_key: bool = False
     fields: tuple[Field, ...] | None = None
     #: A client stream served as its messages arrive: ``run(call, first)``
-    #: returns a :class:`Feeder` for the rest (see :meth:`PortDoor.live`).
+    #: returns what takes the rest (:class:`sandboxd.e2b.door.Feeder`).
     live: bool = False
 
 
