@@ -84,6 +84,10 @@ _BY_CODE = {
     Code.PRECONDITION_FAILED: ConnectCode.FAILED_PRECONDITION,
     Code.TIMEOUT: ConnectCode.DEADLINE_EXCEEDED,
     Code.IDLE_TIMEOUT: ConnectCode.DEADLINE_EXCEEDED,
+    # Too big is final: as resource_exhausted the E2B SDK raises
+    # RateLimitException, "please try again later", and a retry of the
+    # same payload can never pass.
+    Code.PAYLOAD_TOO_LARGE: ConnectCode.INVALID_ARGUMENT,
 }
 
 _BY_STATUS = {
@@ -94,7 +98,7 @@ _BY_STATUS = {
     408: ConnectCode.DEADLINE_EXCEEDED,
     409: ConnectCode.ABORTED,
     412: ConnectCode.FAILED_PRECONDITION,
-    413: ConnectCode.RESOURCE_EXHAUSTED,
+    413: ConnectCode.INVALID_ARGUMENT,
     415: ConnectCode.INVALID_ARGUMENT,
     416: ConnectCode.INVALID_ARGUMENT,
     429: ConnectCode.RESOURCE_EXHAUSTED,
@@ -189,6 +193,32 @@ def split_envelopes(data: bytes, max_message: int) -> list[Any]:
             break
         out.append(decode_json(chunk))
     return out
+
+
+def next_envelope(buffer: bytearray, max_message: int) -> tuple[int, Any] | None:
+    """
+    Take the first whole envelope off the front of ``buffer`` (a stream's
+    body as it arrives): ``(flags, message)``, the end-of-stream message
+    as ``{}``; None while it is not whole.
+
+    :raises ApiError: as :func:`split_envelopes`, as soon as the envelope's
+        header says so (a message over ``max_message`` is not waited for).
+    """
+    if len(buffer) < _HEADER.size:
+        return None
+    flags, length = _HEADER.unpack_from(buffer, 0)
+    if flags & FLAG_COMPRESSED:
+        raise malformed("compressed Connect messages are not accepted")
+    if length > max_message:
+        raise payload_too_large(max_message, f"a Connect message of {length} bytes")
+    end = _HEADER.size + length
+    if len(buffer) < end:
+        return None
+    chunk = bytes(buffer[_HEADER.size : end])
+    del buffer[:end]
+    if flags & FLAG_END_STREAM:
+        return flags, {}
+    return flags, decode_json(chunk)
 
 
 def decode_json(data: bytes) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import os
 import posixpath
 import pwd
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 from twisted.logger import Logger
@@ -35,12 +35,15 @@ from sandboxd.e2b import connect
 from sandboxd.errors import (
     ApiError,
     bad_request,
+    exhausted,
+    internal,
     invalid_path,
     malformed_request,
     payload_too_large,
     unsupported,
 )
 from sandboxd.policy.defaults import (
+    E2B_INPUT_RECHECK_SECONDS,
     E2B_KEEPALIVE_MAX_SECONDS,
     E2B_KEEPALIVE_MIN_SECONDS,
     E2B_MAX_MESSAGE_BYTES,
@@ -205,6 +208,9 @@ class Stream:
         self._deadline: Any = None
         self._end_hooks: list[Callable[[], None]] = []
         self._producer: Pauser | None = None
+        #: While the source waits for a client that reads nothing: the
+        #: timer of the bound on that wait.
+        self._unread: Any = None
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
@@ -254,13 +260,50 @@ class Stream:
         self.request.write(data)
 
     def register_producer(
-        self, pause: Callable[[], None], resume: Callable[[], None]
+        self,
+        pause: Callable[[], None],
+        resume: Callable[[], None],
+        patience: float | None = None,
+        too_long: Callable[[float], ApiError] | None = None,
     ) -> None:
-        """Let a client that reads slowly pause what feeds the stream."""
-        self._producer = Pauser(pause, resume)
+        """
+        Let a client that reads slowly pause what feeds the stream.
+
+        :param patience: how long the source may stay paused for a client
+            that takes nothing, as envd's programs wait on backpressure:
+            the connection is not cut as stalled meanwhile, and past it
+            the stream ends with ``too_long(patience)``.  None: the HTTP
+            front's bound on a stalled client (``--idle-timeout``) applies.
+        """
+
+        def paused() -> None:
+            if patience is not None and too_long is not None and self._unread is None:
+                self._unread = self.clock.callLater(
+                    patience, lambda: self._waited(too_long(patience))
+                )
+            pause()
+
+        def resumed() -> None:
+            self._stop_waiting()
+            resume()
+
+        self._producer = Pauser(paused, resumed)
+        if patience is not None:
+            self.request.patient = lambda: self._unread is not None
         self.request.registerProducer(self._producer, True)
 
+    def _waited(self, error: ApiError) -> None:
+        """The client read nothing for the whole bound: the stream ends."""
+        self._unread = None
+        self.end(error)
+
+    def _stop_waiting(self) -> None:
+        timer, self._unread = self._unread, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
     def _stop(self) -> None:
+        self._stop_waiting()
         if self._producer is not None:
             producer, self._producer = self._producer, None
             if self.request.channel is not None:
@@ -291,6 +334,152 @@ class Stream:
         if not self.call.closed:
             self.request.finish()
         self.call.done()
+
+
+# -- client streams, live ------------------------------------------------------
+
+
+class Feeder(Protocol):
+    """What a live client stream's procedure returns for its next messages."""
+
+    def message(self, message: dict[str, Any]) -> None:
+        """Apply one message (in order, as it arrives)."""
+
+    def waiting(self) -> bool:
+        """Whether it cannot take more now: the client is not read meanwhile."""
+
+    def alive(self) -> bool:
+        """Whether what it feeds is still there (its client may be quiet)."""
+
+    def end(self) -> Any:
+        """The client's stream ended: the response message."""
+
+
+class LiveInput:
+    """
+    A live client stream's body (``StreamInput``), read as it arrives, as
+    envd reads it: each whole envelope is taken off at once, the first
+    admits the call as the endpoint it maps to and starts its
+    :class:`Feeder`, and every next one is applied in order.  Each message
+    is bounded (:data:`E2B_MAX_MESSAGE_BYTES`), the stream is not.  While
+    the feeder cannot take more (a process that is not reading its stdin)
+    the client's socket is not read, so its input waits in the client.
+    """
+
+    def __init__(self, door: Door, call: Call) -> None:
+        self.door = door
+        self.call = call
+        self.buffer = bytearray()
+        self.feeder: Feeder | None = None
+        #: The end-of-stream envelope was read: what follows is dropped.
+        self.ended = False
+        self.paused = False
+        self._check: Any = None
+        self._ending = False
+        live = call.request.live
+        live.feed = self.feed
+        live.end = self.drain
+        call.request.patient = self.patient
+        call.on_close(self._stop)
+
+    def patient(self) -> bool:
+        """A started stream may be quiet while its process runs."""
+        return (
+            self.feeder is not None and not self.call.finished and self.feeder.alive()
+        )
+
+    def feed(self, data: bytes) -> None:
+        """Body bytes arrived."""
+        self.call.bytes_in += len(data)
+        if not self.ended:
+            self.buffer += data
+        self.drain()
+
+    def drain(self) -> None:
+        """Apply every whole message the feeder can take now; end once all is in."""
+        self._cancel_check()
+        if self.call.finished or self._ending:
+            return
+        try:
+            while True:
+                if self.feeder is not None and self.feeder.waiting():
+                    self._pause()
+                    return
+                taken = (
+                    None
+                    if self.ended
+                    else connect.next_envelope(self.buffer, E2B_MAX_MESSAGE_BYTES)
+                )
+                if taken is None:
+                    break
+                flags, message = taken
+                if flags & connect.FLAG_END_STREAM:
+                    self.ended = True
+                    self.buffer.clear()
+                    break
+                self._apply(message)
+                if self.call.finished:
+                    return
+            self._resume()
+            live = self.call.request.live
+            if live is not None and live.complete:
+                self._end()
+        except ApiError as e:
+            self._fail(e)
+        except Exception as e:
+            refused = exhausted(e)
+            if refused is None:
+                log.failure("sandboxd: e2b live stream failed")
+            self._fail(refused or internal("the call failed"))
+
+    def _apply(self, message: dict[str, Any]) -> None:
+        if self.feeder is None:
+            self.door.admit_endpoint(self.call, message)
+            self.feeder = self.call.procedure.run(self.call, message)
+        else:
+            self.feeder.message(message)
+
+    def _end(self) -> None:
+        if self.buffer:
+            raise connect.malformed("a truncated Connect envelope")
+        if self.feeder is None:
+            raise bad_request("the input stream must begin with a 'start' message")
+        self._ending = True
+        value = self.feeder.end()
+        self._stop()
+        self.door.succeed(self.call, value)
+
+    def _fail(self, error: ApiError) -> None:
+        self._stop()
+        self.buffer.clear()
+        self.ended = True
+        self.door.fail(self.call, error)
+
+    def _pause(self) -> None:
+        live = self.call.request.live
+        transport = self.call.request.channel.transport
+        if not self.paused and live is not None and not live.complete and transport:
+            self.paused = True
+            transport.pauseProducing()
+        self._check = self.call.context.reactor.callLater(
+            E2B_INPUT_RECHECK_SECONDS, self.drain
+        )
+
+    def _resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            transport = self.call.request.channel.transport
+            if transport is not None:
+                transport.resumeProducing()
+
+    def _cancel_check(self) -> None:
+        timer, self._check = self._check, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _stop(self) -> None:
+        self._cancel_check()
+        self._resume()
 
 
 # -- the door -------------------------------------------------------------------
@@ -364,6 +553,22 @@ class Door(PortDoor):
         else:
             body = rest_error(error)
         return b"application/json", json.dumps(body).encode(), dict(error.headers)
+
+    def live(self, path: bytes) -> bool:
+        """A client stream whose messages are applied as they arrive (envd's)."""
+        if not procedure_path(path.decode("latin-1")):
+            return False
+        procedure = self.procedures.get(path.decode("latin-1").lstrip("/"))
+        return procedure is not None and procedure.live
+
+    def begin_live(self, call: portdoor.Call) -> None:
+        """Read the call's stream as it comes (:class:`LiveInput`)."""
+        assert isinstance(call, Call)
+        LiveInput(self, call)
+
+    def succeed(self, call: portdoor.Call, value: Any) -> None:
+        """Answer a call that ended late (a live stream) with ``value``."""
+        self._succeed(call, value)
 
     def prepare(self, call: portdoor.Call) -> None:
         """A Connect call's codec, before anything is read."""

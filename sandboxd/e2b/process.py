@@ -59,7 +59,12 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
-from sandboxd.policy.defaults import E2B_CONFIGS_BYTES, E2B_CONFIGS_KEPT
+from sandboxd.policy.defaults import (
+    E2B_CONFIGS_BYTES,
+    E2B_CONFIGS_KEPT,
+    E2B_INPUT_PENDING_BYTES,
+    E2B_UNREAD_OUTPUT_SECONDS,
+)
 from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
 from sandboxd.processes.service import ProcessService
@@ -287,6 +292,33 @@ def _deadline_error(seconds: float | None) -> ApiError:
     )
 
 
+def _watch_deadline_error(seconds: float | None) -> ApiError:
+    """
+    A ``Connect`` stream's own deadline: it ends the watching only, as
+    envd's does; the process it watched goes on (its own deadline is the
+    one its ``Start`` was given).
+    """
+    shown = f" after {seconds:g} seconds" if seconds else ""
+    return timed_out(
+        f"this connection's deadline passed{shown}; the connection ends here, "
+        "the process still runs",
+        limit="Connect-Timeout-Ms",
+    )
+
+
+def unread_too_long(seconds: float) -> ApiError:
+    """
+    A stream whose client took none of its output for ``seconds``: it
+    ends (``deadline_exceeded``, a ``TimeoutException`` in the SDK); the
+    program it followed runs on.
+    """
+    return timed_out(
+        f"the client took none of the output for {seconds:g} seconds; the stream "
+        "ends here, the process still runs",
+        idle=True,
+    )
+
+
 # -- following a process's output -----------------------------------------------
 
 
@@ -321,7 +353,13 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
     if stream.ended:
         return
     stream.on_end(managed.log.subscribe(deliver))
-    stream.register_producer(child.pause_reading, child.resume_reading)
+    # The child waits for a slow client (it blocks in write), as under envd.
+    stream.register_producer(
+        child.pause_reading,
+        child.resume_reading,
+        E2B_UNREAD_OUTPUT_SECONDS,
+        unread_too_long,
+    )
     if managed.log.closed and not stream.ended:
         stream.send(end_event(child.exit_code))
         stream.end()
@@ -368,14 +406,8 @@ class _PtyClient:
         """Input is by RPC here: nothing to resume."""
 
     def drop_slow(self) -> None:
-        """The client left output unread too long: end its stream."""
-        self.stream.end(
-            limit_exceeded(
-                429,
-                "the client left terminal output unread for too long",
-                Code.RATE_LIMITED,
-            )
-        )
+        """The client left output unread past the bound: end its stream."""
+        self.stream.end(unread_too_long(E2B_UNREAD_OUTPUT_SECONDS))
 
 
 def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
@@ -390,8 +422,13 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
         )
         return
     stream.on_end(lambda: session.detach(client))
+    # The shell waits for a slow client, as under envd, not the 10 s a
+    # WebSocket viewer gets: an SDK client may read its handle much later.
     stream.register_producer(
-        lambda: session.pause(client), lambda: session.resume(client)
+        lambda: session.pause(client, E2B_UNREAD_OUTPUT_SECONDS),
+        lambda: session.resume(client),
+        E2B_UNREAD_OUTPUT_SECONDS,
+        unread_too_long,
     )
 
 
@@ -515,7 +552,7 @@ def connect_(call: Call, message: dict[str, Any]) -> None:
         raise _missing(message)
     timeout = call.timeout_seconds()
     stream = Stream(call, _keepalive)
-    stream.deadline(timeout, lambda: stream.end(_deadline_error(None)))
+    stream.deadline(timeout, lambda: stream.end(_watch_deadline_error(timeout)))
     stream.send({"event": {"start": {"pid": target.pid}}})
     if isinstance(target, PtySession):
         _attach(call, stream, target, replay=False)
@@ -575,19 +612,55 @@ def send_input(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def stream_input(call: Call, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """``StreamInput``: a start naming the process, then input in order."""
-    if not messages or field(messages[0], "start") is None:
-        raise bad_request("the input stream must begin with a 'start' message")
-    first = field(messages[0], "start")
-    target = _find(call, first)
-    if target is None:
-        raise _missing(first)
-    for message in messages[1:]:
+class _InputFeed:
+    """A ``StreamInput``'s messages after its start, applied as they arrive."""
+
+    def __init__(self, call: Call, target: Managed | PtySession) -> None:
+        self.call = call
+        self.target = target
+
+    def alive(self) -> bool:
+        """Whether the process or terminal still runs."""
+        if isinstance(self.target, PtySession):
+            return self.target.alive
+        return self.target.running
+
+    def waiting(self) -> bool:
+        """Whether what was written waits for the process to read it."""
+        if not self.alive():
+            return False
+        if isinstance(self.target, PtySession):
+            return self.target.input_waiting()
+        child = self.target.child
+        return child.stdin_open and child.stdin_pending() >= E2B_INPUT_PENDING_BYTES
+
+    def message(self, message: dict[str, Any]) -> None:
+        """One ``data`` message (a keepalive carries none)."""
         data = field(message, "data")
-        if data is not None:
-            _write_input(call, target, data)
-    return {}
+        if data is None:
+            return
+        if not self.alive():
+            raise not_found(f"process with pid {self.target.pid} has ended")
+        _write_input(self.call, self.target, data)
+
+    def end(self) -> dict[str, Any]:
+        """The client's stream is over: envd's empty response."""
+        return {}
+
+
+def stream_input(call: Call, first: dict[str, Any]) -> _InputFeed:
+    """
+    ``StreamInput``: a start naming the process, then input applied as
+    each message arrives (envd's ``for stream.Receive()``), so a live
+    keyboard or a stream larger than memory gets through.
+    """
+    start = field(first, "start")
+    if start is None:
+        raise bad_request("the input stream must begin with a 'start' message")
+    target = _find(call, start)
+    if target is None:
+        raise _missing(start)
+    return _InputFeed(call, target)
 
 
 def _stream_input_endpoint(call: Call, message: dict[str, Any]) -> str:
@@ -674,7 +747,11 @@ PROCEDURES = {
         _P + "SendInput", UNARY, _by_target("process_stdin", "pty_connect"), send_input
     ),
     _P + "StreamInput": Procedure(
-        _P + "StreamInput", CLIENT_STREAM, _stream_input_endpoint, stream_input
+        _P + "StreamInput",
+        CLIENT_STREAM,
+        _stream_input_endpoint,
+        stream_input,
+        live=True,
     ),
     _P + "SendSignal": Procedure(
         _P + "SendSignal",

@@ -884,6 +884,20 @@ E2B_MAX_WATCHERS = 64
 E2B_CONFIGS_KEPT = 512
 E2B_CONFIGS_BYTES = 16 * MIB
 
+#: E2B door: how long a command's or a terminal's stream may wait for a
+#: client that reads none of its output.  Meanwhile the program is paused
+#: (it blocks in ``write``, as under envd) and the connection is kept;
+#: past it the stream ends with ``deadline_exceeded`` (the program runs
+#: on).  Generous: a script may start a job and read it minutes later.
+E2B_UNREAD_OUTPUT_SECONDS = 1800.0
+
+#: E2B door: input a ``StreamInput`` has queued to a process's stdin past
+#: which its client's stream is read no further until the process takes
+#: some (what one message may add stays within ``STDIN_PENDING_BYTES``),
+#: and how often that is looked at meanwhile.
+E2B_INPUT_PENDING_BYTES = 1 * MIB
+E2B_INPUT_RECHECK_SECONDS = 0.02
+
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0
 

@@ -459,12 +459,20 @@ class PtySession:
         if self.alive and self.pid:
             CHILD_PRIORITY.attended(self.pid)
 
-    def pause(self, client: Client) -> None:
-        """``client``'s socket is full: pause the PTY until it drains."""
+    def pause(self, client: Client, seconds: float | None = None) -> None:
+        """
+        ``client``'s socket is full: pause the PTY until it drains.
+
+        :param seconds: how long it may stay behind before it is dropped
+            (``slow_client_seconds`` when None): a door whose clients
+            expect the shell to wait for them (E2B's) gives its own.
+        """
         if client in self._paused or client not in self.clients:
             return
         self._paused[client] = self.clock.callLater(
-            self.slow_client_seconds, self._too_slow, client
+            self.slow_client_seconds if seconds is None else seconds,
+            self._too_slow,
+            client,
         )
         if len(self._paused) == 1 and self.transport is not None and not self.ended:
             self.transport.pauseProducing()
@@ -504,6 +512,10 @@ class PtySession:
                 if not data:
                     return
             transport.write(data)
+
+    def input_waiting(self) -> bool:
+        """Whether the shell takes no input now (what was written waits)."""
+        return self._throttle is not None and self._throttle.paused
 
     def resize(self, cols: int, rows: int) -> None:
         """Resize the window (TIOCSWINSZ; the kernel sends SIGWINCH)."""

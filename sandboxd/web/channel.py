@@ -264,7 +264,9 @@ class SandboxChannel(HTTPChannel):
             self.allContentReceived()
         else:
             table = self._site_table
-            if table and not self._lingering:
+            if table and not self._lingering and getattr(request, "live", None) is None:
+                # A live body (a client stream, served as it comes) is
+                # no upload: its client sends when it has something.
                 table.body_started(self)
             self.setRawMode()
 
@@ -328,10 +330,13 @@ class SandboxChannel(HTTPChannel):
             return
         if self._handlingRequest:
             before, self._delivered = self._delivered, delivery(self.transport)
-            if stalled(before, self._delivered) or (
-                self.site.silence_ends_requests  # type: ignore[attr-defined]
-                and untouched(before, self._delivered)
-            ):
+            if (
+                stalled(before, self._delivered)
+                or (
+                    self.site.silence_ends_requests  # type: ignore[attr-defined]
+                    and untouched(before, self._delivered)
+                )
+            ) and not self._waits_for_its_client():
                 self._cut_stalled()
                 return
             # A timer that fired is gone (``resetTimeout`` only moves a
@@ -339,7 +344,25 @@ class SandboxChannel(HTTPChannel):
             # after this request, idle for good.
             self.setTimeout(self.timeOut)
             return
+        if self._waits_for_its_client():
+            # A request served while its body still comes (a live client
+            # stream: keystrokes) is quiet while its client is.
+            self.setTimeout(self.timeOut)
+            return
         super().timeoutConnection()
+
+    def _waits_for_its_client(self) -> bool:
+        """
+        Whether the request in hand says its client may be quiet for now
+        (``patient``), bounding the wait itself: its response's source is
+        paused for a client that reads nothing (an E2B stream whose process
+        waits on backpressure, as envd's does), so it is not cut as
+        stalled; or its body is a live stream whose client sends only now
+        and then, so it is not closed as idle.
+        """
+        request = self.requests[0] if self.requests else None
+        patient = getattr(request, "patient", None)
+        return bool(patient is not None and patient())
 
     def _cut_stalled(self) -> None:
         """

@@ -97,9 +97,29 @@ class Procedure:
     run: Callable[..., Any]
     api_key: bool = False
     fields: tuple[Field, ...] | None = None
+    #: A client stream served as its messages arrive: ``run(call, first)``
+    #: returns what takes the rest (:class:`sandboxd.e2b.door.Feeder`).
+    live: bool = False
 
 
 # -- the request ----------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class LiveBody:
+    """
+    The body of a request served from its head, as it arrives (a client
+    stream whose messages are applied one by one, as envd applies them):
+    its chunks go to ``feed``, and ``end`` is called once it is whole;
+    neither is kept in a spool, nor held to the body cap (the door bounds
+    each message).
+
+    :ivar complete: the whole body has arrived.
+    """
+
+    feed: Callable[[bytes], None] | None = None
+    end: Callable[[], None] | None = None
+    complete: bool = False
 
 
 class DoorRequest(Request):
@@ -115,16 +135,37 @@ class DoorRequest(Request):
     #: The body's spool (a temporary file past Twisted's in-memory size)
     #: ran out of disk: the rest is dropped, and the call answers 507.
     no_space = False
+    #: Whether the response waits for its client on purpose for now (its
+    #: source paused until the client reads, within a bound of its own):
+    #: then the connection is not cut as stalled (:mod:`sandboxd.web.channel`).
+    patient: Callable[[], bool] | None = None
+    #: A body served as it arrives (see :class:`LiveBody`), or None.
+    live: LiveBody | None = None
     _received = 0
     _cap = 0
 
     def gotLength(self, length: int | None) -> None:
-        """The body's announced length: refused at once when over the cap."""
-        site: DoorSite = self.channel.site  # type: ignore[attr-defined]
-        path = getattr(self.channel, "_path", b"") or b""
+        """
+        The body's announced length: refused at once when over the cap; a
+        live body's request is served now, from its head.
+        """
+        channel: Any = self.channel
+        site: DoorSite = channel.site
+        path = getattr(channel, "_path", b"") or b""
         self._cap = site.body_cap(path)
         super().gotLength(length)
         door = site.port_door
+        if length != 0 and door.live(path.split(b"?", 1)[0]):
+            self.live = LiveBody()
+            self.method, self.uri = channel._command, path
+            self.path = path.split(b"?", 1)[0]
+            self.clientproto = channel._version
+            super().process()
+            if self.answered_early:
+                # Refused already (its codec, the door's admission): no
+                # 100 Continue behind the answer.
+                self.requestHeaders.removeHeader(b"expect")
+            return
         if length is not None and length > self._cap:
             self.too_big = self._cap
             self.answered_early = True
@@ -141,8 +182,11 @@ class DoorRequest(Request):
             door.refuse_early(self, error)
 
     def process(self) -> None:
-        """Run the door, unless the request was answered at its head."""
-        if not self.answered_early:
+        """
+        Run the door, unless the request was answered at its head or is
+        served as its body comes.
+        """
+        if not self.answered_early and self.live is None:
             super().process()
 
     def handleContentChunk(self, data: bytes) -> None:
@@ -150,6 +194,10 @@ class DoorRequest(Request):
         One chunk of the body; past the cap, or once the disk has no room
         for it, the rest is dropped, not kept.
         """
+        if self.live is not None:
+            if self.live.feed is not None:
+                self.live.feed(data)
+            return
         if self.too_big is not None or self.no_space or self.answered_early:
             return
         self._received += len(data)
@@ -181,6 +229,11 @@ class DoorRequest(Request):
                 self.no_space = True
                 self._drop_content()
         super().requestReceived(command, path, version)
+        live = self.live
+        if live is not None:
+            live.complete = True
+            if live.end is not None:
+                live.end()
 
     def _drop_content(self) -> None:
         """What was kept of the body, let go (its disk space too)."""
@@ -572,6 +625,21 @@ class PortDoor:
     def prepare(self, call: Call) -> None:
         """Checks of the request before anything is admitted or read."""
 
+    def live(self, path: bytes) -> bool:
+        """
+        Whether a request to ``path`` is served from its head, its body
+        handed over as it arrives (:class:`LiveBody`); none by default.
+        """
+        return False
+
+    def begin_live(self, call: Call) -> None:
+        """
+        Serve a live call (admitted as the door's endpoint): set its
+        request's :class:`LiveBody` to take the body, then
+        :meth:`admit_endpoint` with its first message.
+        """
+        raise NotImplementedError
+
     def read_message(self, call: Call) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The call's first message and all of them (after the door's admission)."""
         return {}, []
@@ -674,12 +742,35 @@ class PortDoor:
                 f"directory ({tempfile.gettempdir()}, TMPDIR), where it is held "
                 "until the call runs"
             )
+        if request.live is not None:
+            self._admit_door(call)
+            self.begin_live(call)
+            return
         if request.content is not None:
             request.content.seek(0, 2)
             call.bytes_in = request.content.tell()
             request.content.seek(0)
         self._admit_door(call)
         message, messages = self.read_message(call)
+        self.admit_endpoint(call, message)
+        if procedure.kind == SERVER_STREAM:
+            procedure.run(call, message)
+            return
+        arg: Any = messages if procedure.kind == CLIENT_STREAM else message
+        d = maybeDeferred(procedure.run, call, arg)
+        d.addCallbacks(
+            lambda value: self._succeed(call, value), lambda f: self._failed(call, f)
+        )
+
+    def admit_endpoint(self, call: Call, message: dict[str, Any]) -> None:
+        """
+        Admit the call as the endpoint doing its job (which may depend on
+        its first ``message``), after the door's own admission.
+
+        :raises ApiError: the gate's refusal.
+        """
+        context = self.context
+        procedure = call.procedure
         endpoint_id = (
             procedure.endpoint
             if isinstance(procedure.endpoint, str)
@@ -696,14 +787,6 @@ class PortDoor:
         except gate.Refused as refused:
             call.refused_identity = refused.identity
             raise refused.error from None
-        if procedure.kind == SERVER_STREAM:
-            procedure.run(call, message)
-            return
-        arg: Any = messages if procedure.kind == CLIENT_STREAM else message
-        d = maybeDeferred(procedure.run, call, arg)
-        d.addCallbacks(
-            lambda value: self._succeed(call, value), lambda f: self._failed(call, f)
-        )
 
     def _admit_door(self, call: Call) -> None:
         """
@@ -787,6 +870,17 @@ class PortDoor:
             call.done()
             return
         request = call.request
+        live = request.live
+        if live is not None and not live.complete:
+            # Its body still comes: answered as a refusal at the head is
+            # (the rest read and dropped, then the connection closed), as
+            # the response cannot end before the request does.
+            live.feed = live.end = None
+            request.answered_early = True
+            path = request.path.decode("latin-1")
+            request.channel._refuse(error, path, request.getHeader(b"accept"))
+            call.done()
+            return
         status, content_type, body, headers = self.error_response(call, error)
         for name, value in {**error.headers, **headers}.items():
             request.setHeader(name.encode(), value.encode())
@@ -835,6 +929,7 @@ __all__ = [
     "Call",
     "DoorRequest",
     "DoorSite",
+    "LiveBody",
     "Pauser",
     "PortDoor",
     "Procedure",

@@ -15,6 +15,7 @@ from sandboxd.errors import (
     endpoint_disabled,
     missing_scope,
     no_thread,
+    payload_too_large,
     unauthorized,
     unavailable,
 )
@@ -104,7 +105,8 @@ class CodeTests(SynchronousTestCase):
             (ApiError(404, "x", code="not_found"), "not_found"),
             (ApiError(409, "x", code="file_exists"), "already_exists"),
             (ApiError(429, "x", code="too_many_processes"), "resource_exhausted"),
-            (ApiError(413, "x", code="payload_too_large"), "resource_exhausted"),
+            (ApiError(413, "x", code="payload_too_large"), "invalid_argument"),
+            (payload_too_large(10), "invalid_argument"),
             (ApiError(408, "x", code="timeout"), "deadline_exceeded"),
             (ApiError(400, "x", code="invalid_path"), "invalid_argument"),
             (ApiError(507, "x", code="insufficient_storage"), "resource_exhausted"),

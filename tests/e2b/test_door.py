@@ -103,12 +103,16 @@ class ErrorTests(E2BCase):
 
     @inlineCallbacks
     def test_message_over_the_cap(self) -> Any:
-        """A message over the size cap is resource_exhausted and is not run."""
+        """
+        A message over the size cap is invalid_argument (a retry of it can
+        never pass: not resource_exhausted, which the SDK raises as "try
+        again later") and is not run.
+        """
         from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES
 
         big = {"process": {"selector": "x" * (E2B_MAX_MESSAGE_BYTES + 10)}}
         status, _, body = yield self.rpc("process.Process/SendInput", big)
-        self.assertEqual((status, body["code"]), (429, "resource_exhausted"))
+        self.assertEqual((status, body["code"]), (400, "invalid_argument"))
         self.assertIn("payload_too_large", body["message"])
 
     @inlineCallbacks
@@ -256,6 +260,40 @@ class FramingTests(E2BCase):
         while alive(grandchild) and time.monotonic() < deadline:
             yield self.sdk(time.sleep, 0.1)
         self.assertFalse(alive(grandchild))
+
+    @inlineCallbacks
+    def test_connect_deadline_says_the_process_runs_on(self) -> Any:
+        """
+        A ``Connect`` whose Connect-Timeout-Ms passes ends that stream with
+        ``deadline_exceeded`` saying the process still runs, and it does.
+        """
+        marker = os.path.join(self.base_dir, "pid")
+        self.rpc(
+            "process.Process/Start",
+            _start(f"echo $$ > {marker}; sleep 6"),
+            stream=True,
+            headers={"Connect-Timeout-Ms": "8000"},
+        )
+        deadline = time.monotonic() + 10
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.05)
+        with open(marker) as f:
+            pid = int(f.read())
+        _, _, messages = yield self.rpc(
+            "process.Process/Connect",
+            {"process": {"pid": pid}},
+            stream=True,
+            headers={"Connect-Timeout-Ms": "700"},
+        )
+        flags, end = messages[-1]
+        self.assertEqual((flags, end["error"]["code"]), (2, "deadline_exceeded"))
+        self.assertIn("the process still runs", end["error"]["message"])
+        self.assertNotIn("killed", end["error"]["message"])
+        self.assertTrue(alive(pid), "the process outlives its watcher's deadline")
+        yield self.rpc(
+            "process.Process/SendSignal",
+            {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"},
+        )
 
     @inlineCallbacks
     def test_abandoned_stream_leaves_the_process_to_its_deadline(self) -> Any:

@@ -118,6 +118,35 @@ class CommandTests(E2BCase):
         self.assertEqual((result.stdout, result.exit_code), ("abc\n", 0))
 
     @inlineCallbacks
+    def test_stdin_over_the_message_cap_is_invalid_argument(self) -> Any:
+        """
+        ``send_stdin`` of more than one Connect message may carry raises
+        InvalidArgumentException naming the limit, not RateLimitException
+        ("please try again later": the same call can never pass), and the
+        process gets none of it.
+        """
+        from e2b import InvalidArgumentException
+
+        from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("wc -c", background=True, stdin=True)
+            error = caught(
+                lambda: sbx.commands.send_stdin(
+                    handle.pid, b"x" * (E2B_MAX_MESSAGE_BYTES + 1)
+                )
+            )
+            handle.close_stdin()
+            return error, handle.wait()
+
+        error, result = yield self.sdk(job)
+        self.assertIsInstance(error, InvalidArgumentException)
+        self.assertIn("payload_too_large", str(error))
+        self.assertNotIn("try again", str(error))
+        self.assertEqual(result.stdout.strip(), "0")
+
+    @inlineCallbacks
     def test_timeout_ends_the_group(self) -> Any:
         """
         A command's timeout (Connect-Timeout-Ms) raises TimeoutException and
@@ -536,3 +565,223 @@ class AsyncSdkTests(E2BCase):
         self.assertIn(b"async-42", data)
         self.assertTrue(killed)
         self.assertIn(("x.txt", "create"), events)
+
+
+class UnreadOutputTests(E2BCase):
+    """
+    Output a client leaves unread pauses the program (it blocks in
+    ``write``), as under envd, however long the client takes within the
+    door's bound; the connection is not cut as a stalled one meanwhile
+    (the HTTP front's idle bound here is 1 s, so it cuts one after 2 s).
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("idle_timeout", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_command_read_late_arrives_whole(self) -> Any:
+        """
+        A background command's output read 5 s after it started (far more
+        than the socket buffers hold) arrives whole, with its exit code.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "seq 1 3000000; echo END", background=True, timeout=60
+            )
+            time.sleep(5)
+            return handle.wait()
+
+        result = yield self.sdk(job)
+        lines = result.stdout.split("\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertEqual(lines[-3:], ["3000000", "END", ""])
+        self.assertEqual(len(lines), 3000002)
+
+    @inlineCallbacks
+    def test_past_the_bound_the_stream_ends_with_a_timeout(self) -> Any:
+        """
+        Past the bound on unread output (made 2 s here) the stream ends
+        with an error the SDK maps (TimeoutException, not a raw
+        ``connectrpc`` error); the command itself runs on.
+        """
+        from e2b import TimeoutException
+
+        from sandboxd.e2b import process as process_module
+
+        self.patch(process_module, "E2B_UNREAD_OUTPUT_SECONDS", 2.0)
+        marker = os.path.join(self.base_dir, "pid")
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                f"echo $$ > {marker}; seq 1 3000000; sleep 30",
+                background=True,
+                timeout=60,
+            )
+            time.sleep(5)
+            return caught(handle.wait)
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, TimeoutException)
+        self.assertIn("took none of the output for 2 seconds", str(error))
+        with open(marker) as f:
+            pid = int(f.read())
+        self.assertTrue(alive(pid), "the command runs on")
+        os.kill(pid, 9)
+
+    @inlineCallbacks
+    def test_a_quiet_input_stream_is_kept(self) -> Any:
+        """
+        A ``stream_input`` whose client sends nothing for 3 s (a keyboard
+        at rest) is not closed as an idle connection: the line after the
+        pause arrives.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("cat", background=True, stdin=True, timeout=60)
+
+            def lines() -> Any:
+                yield "one\n"
+                time.sleep(3)
+                yield "two\n"
+
+            sbx.commands.stream_input(handle.pid, lines())
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout
+
+        out = yield self.sdk(job)
+        self.assertEqual(out, "one\ntwo\n")
+
+    @inlineCallbacks
+    def test_terminal_read_late_arrives_whole(self) -> Any:
+        """
+        A terminal whose handle is read 12 s after a command filled it
+        (past the 10 s a WebSocket viewer is given) has the shell wait
+        for it: every line arrives, none lost to a cut.
+        """
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            sbx.pty.send_stdin(
+                handle.pid, b"stty -echo; seq 1 1500000; echo END''MARK; exit\n"
+            )
+            time.sleep(12)
+            data: list[bytes] = []
+            error = caught(lambda: handle.wait(on_pty=data.append))
+            return error, b"".join(data)
+
+        error, data = yield self.sdk(job)
+        self.assertNotIsInstance(error, Exception)
+        want = b"".join(b"%d\r\n" % i for i in range(1, 1500001))
+        self.assertIn(want + b"ENDMARK", data)
+
+
+class StreamInputTests(E2BCase):
+    """``commands.stream_input``: each message reaches the process as it is sent."""
+
+    @inlineCallbacks
+    def test_input_is_applied_as_it_arrives(self) -> Any:
+        """
+        A line the iterable yields reaches ``cat`` (and comes back as
+        output) before the iterable yields the next one, as envd applies
+        each message on receipt: not once the client's stream has ended.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("cat", background=True, stdin=True, timeout=60)
+            seen: list[str] = []
+            threading.Thread(
+                target=lambda: handle.wait(on_stdout=seen.append), daemon=True
+            ).start()
+            echoed = []
+
+            def lines() -> Any:
+                for i in range(3):
+                    yield f"line{i}\n"
+                    deadline = time.monotonic() + 5
+                    while f"line{i}" not in "".join(seen):
+                        if time.monotonic() > deadline:
+                            echoed.append(False)
+                            break
+                        time.sleep(0.02)
+                    else:
+                        echoed.append(True)
+
+            sbx.commands.stream_input(handle.pid, lines())
+            sbx.commands.kill(handle.pid)
+            return echoed
+
+        echoed = yield self.sdk(job)
+        self.assertEqual(echoed, [True, True, True])
+
+    @inlineCallbacks
+    def test_a_stream_larger_than_any_body_gets_through(self) -> Any:
+        """
+        20 MiB streamed in 64 KiB messages (more than a request body may
+        hold) reaches ``wc -c`` whole: each message is bounded, not the
+        stream.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("wc -c", background=True, stdin=True, timeout=60)
+            sbx.commands.stream_input(handle.pid, (b"z" * 65536 for _ in range(320)))
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout.strip()
+
+        count = yield self.sdk(job)
+        self.assertEqual(count, str(320 * 65536))
+
+    @inlineCallbacks
+    def test_a_process_not_reading_makes_the_stream_wait(self) -> Any:
+        """
+        Input for a process that does not read yet waits in the client
+        (its stream is read no further meanwhile), not in the daemon: none
+        is refused, and it all arrives once the process reads.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 3; wc -c", background=True, stdin=True, timeout=60
+            )
+            sbx.commands.stream_input(handle.pid, (b"z" * 65536 for _ in range(160)))
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout.strip()
+
+        count = yield self.sdk(job)
+        self.assertEqual(count, str(160 * 65536))
+
+    @inlineCallbacks
+    def test_a_missing_process_is_refused_at_once(self) -> Any:
+        """
+        A stream naming no process is NotFoundException as soon as its
+        start is read, and the next call on the door is served.
+        """
+        from e2b import NotFoundException
+
+        def job() -> Any:
+            sbx = self.sandbox()
+
+            def forever() -> Any:
+                for _ in range(300):
+                    yield b"x"
+                    time.sleep(0.05)
+
+            start = time.monotonic()
+            error = caught(lambda: sbx.commands.stream_input(4_000_000, forever()))
+            took = time.monotonic() - start
+            return error, took, sbx.commands.run("echo next").stdout
+
+        error, took, after = yield self.sdk(job)
+        self.assertIsInstance(error, NotFoundException)
+        self.assertLess(took, 10, "refused before the stream's 15 s were sent")
+        self.assertEqual(after, "next\n")
