@@ -61,6 +61,7 @@ from sandboxd.jsonrpc import (
     ConnectionLost,
     LineFramer,
     RpcError,
+    valid_id,
 )
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -301,7 +302,11 @@ class AgentSession(SessionState):
             and isinstance(params.get("update"), dict)
         ):
             self.updates.update(params["update"], params)
-        elif method == "$/cancel_request" and isinstance(params, dict):
+        elif (
+            method == "$/cancel_request"
+            and isinstance(params, dict)
+            and valid_id(params.get("requestId"))
+        ):
             self.held.cancel_request(params.get("requestId"))
         elif (
             method == SUBAGENT_NOTIFICATION

@@ -73,6 +73,7 @@ CATALOG = {
             "grandchild",
             "exit_at_init",
             "stuck_config",
+            "odd_lines",
         )
     },
 }
@@ -1019,6 +1020,32 @@ class MisbehaviourTests(AgentsTestCase):
             "notification",
         ):
             self.assertIn(expected, reasons)
+
+    @inlineCallbacks
+    def test_odd_lines_do_not_stop_the_reader(self) -> Any:
+        """
+        A chunk holding a lone UTF-16 surrogate, a request whose id is an
+        object and one whose method is a number: each is answered or kept
+        (the half as U+FFFD), and the turn ends with the answer that came
+        in the same write as the odd chunk.
+        """
+        sid = yield self.session("script-odd_lines")
+        reply = yield self.prompt(sid, "go", wait=15)
+        self.assertEqual(reply.status, 200, reply.body)
+        turn = reply.json()
+        self.assertEqual((turn["state"], turn["stop_reason"]), ("ended", "end_turn"))
+        replies = json.loads(turn["text"].split("replies: ", 1)[1].split(" \ufffd")[0])
+        self.assertEqual([r and r.get("code") for r in replies[:2]], [-32600, -32600])
+        self.assertEqual(replies[2], {})
+        self.assertTrue(turn["text"].endswith(" \ufffd lone"), turn["text"])
+        with open(os.path.join(self.base_dir, "lone.txt"), "rb") as f:
+            self.assertEqual(f.read(), "a\ufffdb".encode())
+        page = yield self.events(sid, "&types=unknown")
+        reasons = [e["reason"] for e in page["events"]]
+        self.assertIn("invalid request id", reasons)
+        self.assertIn("the method must be a string", reasons)
+        state = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(state.json()["state"], "idle")
 
     @inlineCallbacks
     def test_silent_initialize_is_504(self) -> Any:
