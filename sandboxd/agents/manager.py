@@ -180,6 +180,30 @@ class AgentManager(Service):
             defaults.AGENT_KEPT_CLOSED_BYTES,
         )
 
+    def policy_reloaded(self) -> None:
+        """
+        A reload reaches the running agents: each session takes the new
+        rule of the endpoint it was created through, so what the daemon
+        decides for it from now on (the agent's file and terminal
+        requests, its permission requests, its limits) follows the policy
+        in force.  A session whose rule is now off, or whose agent the new
+        ``params.agents`` leaves out, is ended: it could no longer be
+        driven, nor stopped, through routes that now answer 404.
+        """
+        policy = self.context.policy
+        for session in self.live():
+            if session.state in ("closing", "closed", "failed"):
+                continue
+            rule: EffectiveRule = policy.rule(session.rule.endpoint_id)
+            if rule.enabled and catalog.allowed(session.entry, rule):
+                session.rule = rule
+                continue
+            session.error = {
+                "code": "policy_reload",
+                "message": "a policy reload turned this session's endpoint or agent off",
+            }
+            Deferred.fromCoroutine(session.close(reason="policy_reload"))
+
     # -- creating --------------------------------------------------------------
 
     def _new_session(
