@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 
+from sandboxd.access.audit import secret_param
 from sandboxd.access.guard import PathGuard
 from sandboxd.agents import catalog, climcp
 from sandboxd.agents.catalog import CatalogEntry
@@ -90,6 +91,28 @@ def agent_environment(
         for k, v in env.items()
         if not k.lower().startswith("npm_") and k != "INIT_CWD"
     }
+
+
+def agent_secrets(
+    env: dict[str, str], entry: CatalogEntry, given: dict[str, str]
+) -> list[str]:
+    """
+    The values masked wherever an agent's session shows them (its stderr
+    log, its events): what the entry passes on from the daemon
+    (``env_pass``), every value given for its environment (the entry's
+    fixed ``env``, the create request's ``env``: how a driver hands an
+    agent its provider key), and the value of every variable whose name
+    says it holds a secret (``*_API_KEY``, ``*_TOKEN``), as the audit log
+    masks such names in URLs.
+    """
+    values = [env[n] for n in entry.env_pass if env.get(n)]
+    values.extend(v for k, v in env.items() if v and secret_param(k))
+    values.extend(
+        v
+        for v in (*entry.env.values(), *given.values())
+        if len(v) >= defaults.AGENT_GIVEN_ENV_MASK_MIN_CHARS
+    )
+    return values
 
 
 def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
@@ -228,9 +251,8 @@ class AgentManager(Service):
                 raise bad_request("'additional_directories' must be a list")
             body["additional_directories"] = [guard.cwd(p) for p in extra_dirs]
         body["mcp_servers"] = check_mcp_servers(body.get("mcp_servers"), rule)
-        env = agent_environment(
-            self.context, rule, entry, validate_env(body.get("env"))
-        )
+        given = validate_env(body.get("env"))
+        env = agent_environment(self.context, rule, entry, given)
         run_as = resolve_user(body.get("user"), rule)
         if run_as is not None:
             run_as.apply(env)
@@ -244,7 +266,7 @@ class AgentManager(Service):
                 if entry.package
                 else None,
             )
-        secret_values = [env[n] for n in entry.env_pass if env.get(n)]
+        secret_values = agent_secrets(env, entry, given)
         secret_values.extend(handed)
         session = AgentSession(
             self,

@@ -301,6 +301,10 @@ class AgentSession(SessionState):
             and isinstance(params, dict)
             and isinstance(params.get("update"), dict)
         ):
+            if self.stderr.secrets:
+                # Masked before folding: the messages, turns and tool calls
+                # read from it show what its events show.
+                params = self.masked(params)
             self.updates.update(params["update"], params)
         elif (
             method == "$/cancel_request"

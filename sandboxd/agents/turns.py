@@ -72,7 +72,7 @@ class TurnControl:
             seq = s.emit(
                 "message.delta", role="user", message_id=message_id, content=block
             )
-            self.updates.fold_message("user", message_id, block, seq)
+            self.updates.fold_message("user", message_id, s.masked(block), seq)
         s.set_state("running")
         limit = s.rule.limits.max_turn_seconds
         if limit:

@@ -499,6 +499,45 @@ class SessionTests(AgentsTestCase):
         self.assertIn("FAKE_SECRET=None", text)
 
     @inlineCallbacks
+    def test_given_env_is_redacted(self) -> Any:
+        """
+        A key handed to the agent in the create body's ``env``, or in its
+        catalogue entry's fixed ``env``, is masked in its logs and in
+        every event (its exit's stderr tail, what it says); so is any
+        longer value given there.
+        """
+        yield self.daemon.stop()
+        policy = agents_policy()
+        policy["agents"]["catalog"] = {
+            **CATALOG,
+            "fake-fixed": fake(env={"FAKE_SECRET": "sk-fixed-entry-value-0987"}),
+        }
+        yield self.start(policy=policy)
+        key = "sk-ant-api03-verysecretvalue1234567890"
+        sid = yield self.session(
+            env={"FAKE_SECRET": key, "PROJECT_LABEL": "plain-label-x"}
+        )
+        # (The key whole in one of the two chunks the fake says it in.)
+        reply = yield self.prompt(sid, f"echo {key} plain-label-x {'.' * 80}")
+        self.assertEqual(reply.status, 200, reply.body)
+        sid2 = yield self.session("fake-fixed")
+        for session, secret in ((sid, key), (sid2, "sk-fixed-entry-value-0987")):
+            reply = yield self.request("GET", f"/agents/sessions/{session}/logs")
+            text = "".join(c["data"] for c in reply.json()["chunks"])
+            self.assertIn("FAKE_SECRET=[redacted]", text)
+            self.assertNotIn(secret, text)
+            yield self.request("DELETE", f"/agents/sessions/{session}")
+            page = yield self.events(session)
+            shown = json.dumps(page["events"])
+            self.assertNotIn(secret, shown)
+            self.assertNotIn("plain-label-x", shown)
+            exited = next(e for e in page["events"] if e["type"] == "agent.exited")
+            self.assertIn("FAKE_SECRET=[redacted]", exited["stderr_tail"])
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/messages")
+        self.assertNotIn(key, reply.body.decode())
+        self.assertEqual(reply.body.decode().count("[redacted] [redacted]"), 2)
+
+    @inlineCallbacks
     def test_commands_plan_info(self) -> Any:
         """Slash commands, the agent's title and its own mode switch are folded into the session."""
         sid = yield self.session()
