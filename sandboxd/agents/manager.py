@@ -511,6 +511,13 @@ def prompt_blocks(
     files = body.get("files") or []
     if not isinstance(files, list):
         raise bad_request("'files' must be a list of paths")
+    if not files and all(
+        b.get("type") == "text"
+        and not (isinstance(b.get("text"), str) and b["text"].strip())
+        for b in blocks
+    ):
+        # An agent would spend a model call on nothing (or fail on it).
+        raise bad_request("the prompt is empty", param="prompt")
     guard = PathGuard(rule)
     for path in files:
         if caps.get("embeddedContext"):

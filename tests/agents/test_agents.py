@@ -464,6 +464,24 @@ class SessionTests(AgentsTestCase):
             self.assertEqual(reply.status, 200, path)
 
     @inlineCallbacks
+    def test_empty_prompt_is_refused(self) -> Any:
+        """An empty, blank or block-less prompt is 400 invalid_param, at create too; no turn starts."""
+        sid = yield self.session()
+        for prompt in ("", "   \n", [], [{"type": "text", "text": " "}]):
+            reply = yield self.prompt(sid, prompt)
+            self.assertEqual(reply.status, 400, (prompt, reply.body))
+            self.assertEqual(
+                (reply.json()["code"], reply.json()["param"]),
+                ("invalid_param", "prompt"),
+            )
+            reply = yield self.create(prompt=prompt)
+            self.assertEqual(reply.status, 400, reply.body)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/turns")
+        self.assertEqual(reply.json()["turns"], [])
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(len(reply.json()["sessions"]), 1)
+
+    @inlineCallbacks
     def test_create_with_prompt(self) -> Any:
         """A prompt given to create starts the first turn at once."""
         reply = yield self.create(prompt="echo started")
