@@ -494,9 +494,7 @@ class Connection:
 
     def _response(self, message: dict[str, Any], line: bytes) -> None:
         request_id = message.get("id")
-        entry = (
-            self._pending.pop(request_id, None) if type(request_id) is int else None
-        )
+        entry = self._pending.pop(request_id, None) if type(request_id) is int else None
         if entry is None:
             self.peer.handle_garbage(line, "response to no pending request", message)
             return

@@ -351,6 +351,7 @@ class AgentManager(Service):
                 await self._withdraw(session, "prompt_refused")
                 raise
             out["turn_id"] = session.turn_control.start(blocks).turn_id
+            out["state"] = session.state
         return out
 
     async def _free_slot(self, rule: EffectiveRule) -> None:

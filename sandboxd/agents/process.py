@@ -204,8 +204,13 @@ class AgentProcess:
 
     @property
     def exit_code(self) -> int | None:
-        """The exit status, or minus the signal number; None while running."""
-        return self.child.exit_code
+        """
+        The exit status; None while running or when a signal ended the
+        agent (:attr:`signal` names it), as every process of the API
+        reports it.
+        """
+        code = self.child.exit_code
+        return code if code is None or code >= 0 else None
 
     @property
     def signal(self) -> str | None:
@@ -219,8 +224,8 @@ class AgentProcess:
             self.stderr.append(data)
 
     def _exited(self, code: int | None) -> int | None:
-        self._exit_waiters.fire(code)
-        self._on_exit(code, self.signal)
+        self._exit_waiters.fire(self.exit_code)
+        self._on_exit(self.exit_code, self.signal)
         return code
 
     def write(self, data: bytes) -> None:

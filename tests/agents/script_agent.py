@@ -227,7 +227,11 @@ def prompt_turn(message: dict[str, Any]) -> None:
             + b',"update":{"sessionUpdate":"agent_message_chunk","content":'
             + b'{"type":"text","text":" \\ud800 lone"}}}}\n'
             + json.dumps(
-                {"jsonrpc": "2.0", "id": message["id"], "result": {"stopReason": "end_turn"}}
+                {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": {"stopReason": "end_turn"},
+                }
             ).encode()
             + b"\n"
         )

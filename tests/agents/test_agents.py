@@ -486,6 +486,7 @@ class SessionTests(AgentsTestCase):
         """A prompt given to create starts the first turn at once."""
         reply = yield self.create(prompt="echo started")
         self.assertEqual(reply.status, 201)
+        self.assertEqual(reply.json()["state"], "running")
         sid = reply.json()["session_id"]
         self.addCleanup(self.request, "DELETE", f"/agents/sessions/{sid}")
         turn_id = reply.json()["turn_id"]
@@ -909,6 +910,39 @@ class CancelWithHeldRequestTests(AgentsTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "c.txt")))
 
     @inlineCallbacks
+    def test_agent_killed_while_asking(self) -> Any:
+        """
+        An agent killed by a signal while its permission request is held:
+        the request is withdrawn (nobody cancelled it), the session goes
+        from running straight to failed, and the exit reads as every
+        process's does: exit_code null, the signal named.
+        """
+        import signal
+
+        sid = yield self.session()
+        yield self.prompt(sid, f"edit {self.base_dir}/c.txt x", wait=0)
+        [held] = yield self.pending(sid)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        os.kill(reply.json()["process"]["pid"], signal.SIGKILL)
+        state = yield self.wait_state(sid, ("failed",))
+        self.assertEqual(state["process"]["exit_code"], None)
+        self.assertEqual(state["process"]["signal"], "SIGKILL")
+        self.assertEqual(state["error"]["message"], "the agent was killed by SIGKILL")
+        reply = yield self.request(
+            "GET", f"/agents/requests?session_id={sid}&state=all"
+        )
+        [after] = reply.json()["requests"]
+        self.assertEqual(
+            (after["request_id"], after["state"]), (held["request_id"], "withdrawn")
+        )
+        page = yield self.events(sid)
+        exited = next(e for e in page["events"] if e["type"] == "agent.exited")
+        self.assertEqual((exited["exit_code"], exited["signal"]), (None, "SIGKILL"))
+        states = [e["state"] for e in page["events"] if e["type"] == "session.state"]
+        self.assertEqual(states[-2:], ["running", "failed"])
+        self.assertNotIn("idle", states[states.index("running") :])
+
+    @inlineCallbacks
     def test_timeout_can_cancel_the_turn(self) -> Any:
         """permission_timeout_action cancel_turn cancels the turn when nobody answers."""
         yield self.daemon.stop()
@@ -1113,7 +1147,6 @@ class ReloadTests(AgentsTestCase):
         reply = yield self.request("GET", f"/agents/sessions/{sid}")
         self.assertEqual(reply.status, 404)
 
-
     @inlineCallbacks
     def test_v1_door_sessions_follow_the_reload(self) -> Any:
         """The ``/v1`` door's sessions run on the same engine: they take the new rule, and end when it is off."""
@@ -1308,6 +1341,8 @@ class MisbehaviourTests(AgentsTestCase):
         exited = next(e for e in page["events"] if e["type"] == "agent.exited")
         self.assertEqual(exited["exit_code"], 3)
         self.assertIn("crashed on purpose", exited["stderr_tail"])
+        states = [e["state"] for e in page["events"] if e["type"] == "session.state"]
+        self.assertEqual(states[-2:], ["running", "failed"])
         self.assertEqual(page["events"][-1]["type"], "session.closed")
 
     @inlineCallbacks

@@ -109,7 +109,7 @@ SCHEMAS: dict[str, Schema] = {
             F("session_id"),
             F("agent"),
             F("acp_session_id"),
-            F("state"),
+            F("state", doc='"idle", or "running" when a first prompt was given'),
             F("modes", "object"),
             F("config_options", "array", items="object"),
             F("models", "object"),
@@ -217,7 +217,12 @@ SCHEMAS: dict[str, Schema] = {
             F("usage", "object"),
             F("current_turn", "object"),
             F("stop_reason"),
-            F("process", "object", "{pid, exit_code}"),
+            F(
+                "process",
+                "object",
+                "{pid, exit_code, signal}: exit_code null while running or when a "
+                "signal ended the agent (signal names it)",
+            ),
             F("capabilities", "object"),
         ),
         errors=(_SID_404,),
@@ -259,7 +264,17 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("session_id"),
             F("state", doc='"closed"'),
-            F("exit_code", "integer"),
+            F(
+                "exit_code",
+                "integer",
+                "null when a signal ended the agent",
+                nullable=True,
+            ),
+            F(
+                "signal",
+                doc="the signal that ended the agent, if one did",
+                nullable=True,
+            ),
         ),
         errors=(_SID_404,),
     ),
