@@ -51,6 +51,7 @@ from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, keep_only, validate_env
+from sandboxd.waiters import Waiters
 
 if TYPE_CHECKING:
     from sandboxd.agents.permissions import HeldRequest
@@ -165,6 +166,9 @@ class AgentManager(Service):
         #: Called first when the daemon stops, while every agent still runs
         #: (the ``/v1`` door keeps its sessions as they stand).
         self.before_stop: list[Callable[[], Deferred[Any] | None]] = []
+        #: Loads under way, by ``(agent, acp_session_id)``: a second load
+        #: of the same stored session waits for the first's outcome.
+        self._loading: dict[tuple[str, str], Waiters[None]] = {}
         #: Asked, in turn, for a slot when ``max_sessions`` agents run: each
         #: ends an idle agent it keeps only to reuse it (the Deferred fires
         #: once it is gone), or answers None when it has none.
@@ -294,11 +298,64 @@ class AgentManager(Service):
         :param handed: secrets the agent is handed in its session (the
             ``/v1`` door's vault credentials), masked in its stderr log.
         """
-        from sandboxd.agents.configuration import check_mode
-
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
+        if load is not None:
+            key = (entry.id, str(load["acp_session_id"]))
+            while key in self._loading:
+                await self._loading[key].wait()
+            live = self.loaded(*key)
+            if live is not None:
+                # One agent process per stored conversation: a second one
+                # would write the same transcript and the two diverge.
+                return {**self.created_body(live), "already_loaded": True}
+            self._loading[key] = Waiters()
+            try:
+                return await self._create(request, body, rule, entry, load, handed)
+            finally:
+                self._loading.pop(key).fire(None)
+        return await self._create(request, body, rule, entry, load, handed)
+
+    def loaded(self, agent: str, acp_session_id: str) -> AgentSession | None:
+        """The live session of ``agent`` bound to its stored ``acp_session_id``."""
+        for session in self.live():
+            if (
+                session.entry.id == agent
+                and session.acp_session_id == acp_session_id
+                and session.state not in ("closing", "closed", "failed")
+            ):
+                return session
+        return None
+
+    def created_body(self, session: AgentSession) -> dict[str, Any]:
+        """What a create (or load) answers about ``session``."""
+        return {
+            "session_id": session.session_id,
+            "agent": session.entry.id,
+            "acp_session_id": session.acp_session_id,
+            "state": session.state,
+            "modes": session.modes,
+            "config_options": session.config_options,
+            "models": session.models,
+            "agent_info": session.agent_info,
+            "capabilities": session.capabilities,
+            "commands": session.command_list(),
+            "title": session.title,
+            "events_url": session.events_url(),
+        }
+
+    async def _create(
+        self,
+        request: Any,
+        body: dict[str, Any],
+        rule: EffectiveRule,
+        entry: CatalogEntry,
+        load: dict[str, Any] | None,
+        handed: tuple[str, ...],
+    ) -> dict[str, Any]:
+        from sandboxd.agents.configuration import check_mode
+
         if load is None:
             check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
@@ -319,7 +376,12 @@ class AgentManager(Service):
         except OSError as e:
             self.sessions.pop(session.session_id, None)
             raise agent_unavailable(f"cannot start the agent: {e.strerror}") from None
-        await session.handshake.run(body, load)
+        try:
+            await session.handshake.run(body, load)
+        except ApiError as e:
+            if e.status == 501:  # refused before the agent was asked
+                await self._withdraw(session, "unsupported")
+            raise
         settings = ("mode", "model", "config", "thought_level")
         if any(body.get(k) is not None for k in settings):
             try:
@@ -329,20 +391,7 @@ class AgentManager(Service):
             except ApiError:
                 await self._withdraw(session, "configure_failed")
                 raise
-        out = {
-            "session_id": session.session_id,
-            "agent": entry.id,
-            "acp_session_id": session.acp_session_id,
-            "state": session.state,
-            "modes": session.modes,
-            "config_options": session.config_options,
-            "models": session.models,
-            "agent_info": session.agent_info,
-            "capabilities": session.capabilities,
-            "commands": session.command_list(),
-            "title": session.title,
-            "events_url": session.events_url(),
-        }
+        out = self.created_body(session)
         if load is None and body.get("prompt") is not None:
             try:
                 # What this agent's promptCapabilities refuse is known only now.

@@ -234,7 +234,7 @@ async def agents_session_load(request: ServerRequest) -> ServerResponse:
     body = await manager(request).create(
         request, load={"acp_session_id": acp_session_id, "replay": replay}
     )
-    return ServerResponse(status=201, body=body)
+    return ServerResponse(status=200 if body.get("already_loaded") else 201, body=body)
 
 
 def agents_session_list(request: ServerRequest) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from acp.schema import (
     RequestPermissionResponse,
 )
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
@@ -603,6 +603,53 @@ class SessionTests(AgentsTestCase):
         self.assertEqual(messages[1]["content"][0]["text"], "hi, I remember")
         reply = yield self.prompt(sid, "echo after load")
         self.assertEqual(reply.json()["text"], "after load")
+
+    @inlineCallbacks
+    def test_stored_session_is_loaded_once(self) -> Any:
+        """
+        Two loads of one stored session, at once and after: one agent
+        process; the others answer 200 with the live session.  Once it is
+        closed, it may be loaded again.
+        """
+        body = {"agent": "fake", "acp_session_id": "fake-abc"}
+        replies = yield DeferredList(
+            [self.request("POST", "/agents/sessions/load", body) for _ in range(2)]
+        )
+        replies = [r for _, r in replies]
+        replies.append((yield self.request("POST", "/agents/sessions/load", body)))
+        self.assertEqual(
+            sorted(r.status for r in replies),
+            [200, 200, 201],
+            [r.body for r in replies],
+        )
+        sids = {r.json()["session_id"] for r in replies}
+        self.assertEqual(len(sids), 1)
+        [sid] = sids
+        self.assertEqual(
+            [r.json().get("already_loaded") for r in replies if r.status == 200],
+            [True, True],
+        )
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(len(reply.json()["sessions"]), 1)
+        yield self.request("DELETE", f"/agents/sessions/{sid}")
+        reply = yield self.request("POST", "/agents/sessions/load", body)
+        self.assertEqual(reply.status, 201, reply.body)
+        self.addCleanup(
+            self.request, "DELETE", f"/agents/sessions/{reply.json()['session_id']}"
+        )
+
+    @inlineCallbacks
+    def test_load_without_load_session_is_501(self) -> Any:
+        """An agent whose initialize says loadSession false: 501 unsupported, nothing left listed."""
+        reply = yield self.request(
+            "POST",
+            "/agents/sessions/load",
+            {"agent": "fake-bare", "acp_session_id": "fake-abc"},
+        )
+        self.assertEqual(reply.status, 501, reply.body)
+        self.assertEqual(reply.json()["code"], "unsupported")
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(reply.json()["sessions"], [])
 
     @inlineCallbacks
     def test_too_many_sessions(self) -> Any:

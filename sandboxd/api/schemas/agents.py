@@ -162,6 +162,12 @@ SCHEMAS: dict[str, Schema] = {
             F("acp_session_id"),
             F("state"),
             F("events_url"),
+            F(
+                "already_loaded",
+                "boolean",
+                "present (true) when the stored session was already loaded: "
+                "the answer is 200 with that live session",
+            ),
         ),
         errors=(
             E(400, "invalid_param", "acp_session_id missing"),
@@ -172,9 +178,18 @@ SCHEMAS: dict[str, Schema] = {
                 "max_sessions are live, none an idle /v1 conversation that can "
                 "give its agent up",
             ),
+            E(
+                501,
+                "unsupported",
+                "replay: true for an agent whose initialize says loadSession: false",
+            ),
             E(502, "agent_error", "the agent refused the load"),
             E(503, "agent_unavailable", "the agent cannot start"),
         ),
+        notes="A stored session is loaded once: while a session of the same agent "
+        "bound to that acp_session_id is live, loading it again starts no second "
+        "agent process on the conversation and answers 200 with the live "
+        "session (already_loaded: true).",
     ),
     "agents_session_list": Schema(
         query=(
