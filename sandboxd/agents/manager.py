@@ -553,6 +553,8 @@ def prompt_blocks(
         kind = block.get("type")
         if kind not in _PROMPT_TYPES:
             raise bad_request(f"unknown content block type {kind!r}")
+        if kind == "text" and not isinstance(block.get("text"), str):
+            raise bad_request("a text block's 'text' must be a string", param="prompt")
         if kind in needs and not caps.get(needs[kind]):
             raise bad_request(
                 f"this agent does not accept {kind} blocks (promptCapabilities.{needs[kind]} is off)"

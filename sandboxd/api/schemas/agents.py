@@ -403,6 +403,13 @@ SCHEMAS: dict[str, Schema] = {
             GAP,
         ),
         errors=(_SID_404,),
+        notes="What the agent reports is kept with these types: message text, a "
+        "title, a mode id, a plan entry's content and a command's name are strings, "
+        "usage's used and size numbers, a tool call's status one of pending, "
+        "in_progress, completed, failed and its kind one of ACP's kinds. An update "
+        "of another type is an unknown event (with include_raw, what was sent), "
+        "and a tool call field of another type is left out, named in an unknown "
+        "event.",
     ),
     "agents_requests": Schema(
         query=(
