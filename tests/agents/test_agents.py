@@ -1432,6 +1432,21 @@ class MisbehaviourTests(AgentsTestCase):
         self.assertEqual(
             (question["kind"], question["message"]), ("question", "Which branch?")
         )
+        for content, problem in (
+            ({"branch": 5}, "content.branch must be a string"),
+            ({"branch": "main", "force": True}, "content.force was not asked for"),
+        ):
+            reply = yield self.request(
+                "POST",
+                f"/agents/requests/{question['request_id']}",
+                {"action": "accept", "content": content},
+            )
+            self.assertEqual(reply.status, 400, reply.body)
+            self.assertEqual(
+                (reply.json()["code"], reply.json()["param"]),
+                ("invalid_param", "content"),
+            )
+            self.assertIn(problem, reply.json()["error"])
         reply = yield self.request(
             "POST",
             f"/agents/requests/{question['request_id']}",

@@ -441,11 +441,21 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("cancel", "boolean", "permission: cancel it"),
             F("action", enum=("accept", "decline", "cancel"), doc="question"),
-            F("content", "object", "question: the answer"),
+            F(
+                "content",
+                "object",
+                "question: the answer, checked against its requested_schema "
+                "(required fields, types, enum, lengths, bounds)",
+            ),
         ),
         response=(F("request_id"), F("state", doc='"resolved"'), F("outcome")),
         errors=(
-            E(400, "invalid_param", "no usable answer"),
+            E(
+                400,
+                "invalid_param",
+                "no usable answer, or content that does not fit the question's "
+                "requested_schema (param: content; the error names the field)",
+            ),
             E(403, "param_not_allowed", "allow_always with allow_always: false"),
             E(404, "not_found", "unknown request"),
             E(409, "already_resolved", "answered already"),
