@@ -74,7 +74,8 @@ def _value_problem(name: str, spec: dict[str, Any], value: Any) -> str | None:
     elif kind == "array":
         if not isinstance(value, list):
             return f"{where} must be a list"
-        items = spec.get("items") if isinstance(spec.get("items"), dict) else {}
+        given = spec.get("items")
+        items: dict[str, Any] = given if isinstance(given, dict) else {}
         choices = items.get("enum")
         if not isinstance(choices, list) and isinstance(items.get("anyOf"), list):
             choices = [c.get("const") for c in items["anyOf"] if isinstance(c, dict)]
