@@ -121,12 +121,15 @@ class Handshake:
                 and load["replay"]
                 and not s.capabilities.get("loadSession")
             ):
-                raise unsupported(
+                refused = unsupported(
                     f"the agent {s.entry.id!r} cannot load a stored session "
                     "(its initialize says loadSession: false); "
                     "try replay: false if it can resume one",
                     "RuntimeError",
                 )
+                # Failed as any refused handshake is: listed with the reason.
+                s.fail({"code": refused.code, "message": refused.message})
+                raise refused
             if s.entry.auth_method and any(
                 isinstance(m, dict) and m.get("id") == s.entry.auth_method
                 for m in s.auth_methods

@@ -376,12 +376,7 @@ class AgentManager(Service):
         except OSError as e:
             self.sessions.pop(session.session_id, None)
             raise agent_unavailable(f"cannot start the agent: {e.strerror}") from None
-        try:
-            await session.handshake.run(body, load)
-        except ApiError as e:
-            if e.status == 501:  # refused before the agent was asked
-                await self._withdraw(session, "unsupported")
-            raise
+        await session.handshake.run(body, load)
         settings = ("mode", "model", "config", "thought_level")
         if any(body.get(k) is not None for k in settings):
             try:

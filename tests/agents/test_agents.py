@@ -640,7 +640,11 @@ class SessionTests(AgentsTestCase):
 
     @inlineCallbacks
     def test_load_without_load_session_is_501(self) -> Any:
-        """An agent whose initialize says loadSession false: 501 unsupported, nothing left listed."""
+        """
+        An agent whose initialize says loadSession false: 501 unsupported
+        before it is asked to load; the session is listed failed with that
+        reason, its agent gone.
+        """
         reply = yield self.request(
             "POST",
             "/agents/sessions/load",
@@ -649,7 +653,10 @@ class SessionTests(AgentsTestCase):
         self.assertEqual(reply.status, 501, reply.body)
         self.assertEqual(reply.json()["code"], "unsupported")
         reply = yield self.request("GET", "/agents/sessions")
-        self.assertEqual(reply.json()["sessions"], [])
+        [session] = reply.json()["sessions"]
+        state = yield self.wait_state(session["session_id"], ("failed",))
+        self.assertEqual(state["error"]["code"], "unsupported")
+        self.assertFalse(is_alive(state["process"]["pid"]))
 
     @inlineCallbacks
     def test_too_many_sessions(self) -> Any:
