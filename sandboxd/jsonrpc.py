@@ -20,10 +20,12 @@ growing without bound or hanging.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.errors import ApiError, not_json
@@ -42,6 +44,55 @@ REQUEST_CANCELLED = -32800
 REQUEST_FAILED = -32803
 
 Message = dict[str, Any]
+
+log = Logger(namespace="sandboxd.jsonrpc")
+
+#: A ``\\u`` escape of a UTF-16 surrogate in a raw message: only a message
+#: holding one can decode to a string with a lone half.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+#: A surrogate code point left in decoded text (a pair is joined by the
+#: decoder, so whatever is left is a lone half).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """
+    ``value`` (decoded JSON) with every lone UTF-16 surrogate replaced by
+    U+FFFD.  JSON may carry one as a ``\\u`` escape (a JavaScript peer that
+    cut a string through an emoji sends exactly that), but no text holding
+    one can be encoded as UTF-8: kept as it is, it would break whatever
+    stores, writes or sends it on.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {
+            without_lone_surrogates(k): without_lone_surrogates(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [without_lone_surrogates(v) for v in value]
+    return value
+
+
+def valid_id(request_id: Any) -> bool:
+    """Whether ``request_id`` is one JSON-RPC allows: a string, a number or null."""
+    return request_id is None or (
+        isinstance(request_id, (str, int, float)) and not isinstance(request_id, bool)
+    )
+
+
+def _deliver(callback: Callable[[bytes], None], data: bytes) -> None:
+    """
+    Hand one framed message on; a handler's failure is logged and the
+    stream read on, so one odd message never stops the reader (an
+    exception escaping a transport's read would drop the connection).
+    """
+    try:
+        callback(data)
+    except Exception:
+        log.failure("a message from the peer could not be handled")
 
 
 class RpcError(Exception):
@@ -166,7 +217,7 @@ class LineFramer:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line.strip():
-                self._on_line(line)
+                _deliver(self._on_line, line)
 
     def _overflow(self, size: int) -> None:
         self.stop()
@@ -224,7 +275,7 @@ class ContentLengthFramer:
             body = bytes(self._buffer[: self._length])
             del self._buffer[: self._length]
             self._length = None
-            self._on_message(body)
+            _deliver(self._on_message, body)
 
     def _read_headers(self) -> bool:
         end = self._buffer.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 4)
@@ -310,8 +361,7 @@ class Connection:
     def _send(self, message: dict[str, Any]) -> None:
         if self.closed is not None:
             return
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
-        self._write(self._frame(data.encode()))
+        self._write(self._frame(encode(message)))
 
     def request(self, method: str, params: Any) -> Deferred[Any]:
         """Send a request; the Deferred fires with its result or fails with :class:`RpcError`."""
@@ -358,7 +408,25 @@ class Connection:
     # -- receiving -------------------------------------------------------
 
     def message_received(self, line: bytes) -> None:
-        """One framed message from the peer (a line, or a frame's body)."""
+        """
+        One framed message from the peer (a line, or a frame's body).
+
+        Whatever the message holds, it is handled, answered or recorded as
+        garbage, and the next one is read: a handler that fails on it is
+        logged and the message recorded, never the end of the reading.
+        """
+        try:
+            self._dispatch(line)
+        except Exception as e:
+            log.failure("a message from the peer could not be handled")
+            try:
+                self.peer.handle_garbage(
+                    line, f"could not be handled ({type(e).__name__})", None
+                )
+            except Exception:
+                log.failure("recording an unhandled message")
+
+    def _dispatch(self, line: bytes) -> None:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
@@ -366,13 +434,28 @@ class Connection:
             return
         try:
             message = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             self.peer.handle_garbage(line, "not JSON", None)
             return
+        if _SURROGATE_ESCAPE.search(line) is not None:
+            message = without_lone_surrogates(message)
         if not isinstance(message, dict):
             self.peer.handle_garbage(line, "not a JSON-RPC object", message)
             return
         method = message.get("method")
+        if "method" in message and "id" in message:
+            # A request we cannot answer as asked: JSON-RPC's Invalid
+            # Request, with its id when that is one it allows (else null).
+            problem = None
+            if not valid_id(message["id"]):
+                problem = "invalid request id"
+            elif not isinstance(method, str):
+                problem = "the method must be a string"
+            if problem is not None:
+                self.peer.handle_garbage(line, problem, message)
+                rid = message["id"] if valid_id(message["id"]) else None
+                self._send(error(rid, INVALID_REQUEST, f"Invalid Request: {problem}"))
+                return
         if isinstance(method, str):
             params = message.get("params")
             if "id" in message:
@@ -411,9 +494,7 @@ class Connection:
 
     def _response(self, message: dict[str, Any], line: bytes) -> None:
         request_id = message.get("id")
-        entry = (
-            self._pending.pop(request_id, None) if isinstance(request_id, int) else None
-        )
+        entry = self._pending.pop(request_id, None) if type(request_id) is int else None
         if entry is None:
             self.peer.handle_garbage(line, "response to no pending request", message)
             return

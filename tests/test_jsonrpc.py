@@ -115,3 +115,74 @@ class ContentLengthFramerTests(SynchronousTestCase):
         self.assertEqual(len(broken), 1)
         framer.feed(jsonrpc.content_length_frame(b"{}"))
         self.assertEqual(len(broken), 1)
+
+
+class _Peer:
+    """A peer recording what reaches it; its notification handler fails on ``boom``."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, Any]] = []
+        self.garbage: list[str] = []
+
+    def handle_request(self, request_id: Any, method: str, params: Any) -> Any:
+        return {"ok": method}
+
+    def handle_notification(self, method: str, params: Any) -> None:
+        if method == "boom":
+            raise TypeError("unhashable")
+        self.notes.append((method, params))
+
+    def handle_garbage(self, line: bytes, reason: str, message: Any) -> None:
+        self.garbage.append(reason)
+
+
+class ConnectionRobustnessTests(SynchronousTestCase):
+    """No single message, however odd, stops the reading of the next ones."""
+
+    def connect(self) -> tuple[Any, _Peer, list[dict[str, Any]], Any]:
+        sent: list[dict[str, Any]] = []
+        peer = _Peer()
+        conn = jsonrpc.Connection(lambda data: sent.append(json.loads(data)), peer)
+        framer = jsonrpc.LineFramer(1 << 20, conn.message_received, lambda n: None)
+        return conn, peer, sent, framer
+
+    def test_lone_surrogate_is_replaced(self) -> None:
+        """A ``\\ud800`` escape decodes to U+FFFD, a pair stays the character it spells."""
+        _, peer, _, framer = self.connect()
+        framer.feed(
+            b'{"jsonrpc":"2.0","method":"n","params":{"t":"\\ud800 x \\ud83d\\ude00"}}\n'
+        )
+        self.assertEqual(peer.notes, [("n", {"t": "\ufffd x \U0001f600"})])
+
+    def test_bad_ids_are_invalid_requests(self) -> None:
+        """An object, array or boolean id, or a method that is not a string: -32600, and the next line is read."""
+        _, peer, sent, framer = self.connect()
+        framer.feed(
+            b'{"jsonrpc":"2.0","id":{"a":1},"method":"m"}\n'
+            b'{"jsonrpc":"2.0","id":[1],"method":"m"}\n'
+            b'{"jsonrpc":"2.0","id":true,"method":"m"}\n'
+            b'{"jsonrpc":"2.0","id":4,"method":42}\n'
+            b'{"jsonrpc":"2.0","id":5,"method":"m"}\n'
+        )
+        self.assertEqual(
+            [(m["id"], m.get("error", {}).get("code")) for m in sent],
+            [(None, -32600), (None, -32600), (None, -32600), (4, -32600), (5, None)],
+        )
+        self.assertEqual(sent[-1]["result"], {"ok": "m"})
+        self.assertEqual(len(peer.garbage), 4)
+
+    def test_failing_handler_is_recorded_and_reading_goes_on(self) -> None:
+        """A handler that raises: the message is recorded, the rest of the same read is handled."""
+        _, peer, _, framer = self.connect()
+        framer.feed(
+            b'{"jsonrpc":"2.0","method":"boom"}\n{"jsonrpc":"2.0","method":"after"}\n'
+        )
+        self.assertEqual(peer.notes, [("after", None)])
+        self.assertEqual(peer.garbage, ["could not be handled (TypeError)"])
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+
+    def test_deep_nesting_is_garbage(self) -> None:
+        """A message nested past the decoder's depth is not JSON to us, not a crash."""
+        _, peer, _, framer = self.connect()
+        framer.feed(b"[" * 100000 + b"]" * 100000 + b"\n")
+        self.assertEqual(peer.garbage, ["not JSON"])

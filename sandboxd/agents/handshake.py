@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.agents.state import IdleTimer, SessionState
-from sandboxd.errors import ApiError, agent_error, agent_timeout
+from sandboxd.errors import ApiError, agent_error, agent_timeout, unsupported
 from sandboxd.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
 from sandboxd.policy.confinement import confinement_of
 
@@ -116,6 +116,20 @@ class Handshake:
             s.auth_methods = methods if isinstance(methods, list) else []
             if probe:
                 return
+            if (
+                load is not None
+                and load["replay"]
+                and not s.capabilities.get("loadSession")
+            ):
+                refused = unsupported(
+                    f"the agent {s.entry.id!r} cannot load a stored session "
+                    "(its initialize says loadSession: false); "
+                    "try replay: false if it can resume one",
+                    "RuntimeError",
+                )
+                # Failed as any refused handshake is: listed with the reason.
+                s.fail({"code": refused.code, "message": refused.message})
+                raise refused
             if s.entry.auth_method and any(
                 isinstance(m, dict) and m.get("id") == s.entry.auth_method
                 for m in s.auth_methods

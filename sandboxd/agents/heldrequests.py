@@ -39,6 +39,84 @@ class HeldHost(Protocol):
         """Cancel the running turn (a permission timeout may)."""
 
 
+def _value_problem(name: str, spec: dict[str, Any], value: Any) -> str | None:
+    """Why ``value`` does not fit one property's primitive schema, or None."""
+    kind = spec.get("type")
+    where = f"content.{name}"
+    if kind == "string":
+        if not isinstance(value, str):
+            return f"{where} must be a string"
+        choices = spec.get("enum")
+        if not isinstance(choices, list) and isinstance(spec.get("oneOf"), list):
+            choices = [c.get("const") for c in spec["oneOf"] if isinstance(c, dict)]
+        if isinstance(choices, list) and value not in choices:
+            return f"{where} must be one of {', '.join(map(str, choices))}"
+        low, high = spec.get("minLength"), spec.get("maxLength")
+        if isinstance(low, int) and len(value) < low:
+            return f"{where} must be at least {low} characters"
+        if isinstance(high, int) and len(value) > high:
+            return f"{where} must be at most {high} characters"
+    elif kind in ("number", "integer"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return (
+                f"{where} must be {'an integer' if kind == 'integer' else 'a number'}"
+            )
+        if kind == "integer" and not (isinstance(value, int) or value.is_integer()):
+            return f"{where} must be an integer"
+        low, high = spec.get("minimum"), spec.get("maximum")
+        if isinstance(low, (int, float)) and value < low:
+            return f"{where} must be at least {low}"
+        if isinstance(high, (int, float)) and value > high:
+            return f"{where} must be at most {high}"
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            return f"{where} must be true or false"
+    elif kind == "array":
+        if not isinstance(value, list):
+            return f"{where} must be a list"
+        given = spec.get("items")
+        items: dict[str, Any] = given if isinstance(given, dict) else {}
+        choices = items.get("enum")
+        if not isinstance(choices, list) and isinstance(items.get("anyOf"), list):
+            choices = [c.get("const") for c in items["anyOf"] if isinstance(c, dict)]
+        if isinstance(choices, list) and any(v not in choices for v in value):
+            return f"{where} must hold only {', '.join(map(str, choices))}"
+        low, high = spec.get("minItems"), spec.get("maxItems")
+        if isinstance(low, int) and len(value) < low:
+            return f"{where} must hold at least {low} items"
+        if isinstance(high, int) and len(value) > high:
+            return f"{where} must hold at most {high} items"
+    return None
+
+
+def answer_problem(schema: Any, content: dict[str, Any]) -> str | None:
+    """
+    Why an accepted question's ``content`` does not fit the question's
+    ``requested_schema``, or None.  The schema is MCP's form (a flat object
+    of strings, numbers, booleans and lists of choices, with ``required``),
+    which the client, here the daemon, checks before answering: an agent
+    given a number for a branch name would go on with it.  What the schema
+    does not say is not checked; a schema that is not an object checks
+    nothing.
+    """
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return None
+    properties: dict[str, Any] = schema["properties"]
+    required = schema.get("required")
+    for name in required if isinstance(required, list) else []:
+        if name not in content:
+            return f"content.{name} is required"
+    for name, value in content.items():
+        spec = properties.get(name)
+        if spec is None:
+            return f"content.{name} was not asked for (asked: {', '.join(properties)})"
+        if isinstance(spec, dict):
+            problem = _value_problem(name, spec, value)
+            if problem is not None:
+                return problem
+    return None
+
+
 class HeldRequests:
     """
     Permission requests and questions, from held to answered: the
@@ -150,10 +228,18 @@ class HeldRequests:
             if action not in ("accept", "decline", "cancel"):
                 raise bad_request("'action' must be accept, decline or cancel")
             result: dict[str, Any] = {"action": action}
-            if action == "accept" and body.get("content") is not None:
-                if not isinstance(body["content"], dict):
+            if action == "accept":
+                content = body.get("content")
+                if content is not None and not isinstance(content, dict):
                     raise bad_request("'content' must be an object")
-                result["content"] = body["content"]
+                problem = answer_problem(held.requested_schema, content or {})
+                if problem is not None:
+                    raise bad_request(
+                        f"the answer does not fit the question's requested_schema: {problem}",
+                        param="content",
+                    )
+                if content is not None:
+                    result["content"] = content
             self._resolve(held, dict(result), "identity", identity, result=result)
             return {
                 "request_id": held.request_id,

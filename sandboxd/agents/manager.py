@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 
+from sandboxd.access.audit import secret_param
 from sandboxd.access.guard import PathGuard
 from sandboxd.agents import catalog, climcp
 from sandboxd.agents.catalog import CatalogEntry
@@ -50,6 +51,7 @@ from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, keep_only, validate_env
+from sandboxd.waiters import Waiters
 
 if TYPE_CHECKING:
     from sandboxd.agents.permissions import HeldRequest
@@ -90,6 +92,28 @@ def agent_environment(
         for k, v in env.items()
         if not k.lower().startswith("npm_") and k != "INIT_CWD"
     }
+
+
+def agent_secrets(
+    env: dict[str, str], entry: CatalogEntry, given: dict[str, str]
+) -> list[str]:
+    """
+    The values masked wherever an agent's session shows them (its stderr
+    log, its events): what the entry passes on from the daemon
+    (``env_pass``), every value given for its environment (the entry's
+    fixed ``env``, the create request's ``env``: how a driver hands an
+    agent its provider key), and the value of every variable whose name
+    says it holds a secret (``*_API_KEY``, ``*_TOKEN``), as the audit log
+    masks such names in URLs.
+    """
+    values = [env[n] for n in entry.env_pass if env.get(n)]
+    values.extend(v for k, v in env.items() if v and secret_param(k))
+    values.extend(
+        v
+        for v in (*entry.env.values(), *given.values())
+        if len(v) >= defaults.AGENT_GIVEN_ENV_MASK_MIN_CHARS
+    )
+    return values
 
 
 def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
@@ -142,6 +166,9 @@ class AgentManager(Service):
         #: Called first when the daemon stops, while every agent still runs
         #: (the ``/v1`` door keeps its sessions as they stand).
         self.before_stop: list[Callable[[], Deferred[Any] | None]] = []
+        #: Loads under way, by ``(agent, acp_session_id)``: a second load
+        #: of the same stored session waits for the first's outcome.
+        self._loading: dict[tuple[str, str], Waiters[None]] = {}
         #: Asked, in turn, for a slot when ``max_sessions`` agents run: each
         #: ends an idle agent it keeps only to reuse it (the Deferred fires
         #: once it is gone), or answers None when it has none.
@@ -180,6 +207,30 @@ class AgentManager(Service):
             defaults.AGENT_KEPT_CLOSED_BYTES,
         )
 
+    def policy_reloaded(self) -> None:
+        """
+        A reload reaches the running agents: each session takes the new
+        rule of the endpoint it was created through, so what the daemon
+        decides for it from now on (the agent's file and terminal
+        requests, its permission requests, its limits) follows the policy
+        in force.  A session whose rule is now off, or whose agent the new
+        ``params.agents`` leaves out, is ended: it could no longer be
+        driven, nor stopped, through routes that now answer 404.
+        """
+        policy = self.context.policy
+        for session in self.live():
+            if session.state in ("closing", "closed", "failed"):
+                continue
+            rule: EffectiveRule = policy.rule(session.rule.endpoint_id)
+            if rule.enabled and catalog.allowed(session.entry, rule):
+                session.rule = rule
+                continue
+            session.error = {
+                "code": "policy_reload",
+                "message": "a policy reload turned this session's endpoint or agent off",
+            }
+            Deferred.fromCoroutine(session.close(reason="policy_reload"))
+
     # -- creating --------------------------------------------------------------
 
     def _new_session(
@@ -204,9 +255,8 @@ class AgentManager(Service):
                 raise bad_request("'additional_directories' must be a list")
             body["additional_directories"] = [guard.cwd(p) for p in extra_dirs]
         body["mcp_servers"] = check_mcp_servers(body.get("mcp_servers"), rule)
-        env = agent_environment(
-            self.context, rule, entry, validate_env(body.get("env"))
-        )
+        given = validate_env(body.get("env"))
+        env = agent_environment(self.context, rule, entry, given)
         run_as = resolve_user(body.get("user"), rule)
         if run_as is not None:
             run_as.apply(env)
@@ -220,7 +270,7 @@ class AgentManager(Service):
                 if entry.package
                 else None,
             )
-        secret_values = [env[n] for n in entry.env_pass if env.get(n)]
+        secret_values = agent_secrets(env, entry, given)
         secret_values.extend(handed)
         session = AgentSession(
             self,
@@ -248,11 +298,64 @@ class AgentManager(Service):
         :param handed: secrets the agent is handed in its session (the
             ``/v1`` door's vault credentials), masked in its stderr log.
         """
-        from sandboxd.agents.configuration import check_mode
-
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
+        if load is not None:
+            key = (entry.id, str(load["acp_session_id"]))
+            while key in self._loading:
+                await self._loading[key].wait()
+            live = self.loaded(*key)
+            if live is not None:
+                # One agent process per stored conversation: a second one
+                # would write the same transcript and the two diverge.
+                return {**self.created_body(live), "already_loaded": True}
+            self._loading[key] = Waiters()
+            try:
+                return await self._create(request, body, rule, entry, load, handed)
+            finally:
+                self._loading.pop(key).fire(None)
+        return await self._create(request, body, rule, entry, load, handed)
+
+    def loaded(self, agent: str, acp_session_id: str) -> AgentSession | None:
+        """The live session of ``agent`` bound to its stored ``acp_session_id``."""
+        for session in self.live():
+            if (
+                session.entry.id == agent
+                and session.acp_session_id == acp_session_id
+                and session.state not in ("closing", "closed", "failed")
+            ):
+                return session
+        return None
+
+    def created_body(self, session: AgentSession) -> dict[str, Any]:
+        """What a create (or load) answers about ``session``."""
+        return {
+            "session_id": session.session_id,
+            "agent": session.entry.id,
+            "acp_session_id": session.acp_session_id,
+            "state": session.state,
+            "modes": session.modes,
+            "config_options": session.config_options,
+            "models": session.models,
+            "agent_info": session.agent_info,
+            "capabilities": session.capabilities,
+            "commands": session.command_list(),
+            "title": session.title,
+            "events_url": session.events_url(),
+        }
+
+    async def _create(
+        self,
+        request: Any,
+        body: dict[str, Any],
+        rule: EffectiveRule,
+        entry: CatalogEntry,
+        load: dict[str, Any] | None,
+        handed: tuple[str, ...],
+    ) -> dict[str, Any]:
+        from sandboxd.agents.configuration import check_mode
+
         if load is None:
             check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
@@ -283,20 +386,7 @@ class AgentManager(Service):
             except ApiError:
                 await self._withdraw(session, "configure_failed")
                 raise
-        out = {
-            "session_id": session.session_id,
-            "agent": entry.id,
-            "acp_session_id": session.acp_session_id,
-            "state": session.state,
-            "modes": session.modes,
-            "config_options": session.config_options,
-            "models": session.models,
-            "agent_info": session.agent_info,
-            "capabilities": session.capabilities,
-            "commands": session.command_list(),
-            "title": session.title,
-            "events_url": session.events_url(),
-        }
+        out = self.created_body(session)
         if load is None and body.get("prompt") is not None:
             try:
                 # What this agent's promptCapabilities refuse is known only now.
@@ -305,6 +395,7 @@ class AgentManager(Service):
                 await self._withdraw(session, "prompt_refused")
                 raise
             out["turn_id"] = session.turn_control.start(blocks).turn_id
+            out["state"] = session.state
         return out
 
     async def _free_slot(self, rule: EffectiveRule) -> None:
@@ -457,6 +548,8 @@ def prompt_blocks(
         kind = block.get("type")
         if kind not in _PROMPT_TYPES:
             raise bad_request(f"unknown content block type {kind!r}")
+        if kind == "text" and not isinstance(block.get("text"), str):
+            raise bad_request("a text block's 'text' must be a string", param="prompt")
         if kind in needs and not caps.get(needs[kind]):
             raise bad_request(
                 f"this agent does not accept {kind} blocks (promptCapabilities.{needs[kind]} is off)"
@@ -465,6 +558,13 @@ def prompt_blocks(
     files = body.get("files") or []
     if not isinstance(files, list):
         raise bad_request("'files' must be a list of paths")
+    if not files and all(
+        b.get("type") == "text"
+        and not (isinstance(b.get("text"), str) and b["text"].strip())
+        for b in blocks
+    ):
+        # An agent would spend a model call on nothing (or fail on it).
+        raise bad_request("the prompt is empty", param="prompt")
     guard = PathGuard(rule)
     for path in files:
         if caps.get("embeddedContext"):

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.policy.confinement import Confinement
+from sandboxd.policy.defaults import SECRET_MIN_CHARS
 from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.priority import CHILD_PRIORITY
@@ -55,13 +56,14 @@ class HeadTailLog:
         self._tail_bytes = 0
         self.dropped_bytes = 0
         self.last_seq = 0
-        self._secrets = sorted(
-            {s for s in secrets if len(s) >= 4}, key=len, reverse=True
+        #: The values masked, longest first.
+        self.secrets = sorted(
+            {s for s in secrets if len(s) >= SECRET_MIN_CHARS}, key=len, reverse=True
         )
 
     def redact(self, text: str) -> str:
         """``text`` with every known secret value replaced."""
-        for secret in self._secrets:
+        for secret in self.secrets:
             text = text.replace(secret, "[redacted]")
         return text
 
@@ -202,8 +204,13 @@ class AgentProcess:
 
     @property
     def exit_code(self) -> int | None:
-        """The exit status, or minus the signal number; None while running."""
-        return self.child.exit_code
+        """
+        The exit status; None while running or when a signal ended the
+        agent (:attr:`signal` names it), as every process of the API
+        reports it.
+        """
+        code = self.child.exit_code
+        return code if code is None or code >= 0 else None
 
     @property
     def signal(self) -> str | None:
@@ -217,8 +224,8 @@ class AgentProcess:
             self.stderr.append(data)
 
     def _exited(self, code: int | None) -> int | None:
-        self._exit_waiters.fire(code)
-        self._on_exit(code, self.signal)
+        self._exit_waiters.fire(self.exit_code)
+        self._on_exit(self.exit_code, self.signal)
         return code
 
     def write(self, data: bytes) -> None:

@@ -61,6 +61,7 @@ from sandboxd.jsonrpc import (
     ConnectionLost,
     LineFramer,
     RpcError,
+    valid_id,
 )
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -227,6 +228,7 @@ class AgentSession(SessionState):
             "session_id": self.session_id,
             "state": self.state,
             "exit_code": self.process.exit_code,
+            "signal": self.process.signal,
         }
 
     def wait_closed(self) -> Deferred[None]:
@@ -236,13 +238,16 @@ class AgentSession(SessionState):
 
     def _exited(self, code: int | None, sig: str | None) -> None:
         self.exit_code = code
+        # Withdrawn first: nobody cancelled them, the agent is gone (the
+        # connection's end below also ends the turn, which would answer
+        # them cancelled).
+        for held in list(self.pending.values()):
+            self.held.withdraw(held)
         self.conn.close(ConnectionLost("the agent exited"))
         self.turn_control.stop_timers()
         self.idle.cancel()
         for terminal in self.terminals.values():
             terminal.kill()
-        for held in list(self.pending.values()):
-            self.held.withdraw(held)
         for d in list(self.rpc_waiters.values()):
             if not d.called:
                 d.errback(RpcError(REQUEST_CANCELLED, "the agent exited"))
@@ -260,7 +265,9 @@ class AgentSession(SessionState):
             if self.error is None:
                 self.error = {
                     "code": "agent_exited",
-                    "message": f"the agent exited (exit code {code}, signal {sig})",
+                    "message": f"the agent was killed by {sig}"
+                    if sig
+                    else f"the agent exited (exit code {code})",
                 }
             self.set_state("failed")
         self.emit("session.closed", exit_code=code, signal=sig, state=self.state)
@@ -300,8 +307,16 @@ class AgentSession(SessionState):
             and isinstance(params, dict)
             and isinstance(params.get("update"), dict)
         ):
+            if self.stderr.secrets:
+                # Masked before folding: the messages, turns and tool calls
+                # read from it show what its events show.
+                params = self.masked(params)
             self.updates.update(params["update"], params)
-        elif method == "$/cancel_request" and isinstance(params, dict):
+        elif (
+            method == "$/cancel_request"
+            and isinstance(params, dict)
+            and valid_id(params.get("requestId"))
+        ):
             self.held.cancel_request(params.get("requestId"))
         elif (
             method == SUBAGENT_NOTIFICATION

@@ -222,9 +222,21 @@ class SessionState:
         data.update(fields)
         if raw is not None:
             data["raw"] = raw
+        if self.stderr.secrets:
+            data = self.masked(data)
         if type not in ("message.delta",):
             self.chunk_key = None
         return self.log.append(type, data, json_size(data)).seq
+
+    def masked(self, value: Any) -> Any:
+        """``value`` with every secret of the session masked in its strings."""
+        if isinstance(value, str):
+            return self.stderr.redact(value)
+        if isinstance(value, dict):
+            return {k: self.masked(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.masked(v) for v in value]
+        return value
 
     def set_state(self, state: str) -> None:
         """Change the state and say so in the log."""

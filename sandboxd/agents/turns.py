@@ -72,7 +72,7 @@ class TurnControl:
             seq = s.emit(
                 "message.delta", role="user", message_id=message_id, content=block
             )
-            self.updates.fold_message("user", message_id, block, seq)
+            self.updates.fold_message("user", message_id, s.masked(block), seq)
         s.set_state("running")
         limit = s.rule.limits.max_turn_seconds
         if limit:
@@ -138,7 +138,8 @@ class TurnControl:
         else:
             turn.error = self.session.error or {
                 "code": "agent_exited",
-                "message": f"the agent exited during the turn (exit code {code})",
+                "message": "the agent exited during the turn"
+                + (f" (exit code {code})" if code is not None else ""),
             }
             self._end_turn(turn, "failed", None)
 
@@ -163,9 +164,16 @@ class TurnControl:
         turn.seq_to = s.emit("turn.ended", turn_id=turn.turn_id, **fields)
         if s.current is turn:
             s.current = None
-        if s.state in ("running", "awaiting_input"):
+        if (
+            s.state in ("running", "awaiting_input")
+            and s.conn.closed is None
+            and s.error is None
+        ):
+            # Not once the agent is gone or being ended: the session goes
+            # on to failed, and a client must not take it as free for the
+            # next prompt.
             s.set_state("idle")
-        self.idle.touch()
+            self.idle.touch()
         turn.waiters.fire(None)
 
     def cancel(self, forced_by: str | None = None) -> Turn | None:

@@ -20,6 +20,52 @@ PIECES = "_pieces"
 #: A message's key for the bytes of its content kept so far.
 KEPT_BYTES = "_bytes"
 
+#: ACP's tool call kinds and statuses: a value outside them is not kept.
+TOOL_KINDS = (
+    "read",
+    "edit",
+    "delete",
+    "move",
+    "search",
+    "execute",
+    "think",
+    "fetch",
+    "switch_mode",
+    "other",
+)
+TOOL_STATUSES = ("pending", "in_progress", "completed", "failed")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+#: What each field of a tool call holds when the agent sends it; a field
+#: whose value is not that is left out of the snapshot (and named in an
+#: ``unknown`` event), so a typed client reading the routes never meets a
+#: status of 7 or a title that is a list.
+_TOOL_FIELDS: dict[str, Any] = {
+    "title": lambda v: isinstance(v, str),
+    "kind": lambda v: v in TOOL_KINDS,
+    "status": lambda v: v in TOOL_STATUSES,
+    "locations": lambda v: (
+        isinstance(v, list)
+        and all(isinstance(x, dict) and isinstance(x.get("path"), str) for x in v)
+    ),
+    "content": lambda v: (
+        isinstance(v, list)
+        and all(
+            isinstance(x, dict)
+            and (x.get("type") != "diff" or isinstance(x.get("path"), str))
+            for x in v
+        )
+    ),
+}
+
 
 def settled(message: dict[str, Any]) -> dict[str, Any]:
     """``message`` with its last text block whole (its chunks joined)."""
@@ -52,7 +98,17 @@ class UpdateFolding:
                 "agent_thought_chunk": "thought",
             }[kind]
             content = update.get("content")
+            if not isinstance(content, dict) or (
+                content.get("type") == "text"
+                and not isinstance(content.get("text"), str)
+            ):
+                s.emit(
+                    "unknown", raw=raw, reason="message chunk without a content block"
+                )
+                return
             message_id = update.get("messageId")
+            if not isinstance(message_id, str):
+                message_id = None
             key = (role, message_id, s.current.turn_id if s.current else None)
             if (
                 message_id is None
@@ -75,26 +131,41 @@ class UpdateFolding:
             if (
                 role == "agent"
                 and s.current is not None
-                and isinstance(content, dict)
                 and content.get("type") == "text"
             ):
-                s.current.text.append(str(content.get("text", "")))
+                s.current.text.append(content["text"])
         elif kind == "tool_call":
             self.tool_call(update, raw, new=True)
         elif kind == "tool_call_update":
             self.tool_call(update, raw, new=False)
         elif kind == "plan":
+            given = update.get("entries")
+            if not isinstance(given, list):
+                s.emit("unknown", raw=raw, reason="plan without a list of entries")
+                return
             entries: list[dict[str, Any]] = [
-                e for e in update.get("entries") or [] if isinstance(e, dict)
+                e
+                for e in given
+                if isinstance(e, dict) and isinstance(e.get("content"), str)
             ]
             s.plan = entries
             s.plan_seq = s.emit("plan", raw=raw, entries=entries)
         elif kind == "available_commands_update":
             commands = update.get("availableCommands")
-            s.commands = commands if isinstance(commands, list) else []
+            if not isinstance(commands, list):
+                s.emit("unknown", raw=raw, reason="commands without a list")
+                return
+            s.commands = [
+                c
+                for c in commands
+                if isinstance(c, dict) and isinstance(c.get("name"), str)
+            ]
             s.emit("commands", raw=raw, commands=s.commands)
         elif kind == "current_mode_update":
             mode = update.get("currentModeId")
+            if not isinstance(mode, str):
+                s.emit("unknown", raw=raw, reason="mode update without a mode id")
+                return
             if s.modes is not None:
                 s.modes = {**s.modes, "currentModeId": mode}
             else:
@@ -102,19 +173,29 @@ class UpdateFolding:
             s.emit("mode", raw=raw, current_mode_id=mode, by="agent")
         elif kind == "config_option_update":
             options = update.get("configOptions")
-            if isinstance(options, list):
-                s.config_options = options
+            if not isinstance(options, list):
+                s.emit("unknown", raw=raw, reason="config options without a list")
+                return
+            s.config_options = [o for o in options if isinstance(o, dict)]
             s.emit("config", raw=raw, config_options=s.config_options, by="agent")
         elif kind == "session_info_update":
+            title, updated = update.get("title"), update.get("updatedAt")
+            if not (_optional_str(title) and _optional_str(updated)):
+                s.emit("unknown", raw=raw, reason="session info of the wrong type")
+                return
             if "title" in update:
-                s.agent_title = update.get("title")
-            s.emit(
-                "session.info",
-                raw=raw,
-                title=update.get("title"),
-                updated_at=update.get("updatedAt"),
-            )
+                s.agent_title = title
+            s.emit("session.info", raw=raw, title=title, updated_at=updated)
         elif kind == "usage_update":
+            if not _number(update.get("used")) or not all(
+                k not in update or check(update[k])
+                for k, check in (
+                    ("size", _number),
+                    ("cost", lambda v: v is None or isinstance(v, dict)),
+                )
+            ):
+                s.emit("unknown", raw=raw, reason="usage of the wrong type")
+                return
             s.usage = {
                 k: update.get(k) for k in ("used", "size", "cost") if k in update
             }
@@ -163,12 +244,8 @@ class UpdateFolding:
         target["seq_to"] = seq
         if not isinstance(content, dict):
             return
-        is_text = content.get("type") == "text"
-        size = (
-            len(str(content.get("text", "")).encode())
-            if is_text
-            else json_size(content)
-        )
+        is_text = content.get("type") == "text" and isinstance(content.get("text"), str)
+        size = len(content["text"].encode()) if is_text else json_size(content)
         kept = target.get(KEPT_BYTES, 0) + size
         if kept > s.max_message_bytes:
             # The events still carry every chunk; the folded message keeps
@@ -225,6 +302,19 @@ class UpdateFolding:
                         m["tool_call_ids"].append(tool_call_id)
                         break
         delta = {k: v for k, v in update.items() if k != "sessionUpdate"}
+        wrong = sorted(
+            k
+            for k, v in delta.items()
+            if v is not None and k in _TOOL_FIELDS and not _TOOL_FIELDS[k](v)
+        )
+        if wrong:
+            s.emit(
+                "unknown",
+                raw=raw,
+                reason=f"tool call fields of the wrong type left out: {', '.join(wrong)}",
+            )
+            for key in wrong:
+                del delta[key]
         for key, value in delta.items():
             if key != "toolCallId" and value is not None:
                 snapshot[key] = value

@@ -547,6 +547,8 @@ class DaemonService(MultiService):
             self.context.preview.policy_reloaded()
         if self.context.kep is not None:
             self.context.kep.policy_reloaded()
+        if self.context.agents is not None:
+            self.context.agents.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )

@@ -441,6 +441,12 @@ AUDIT_PATTERNS_KEPT = 32
 #: (masking every "1" or "on" would say nothing and hide everything).
 SECRET_MIN_CHARS = 4
 
+#: The shortest value of an agent's given environment (its catalogue
+#: entry's ``env``, the create request's ``env``) masked when its name does
+#: not say it is a secret: a key is long, while ``true``, ``debug`` or a
+#: port number masked in every event would hide what the agent says.
+AGENT_GIVEN_ENV_MASK_MIN_CHARS = 8
+
 #: Upper bounds (seconds) of the request latency histogram of ``/metrics``.
 METRICS_LATENCY_BUCKETS = (
     0.001,

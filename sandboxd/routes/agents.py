@@ -231,10 +231,10 @@ async def agents_session_load(request: ServerRequest) -> ServerResponse:
     acp_session_id = required(request.body.get("acp_session_id"), "acp_session_id")
     replay = flag(request.body.get("replay"), "replay", True)
     catalog.find(request.context, request.rule, request.body.get("agent"))
-    body = await manager(request).create(
+    out = await manager(request).create(
         request, load={"acp_session_id": acp_session_id, "replay": replay}
     )
-    return ServerResponse(status=201, body=body)
+    return ServerResponse(status=200 if out.get("already_loaded") else 201, body=out)
 
 
 def agents_session_list(request: ServerRequest) -> dict[str, Any]:

@@ -15,6 +15,11 @@ A stdlib-only ACP agent that misbehaves on purpose (what the SDK cannot do).
 - ``grandchild``: starts a grandchild that ignores SIGTERM, ignores SIGTERM
   itself and never ends a turn;
 - ``exit_at_init``: prints to stderr and exits during ``session/new``.
+- ``odd_lines``: a chunk holding a lone UTF-16 surrogate (as a JavaScript
+  agent that cut a string through an emoji writes it) with the prompt's
+  answer in the same write, after requests whose id is an object and
+  whose method is a number, and a write of text holding a lone surrogate;
+  reports what came back for each.
 - ``stuck_config``: starts a session with two modes and can list sessions,
   then never answers a mode, model or option change, nor ``session/list``.
 """
@@ -189,6 +194,47 @@ def prompt_turn(message: dict[str, Any]) -> None:
         reply = wait_response("q1")
         say(sid, "answer: " + json.dumps(reply.get("result")))
         answer(message, {"stopReason": "end_turn"})
+    elif MODE == "odd_lines":
+        raw(
+            b'{"jsonrpc":"2.0","id":{"obj":1},"method":"fs/read_text_file","params":{"sessionId":"'
+            + sid.encode()
+            + b'","path":"a.txt"}}\n'
+        )
+        object_id = wait_response(None)
+        send({"jsonrpc": "2.0", "id": 8, "method": 42})
+        number_method = wait_response(8)
+        raw(
+            b'{"jsonrpc":"2.0","id":9,"method":"fs/write_text_file","params":{"sessionId":"'
+            + sid.encode()
+            + b'","path":"lone.txt","content":"a\\ud800b"}}\n'
+        )
+        written = wait_response(9)
+        say(
+            sid,
+            "replies: "
+            + json.dumps(
+                [
+                    object_id.get("error"),
+                    number_method.get("error"),
+                    written.get("result"),
+                ]
+            ),
+        )
+        sid_json = json.dumps(sid)
+        raw(
+            b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":'
+            + sid_json.encode()
+            + b',"update":{"sessionUpdate":"agent_message_chunk","content":'
+            + b'{"type":"text","text":" \\ud800 lone"}}}}\n'
+            + json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": {"stopReason": "end_turn"},
+                }
+            ).encode()
+            + b"\n"
+        )
     elif MODE == "cancel_error":
         say(sid, "working")
         while True:

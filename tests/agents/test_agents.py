@@ -18,7 +18,7 @@ from acp.schema import (
     RequestPermissionResponse,
 )
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
@@ -73,6 +73,7 @@ CATALOG = {
             "grandchild",
             "exit_at_init",
             "stuck_config",
+            "odd_lines",
         )
     },
 }
@@ -463,10 +464,29 @@ class SessionTests(AgentsTestCase):
             self.assertEqual(reply.status, 200, path)
 
     @inlineCallbacks
+    def test_empty_prompt_is_refused(self) -> Any:
+        """An empty, blank or block-less prompt is 400 invalid_param, at create too; no turn starts."""
+        sid = yield self.session()
+        for prompt in ("", "   \n", [], [{"type": "text", "text": " "}]):
+            reply = yield self.prompt(sid, prompt)
+            self.assertEqual(reply.status, 400, (prompt, reply.body))
+            self.assertEqual(
+                (reply.json()["code"], reply.json()["param"]),
+                ("invalid_param", "prompt"),
+            )
+            reply = yield self.create(prompt=prompt)
+            self.assertEqual(reply.status, 400, reply.body)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/turns")
+        self.assertEqual(reply.json()["turns"], [])
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(len(reply.json()["sessions"]), 1)
+
+    @inlineCallbacks
     def test_create_with_prompt(self) -> Any:
         """A prompt given to create starts the first turn at once."""
         reply = yield self.create(prompt="echo started")
         self.assertEqual(reply.status, 201)
+        self.assertEqual(reply.json()["state"], "running")
         sid = reply.json()["session_id"]
         self.addCleanup(self.request, "DELETE", f"/agents/sessions/{sid}")
         turn_id = reply.json()["turn_id"]
@@ -496,6 +516,45 @@ class SessionTests(AgentsTestCase):
         reply = yield self.request("GET", f"/agents/sessions/{sid2}/logs")
         text = "".join(c["data"] for c in reply.json()["chunks"])
         self.assertIn("FAKE_SECRET=None", text)
+
+    @inlineCallbacks
+    def test_given_env_is_redacted(self) -> Any:
+        """
+        A key handed to the agent in the create body's ``env``, or in its
+        catalogue entry's fixed ``env``, is masked in its logs and in
+        every event (its exit's stderr tail, what it says); so is any
+        longer value given there.
+        """
+        yield self.daemon.stop()
+        policy = agents_policy()
+        policy["agents"]["catalog"] = {
+            **CATALOG,
+            "fake-fixed": fake(env={"FAKE_SECRET": "sk-fixed-entry-value-0987"}),
+        }
+        yield self.start(policy=policy)
+        key = "sk-ant-api03-verysecretvalue1234567890"
+        sid = yield self.session(
+            env={"FAKE_SECRET": key, "PROJECT_LABEL": "plain-label-x"}
+        )
+        # (The key whole in one of the two chunks the fake says it in.)
+        reply = yield self.prompt(sid, f"echo {key} plain-label-x {'.' * 80}")
+        self.assertEqual(reply.status, 200, reply.body)
+        sid2 = yield self.session("fake-fixed")
+        for session, secret in ((sid, key), (sid2, "sk-fixed-entry-value-0987")):
+            reply = yield self.request("GET", f"/agents/sessions/{session}/logs")
+            text = "".join(c["data"] for c in reply.json()["chunks"])
+            self.assertIn("FAKE_SECRET=[redacted]", text)
+            self.assertNotIn(secret, text)
+            yield self.request("DELETE", f"/agents/sessions/{session}")
+            page = yield self.events(session)
+            shown = json.dumps(page["events"])
+            self.assertNotIn(secret, shown)
+            self.assertNotIn("plain-label-x", shown)
+            exited = next(e for e in page["events"] if e["type"] == "agent.exited")
+            self.assertIn("FAKE_SECRET=[redacted]", exited["stderr_tail"])
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/messages")
+        self.assertNotIn(key, reply.body.decode())
+        self.assertEqual(reply.body.decode().count("[redacted] [redacted]"), 2)
 
     @inlineCallbacks
     def test_commands_plan_info(self) -> Any:
@@ -544,6 +603,60 @@ class SessionTests(AgentsTestCase):
         self.assertEqual(messages[1]["content"][0]["text"], "hi, I remember")
         reply = yield self.prompt(sid, "echo after load")
         self.assertEqual(reply.json()["text"], "after load")
+
+    @inlineCallbacks
+    def test_stored_session_is_loaded_once(self) -> Any:
+        """
+        Two loads of one stored session, at once and after: one agent
+        process; the others answer 200 with the live session.  Once it is
+        closed, it may be loaded again.
+        """
+        body = {"agent": "fake", "acp_session_id": "fake-abc"}
+        replies = yield DeferredList(
+            [self.request("POST", "/agents/sessions/load", body) for _ in range(2)]
+        )
+        replies = [r for _, r in replies]
+        replies.append((yield self.request("POST", "/agents/sessions/load", body)))
+        self.assertEqual(
+            sorted(r.status for r in replies),
+            [200, 200, 201],
+            [r.body for r in replies],
+        )
+        sids = {r.json()["session_id"] for r in replies}
+        self.assertEqual(len(sids), 1)
+        [sid] = sids
+        self.assertEqual(
+            [r.json().get("already_loaded") for r in replies if r.status == 200],
+            [True, True],
+        )
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(len(reply.json()["sessions"]), 1)
+        yield self.request("DELETE", f"/agents/sessions/{sid}")
+        reply = yield self.request("POST", "/agents/sessions/load", body)
+        self.assertEqual(reply.status, 201, reply.body)
+        self.addCleanup(
+            self.request, "DELETE", f"/agents/sessions/{reply.json()['session_id']}"
+        )
+
+    @inlineCallbacks
+    def test_load_without_load_session_is_501(self) -> Any:
+        """
+        An agent whose initialize says loadSession false: 501 unsupported
+        before it is asked to load; the session is listed failed with that
+        reason, its agent gone.
+        """
+        reply = yield self.request(
+            "POST",
+            "/agents/sessions/load",
+            {"agent": "fake-bare", "acp_session_id": "fake-abc"},
+        )
+        self.assertEqual(reply.status, 501, reply.body)
+        self.assertEqual(reply.json()["code"], "unsupported")
+        reply = yield self.request("GET", "/agents/sessions")
+        [session] = reply.json()["sessions"]
+        state = yield self.wait_state(session["session_id"], ("failed",))
+        self.assertEqual(state["error"]["code"], "unsupported")
+        self.assertFalse(is_alive(state["process"]["pid"]))
 
     @inlineCallbacks
     def test_too_many_sessions(self) -> Any:
@@ -851,6 +964,39 @@ class CancelWithHeldRequestTests(AgentsTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "c.txt")))
 
     @inlineCallbacks
+    def test_agent_killed_while_asking(self) -> Any:
+        """
+        An agent killed by a signal while its permission request is held:
+        the request is withdrawn (nobody cancelled it), the session goes
+        from running straight to failed, and the exit reads as every
+        process's does: exit_code null, the signal named.
+        """
+        import signal
+
+        sid = yield self.session()
+        yield self.prompt(sid, f"edit {self.base_dir}/c.txt x", wait=0)
+        [held] = yield self.pending(sid)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        os.kill(reply.json()["process"]["pid"], signal.SIGKILL)
+        state = yield self.wait_state(sid, ("failed",))
+        self.assertEqual(state["process"]["exit_code"], None)
+        self.assertEqual(state["process"]["signal"], "SIGKILL")
+        self.assertEqual(state["error"]["message"], "the agent was killed by SIGKILL")
+        reply = yield self.request(
+            "GET", f"/agents/requests?session_id={sid}&state=all"
+        )
+        [after] = reply.json()["requests"]
+        self.assertEqual(
+            (after["request_id"], after["state"]), (held["request_id"], "withdrawn")
+        )
+        page = yield self.events(sid)
+        exited = next(e for e in page["events"] if e["type"] == "agent.exited")
+        self.assertEqual((exited["exit_code"], exited["signal"]), (None, "SIGKILL"))
+        states = [e["state"] for e in page["events"] if e["type"] == "session.state"]
+        self.assertEqual(states[-2:], ["running", "failed"])
+        self.assertNotIn("idle", states[states.index("running") :])
+
+    @inlineCallbacks
     def test_timeout_can_cancel_the_turn(self) -> Any:
         """permission_timeout_action cancel_turn cancels the turn when nobody answers."""
         yield self.daemon.stop()
@@ -998,6 +1144,88 @@ class ClientSideTests(AgentsTestCase):
         self.assertIn("command_not_allowed", reply.json()["text"])
 
 
+class ReloadTests(AgentsTestCase):
+    """A policy reload reaches the agents already running."""
+
+    @inlineCallbacks
+    def reloadable(self) -> Any:
+        """Restart the daemon on a policy file; its path."""
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(agents_policy(), f)
+        yield self.daemon.stop()
+        yield self.start(policy=None, policy_file=path)
+        return path
+
+    def reload(self, path: str, policy: dict[str, Any]) -> None:
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        self.assertTrue(self.daemon.daemon.reload())
+
+    @inlineCallbacks
+    def test_tightened_paths_reach_a_live_session(self) -> Any:
+        """A session created before a reload that denies a path: its agent's write there is refused, nothing written."""
+        path = yield self.reloadable()
+        sid = yield self.session()
+        self.reload(path, agents_policy(paths={"deny": ["**/secret*"]}))
+        target = os.path.join(self.base_dir, "secret-after.txt")
+        reply = yield self.prompt(sid, f"write {target} leaked")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("path_denied", reply.json()["text"])
+        self.assertFalse(os.path.exists(target))
+
+    @inlineCallbacks
+    def test_group_off_ends_running_agents(self) -> Any:
+        """
+        Turning the agents group off ends the running sessions: the agent
+        is gone before it could write, its turn ended cancelled.
+        """
+        path = yield self.reloadable()
+        sid = yield self.session()
+        gate = os.path.join(self.base_dir, "gate")
+        target = os.path.join(self.base_dir, "after-reload.txt")
+        reply = yield self.prompt(sid, f"waitfor {gate} write {target} late", wait=0)
+        self.assertEqual(reply.status, 202, reply.body)
+        pid = self.daemon.context.agents.sessions[sid].process.pid
+        self.reload(path, {"groups": {"agents": False}})
+        session = self.daemon.context.agents.sessions[sid]
+        yield session.wait_closed()
+        self.assertEqual(session.state, "closed")
+        self.assertEqual(session.error["code"], "policy_reload")
+        self.assertEqual(session.turns["turn_1"].stop_reason, "cancelled")
+        self.assertFalse(is_alive(pid))
+        with open(gate, "w"):
+            pass
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.assertFalse(os.path.exists(target))
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_v1_door_sessions_follow_the_reload(self) -> Any:
+        """The ``/v1`` door's sessions run on the same engine: they take the new rule, and end when it is off."""
+        path = yield self.reloadable()
+        reply = yield self.request(
+            "POST",
+            "/v1/agents/sessions",
+            {
+                "agent": {"model": "fake"},
+                "environment": {
+                    "type": "self_hosted",
+                    "workspace_directory": self.base_dir,
+                },
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [engine] = self.daemon.context.agents.sessions.values()
+        self.reload(path, agents_policy(paths={"deny": ["**/secret*"]}))
+        self.assertEqual(list(engine.rule.paths.deny), ["**/secret*"])
+        self.reload(path, {"groups": {"agents": False}})
+        yield engine.wait_closed()
+        self.assertEqual(engine.state, "closed")
+        self.assertFalse(is_alive(engine.process.pid))
+
+
 class MisbehaviourTests(AgentsTestCase):
     """Failures end in a clear state, never a hang; the tree is gone."""
 
@@ -1019,6 +1247,32 @@ class MisbehaviourTests(AgentsTestCase):
             "notification",
         ):
             self.assertIn(expected, reasons)
+
+    @inlineCallbacks
+    def test_odd_lines_do_not_stop_the_reader(self) -> Any:
+        """
+        A chunk holding a lone UTF-16 surrogate, a request whose id is an
+        object and one whose method is a number: each is answered or kept
+        (the half as U+FFFD), and the turn ends with the answer that came
+        in the same write as the odd chunk.
+        """
+        sid = yield self.session("script-odd_lines")
+        reply = yield self.prompt(sid, "go", wait=15)
+        self.assertEqual(reply.status, 200, reply.body)
+        turn = reply.json()
+        self.assertEqual((turn["state"], turn["stop_reason"]), ("ended", "end_turn"))
+        replies = json.loads(turn["text"].split("replies: ", 1)[1].split(" \ufffd")[0])
+        self.assertEqual([r and r.get("code") for r in replies[:2]], [-32600, -32600])
+        self.assertEqual(replies[2], {})
+        self.assertTrue(turn["text"].endswith(" \ufffd lone"), turn["text"])
+        with open(os.path.join(self.base_dir, "lone.txt"), "rb") as f:
+            self.assertEqual(f.read(), "a\ufffdb".encode())
+        page = yield self.events(sid, "&types=unknown")
+        reasons = [e["reason"] for e in page["events"]]
+        self.assertIn("invalid request id", reasons)
+        self.assertIn("the method must be a string", reasons)
+        state = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(state.json()["state"], "idle")
 
     @inlineCallbacks
     def test_silent_initialize_is_504(self) -> Any:
@@ -1141,6 +1395,8 @@ class MisbehaviourTests(AgentsTestCase):
         exited = next(e for e in page["events"] if e["type"] == "agent.exited")
         self.assertEqual(exited["exit_code"], 3)
         self.assertIn("crashed on purpose", exited["stderr_tail"])
+        states = [e["state"] for e in page["events"] if e["type"] == "session.state"]
+        self.assertEqual(states[-2:], ["running", "failed"])
         self.assertEqual(page["events"][-1]["type"], "session.closed")
 
     @inlineCallbacks
@@ -1183,6 +1439,21 @@ class MisbehaviourTests(AgentsTestCase):
         self.assertEqual(
             (question["kind"], question["message"]), ("question", "Which branch?")
         )
+        for content, problem in (
+            ({"branch": 5}, "content.branch must be a string"),
+            ({"branch": "main", "force": True}, "content.force was not asked for"),
+        ):
+            reply = yield self.request(
+                "POST",
+                f"/agents/requests/{question['request_id']}",
+                {"action": "accept", "content": content},
+            )
+            self.assertEqual(reply.status, 400, reply.body)
+            self.assertEqual(
+                (reply.json()["code"], reply.json()["param"]),
+                ("invalid_param", "content"),
+            )
+            self.assertIn(problem, reply.json()["error"])
         reply = yield self.request(
             "POST",
             f"/agents/requests/{question['request_id']}",

@@ -228,3 +228,62 @@ class HeldRequestsTests(SynchronousTestCase):
         )
         self.assertEqual((error.status, error.code), (409, "withdrawn"))
         self.assertEqual(len(self.sent), 1)
+
+
+class AnswerSchemaTests(SynchronousTestCase):
+    """An accepted question's content is checked against its requested_schema, as MCP's client does."""
+
+    SCHEMA = {
+        "type": "object",
+        "properties": {
+            "branch": {"type": "string", "minLength": 1, "maxLength": 5},
+            "color": {"type": "string", "enum": ["red", "blue"]},
+            "count": {"type": "integer", "minimum": 1, "maximum": 3},
+            "ratio": {"type": "number"},
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+        },
+        "required": ["branch"],
+    }
+
+    def test_fitting_answers(self) -> None:
+        """Answers within the schema (and any answer to a question without one) pass."""
+        from sandboxd.agents.heldrequests import answer_problem
+
+        for content in (
+            {"branch": "main"},
+            {"branch": "dev", "color": "red", "count": 2, "ratio": 0.5},
+            {"branch": "x", "ok": False, "tags": ["a", "b"], "count": 3.0},
+        ):
+            self.assertIsNone(answer_problem(self.SCHEMA, content), content)
+        self.assertIsNone(answer_problem(None, {"anything": 1}))
+
+    def test_misfits_name_the_field(self) -> None:
+        """Each misfit is refused with the field and the reason."""
+        from sandboxd.agents.heldrequests import answer_problem
+
+        for content, problem in (
+            ({}, "content.branch is required"),
+            ({"branch": 5}, "content.branch must be a string"),
+            ({"branch": ""}, "content.branch must be at least 1 characters"),
+            ({"branch": "toolong"}, "content.branch must be at most 5 characters"),
+            (
+                {"branch": "a", "color": "green"},
+                "content.color must be one of red, blue",
+            ),
+            ({"branch": "a", "count": True}, "content.count must be an integer"),
+            ({"branch": "a", "count": 1.5}, "content.count must be an integer"),
+            ({"branch": "a", "count": 9}, "content.count must be at most 3"),
+            ({"branch": "a", "ok": "yes"}, "content.ok must be true or false"),
+            ({"branch": "a", "tags": ["c"]}, "content.tags must hold only a, b"),
+            (
+                {"branch": "a", "tags": ["a"] * 3},
+                "content.tags must hold at most 2 items",
+            ),
+            ({"branch": "a", "extra": 1}, "content.extra was not asked for"),
+        ):
+            self.assertEqual(
+                (answer_problem(self.SCHEMA, content) or "")[: len(problem)],
+                problem,
+                content,
+            )

@@ -7,6 +7,7 @@ length, not to its square.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -82,3 +83,82 @@ class FoldMessageTests(SynchronousTestCase):
         self.assertEqual(message["seq_to"], 30)
         self.chunk("more", 31, message_id="m2")
         self.assertNotIn("truncated", self.session.messages[1])
+
+
+class TypedUpdatesTests(SynchronousTestCase):
+    """
+    What an agent reports is kept only with the JSON types the routes
+    document; a value of another type is recorded as ``unknown`` instead of
+    reaching a typed client.
+    """
+
+    def setUp(self) -> None:
+        self.session = running_session(self.mktemp(), Clock())
+        self.updates = UpdateFolding(self.session, FileChanges(self.session))
+
+    def update(self, **fields: Any) -> None:
+        self.updates.update(fields, {"update": fields})
+
+    def unknown(self) -> list[str]:
+        return [
+            e.data["reason"]
+            for e in self.session.log.since(0)[1]
+            if e.data["type"] == "unknown"
+        ]
+
+    def test_wrongly_typed_updates_are_unknown(self) -> None:
+        """A non-string title, mode id or chunk text, a plan or commands that are not lists, usage that is not a number."""
+        s = self.session
+        for fields in (
+            {"sessionUpdate": "session_info_update", "title": ["a"]},
+            {"sessionUpdate": "current_mode_update", "currentModeId": {"x": 1}},
+            {"sessionUpdate": "usage_update", "used": "lots", "size": None},
+            {"sessionUpdate": "plan", "entries": "x"},
+            {"sessionUpdate": "available_commands_update", "availableCommands": 3},
+            {"sessionUpdate": "config_option_update", "configOptions": "x"},
+            {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": 123},
+            },
+            {"sessionUpdate": "agent_message_chunk", "content": "plain"},
+        ):
+            self.update(**fields)
+        self.assertEqual(len(self.unknown()), 8)
+        self.assertEqual(
+            (s.agent_title, s.modes, s.usage, s.plan, s.commands, s.config_options),
+            (None, None, None, [], [], None),
+        )
+        self.assertEqual((s.messages, s.current.text), ([], []))
+
+    def test_wrongly_typed_items_and_fields_are_left_out(self) -> None:
+        """Plan entries, commands and tool call fields of the wrong type are dropped; the rest is kept."""
+        s = self.session
+        self.update(
+            sessionUpdate="plan",
+            entries=[1, None, {"content": 3}, {"content": "ok", "status": "pending"}],
+        )
+        self.update(
+            sessionUpdate="available_commands_update",
+            availableCommands=[None, 1, {"name": 2}, {"name": "web"}],
+        )
+        self.update(
+            sessionUpdate="tool_call", toolCallId="t1", title="Edit", kind="edit"
+        )
+        self.update(
+            sessionUpdate="tool_call_update",
+            toolCallId="t1",
+            status=7,
+            title=5,
+            content=[{"type": "diff", "path": 1, "newText": "x"}],
+        )
+        self.assertEqual(s.plan, [{"content": "ok", "status": "pending"}])
+        self.assertEqual(s.commands, [{"name": "web"}])
+        view = self.updates.tool_call_view(s.tool_calls["t1"])
+        self.assertEqual(
+            (view["title"], view["status"], view["has_diff"]),
+            ("Edit", "pending", False),
+        )
+        self.assertEqual(
+            self.unknown(),
+            ["tool call fields of the wrong type left out: content, status, title"],
+        )

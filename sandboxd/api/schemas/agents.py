@@ -109,7 +109,7 @@ SCHEMAS: dict[str, Schema] = {
             F("session_id"),
             F("agent"),
             F("acp_session_id"),
-            F("state"),
+            F("state", doc='"idle", or "running" when a first prompt was given'),
             F("modes", "object"),
             F("config_options", "array", items="object"),
             F("models", "object"),
@@ -162,6 +162,12 @@ SCHEMAS: dict[str, Schema] = {
             F("acp_session_id"),
             F("state"),
             F("events_url"),
+            F(
+                "already_loaded",
+                "boolean",
+                "present (true) when the stored session was already loaded: "
+                "the answer is 200 with that live session",
+            ),
         ),
         errors=(
             E(400, "invalid_param", "acp_session_id missing"),
@@ -172,9 +178,18 @@ SCHEMAS: dict[str, Schema] = {
                 "max_sessions are live, none an idle /v1 conversation that can "
                 "give its agent up",
             ),
+            E(
+                501,
+                "unsupported",
+                "replay: true for an agent whose initialize says loadSession: false",
+            ),
             E(502, "agent_error", "the agent refused the load"),
             E(503, "agent_unavailable", "the agent cannot start"),
         ),
+        notes="A stored session is loaded once: while a session of the same agent "
+        "bound to that acp_session_id is live, loading it again starts no second "
+        "agent process on the conversation and answers 200 with the live "
+        "session (already_loaded: true).",
     ),
     "agents_session_list": Schema(
         query=(
@@ -217,7 +232,12 @@ SCHEMAS: dict[str, Schema] = {
             F("usage", "object"),
             F("current_turn", "object"),
             F("stop_reason"),
-            F("process", "object", "{pid, exit_code}"),
+            F(
+                "process",
+                "object",
+                "{pid, exit_code, signal}: exit_code null while running or when a "
+                "signal ended the agent (signal names it)",
+            ),
             F("capabilities", "object"),
         ),
         errors=(_SID_404,),
@@ -259,7 +279,17 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("session_id"),
             F("state", doc='"closed"'),
-            F("exit_code", "integer"),
+            F(
+                "exit_code",
+                "integer",
+                "null when a signal ended the agent",
+                nullable=True,
+            ),
+            F(
+                "signal",
+                doc="the signal that ended the agent, if one did",
+                nullable=True,
+            ),
         ),
         errors=(_SID_404,),
     ),
@@ -373,6 +403,13 @@ SCHEMAS: dict[str, Schema] = {
             GAP,
         ),
         errors=(_SID_404,),
+        notes="What the agent reports is kept with these types: message text, a "
+        "title, a mode id, a plan entry's content and a command's name are strings, "
+        "usage's used and size numbers, a tool call's status one of pending, "
+        "in_progress, completed, failed and its kind one of ACP's kinds. An update "
+        "of another type is an unknown event (with include_raw, what was sent), "
+        "and a tool call field of another type is left out, named in an unknown "
+        "event.",
     ),
     "agents_requests": Schema(
         query=(
@@ -404,11 +441,21 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("cancel", "boolean", "permission: cancel it"),
             F("action", enum=("accept", "decline", "cancel"), doc="question"),
-            F("content", "object", "question: the answer"),
+            F(
+                "content",
+                "object",
+                "question: the answer, checked against its requested_schema "
+                "(required fields, types, enum, lengths, bounds)",
+            ),
         ),
         response=(F("request_id"), F("state", doc='"resolved"'), F("outcome")),
         errors=(
-            E(400, "invalid_param", "no usable answer"),
+            E(
+                400,
+                "invalid_param",
+                "no usable answer, or content that does not fit the question's "
+                "requested_schema (param: content; the error names the field)",
+            ),
             E(403, "param_not_allowed", "allow_always with allow_always: false"),
             E(404, "not_found", "unknown request"),
             E(409, "already_resolved", "answered already"),
