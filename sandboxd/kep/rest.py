@@ -188,14 +188,14 @@ class KepRestDoor(PortDoor):
 
         :param follow: a link in the last component is followed (reads,
             writes); without it the link itself is the entry (deletes).
-        :raises ApiError: 400 for a path that is not UTF-8 or holds NUL;
+        :raises ApiError: 400 for a path that holds NUL;
             403 for one that leaves the root, with ``..`` or through a link.
         """
         raw = call.request.path[len(FILES) :].lstrip(b"/")
-        try:
-            given = urllib.parse.unquote_to_bytes(raw).decode("utf-8")
-        except UnicodeDecodeError:
-            raise bad_request("the path is not UTF-8") from None
+        # Bytes that are not UTF-8 name the file with those bytes, as the
+        # reference daemon takes them: a name no listing can show as it is
+        # stays reachable by its percent-encoded bytes.
+        given = os.fsdecode(urllib.parse.unquote_to_bytes(raw))
         if "\x00" in given:
             raise bad_request("the path holds a NUL byte", Code.INVALID_PATH)
         return given, below_root(self.root, given, follow=follow)

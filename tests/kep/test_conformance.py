@@ -146,6 +146,32 @@ class FilesConformance(ConformanceCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "f.txt")))
 
     @inlineCallbacks
+    def test_name_that_is_not_utf8(self) -> Any:
+        """
+        A name whose bytes are not UTF-8 is reached by its percent-encoded
+        bytes, as the reference daemon reaches it: read, replaced and
+        deleted, the file beside it whose name spells the same escapes
+        with backslashes left alone.
+        """
+        base = os.fsencode(self.base_dir)
+        latin = os.path.join(base, b"r\xe9sum\xe9.txt")
+        spelled = os.path.join(base, b"r\\xe9sum\\xe9.txt")
+        for path, data in ((latin, b"latin-1 name"), (spelled, b"backslashes")):
+            with open(path, "wb") as f:
+                f.write(data)
+        r = yield self.http("GET", "/v1/files/r%E9sum%E9.txt")
+        self.assertEqual((r.status_code, r.content), (200, b"latin-1 name"))
+        r = yield self.http("PUT", "/v1/files/r%E9sum%E9.txt", content=b"new")
+        self.assertEqual(r.status_code, 204, r.text)
+        with open(latin, "rb") as f:
+            self.assertEqual(f.read(), b"new")
+        r = yield self.http("DELETE", "/v1/files/r%E9sum%E9.txt")
+        self.assertEqual(r.status_code, 204, r.text)
+        self.assertFalse(os.path.exists(latin))
+        with open(spelled, "rb") as f:
+            self.assertEqual(f.read(), b"backslashes")
+
+    @inlineCallbacks
     def test_put_multipart_spooled_to_disk(self) -> Any:
         """
         A multipart body big enough to be kept on disk is written (a form
