@@ -11,6 +11,7 @@ is what routing, policy, rate buckets and audit all see.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import unquote_to_bytes
 
 from sandboxd.errors import Code, bad_request, invalid_path
@@ -77,9 +78,12 @@ def parse_query(raw_query: bytes) -> dict[str, str]:
         raw_name, _, raw_value = pair.partition(b"=")
         try:
             name = unquote_to_bytes(raw_name.replace(b"+", b" ")).decode("utf-8")
-            value = unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
         except UnicodeDecodeError:
-            raise bad_request("query parameters must be UTF-8") from None
+            raise bad_request("query parameter names must be UTF-8") from None
+        # A value's bytes that are not UTF-8 are kept as the file system
+        # keeps a name's (``os.fsdecode``): a path can then name a file
+        # whose name is not UTF-8, by its percent-encoded bytes.
+        value = os.fsdecode(unquote_to_bytes(raw_value.replace(b"+", b" ")))
         if name in out:
             raise bad_request(
                 f"query parameter {name!r} is given more than once",

@@ -882,6 +882,31 @@ class SeedFormTests(FilesCase):
             self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
 
     @inlineCallbacks
+    def test_name_not_utf8_by_its_bytes(self) -> Any:
+        """
+        A name that is not UTF-8 is reached by its bytes percent-encoded in
+        a query (stat, raw read, delete); the file whose name spells the
+        same ``\\xNN`` escapes with backslashes is a different file.
+        """
+        base = os.fsencode(self.base_dir)
+        latin = os.path.join(base, b"r\xe9sum\xe9.txt")
+        spelled = os.path.join(base, b"r\\xe9sum\\xe9.txt")
+        for path, data in ((latin, b"latin-1 name"), (spelled, b"backslashes")):
+            with open(path, "wb") as f:
+                f.write(data)
+        query = "path=r%E9sum%E9.txt"
+        reply = yield self.request("GET", f"/files/stat?{query}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual((reply.json()["exists"], reply.json()["size"]), (True, 12))
+        reply = yield self.request("GET", f"/files/raw?{query}")
+        self.assertEqual((reply.status, reply.body), (200, b"latin-1 name"))
+        reply = yield self.request("DELETE", f"/files?{query}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(latin))
+        with open(spelled, "rb") as f:
+            self.assertEqual(f.read(), b"backslashes")
+
+    @inlineCallbacks
     def test_archive_names_not_utf8(self) -> Any:
         """
         A name that is not UTF-8 is stored: in a tar as its bytes, in a zip
