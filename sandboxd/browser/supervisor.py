@@ -258,6 +258,8 @@ class BrowserSupervisor(Service):
             "console_max": console_max,
             "max_line": defaults.BROWSER_MAX_REQUEST_BYTES,
             "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
+            "probe_seconds": defaults.BROWSER_PROBE_SECONDS,
+            "close_seconds": defaults.BROWSER_CLOSE_SECONDS,
         }
         if self.workdir is None or not os.path.isdir(self.workdir):
             self.workdir = self.context.scratch.mkdtemp("sandboxd-browser-")
@@ -306,6 +308,11 @@ class BrowserSupervisor(Service):
             self._settle_start(_api_error(message.get("error") or {}))
             self._kill(worker)
             return
+        if message.get("ending"):
+            # Chromium is gone, or a stuck page could not be closed: the
+            # worker ends after this answer, so the next call must not be
+            # sent to it but start a fresh one.
+            self._kill(worker)
         rid = message.get("id")
         waiter = self.pending.pop(rid, None) if isinstance(rid, int) else None
         if waiter is None or waiter.called:

@@ -140,6 +140,12 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
+#: Playwright's own messages (``Page.evaluate: Target crashed``), never a
+#: page's: a script's error reads ``Page.evaluate: Error: ...``.
+_CRASHED = re.compile(r"[\w.]+: (Target|Page) crashed")
+_CLOSED = re.compile(r"[\w.]+: Target page, context or browser has been closed")
+
+
 class Worker:
     """One browser, one page, the console buffer and the URL policy."""
 
@@ -151,6 +157,8 @@ class Worker:
         )
         #: A reply's ``error`` message is cut here: Playwright appends call logs.
         self.message_chars = int(config["message_chars"])
+        self.probe_seconds = float(config["probe_seconds"])
+        self.close_seconds = float(config["close_seconds"])
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
         #: Every connection Chromium makes goes through this gate.
@@ -159,8 +167,16 @@ class Worker:
         self.browser: Any = None
         self.context: Any = None
         self.page: Any = None
+        self.session: Any = None
         self.errors: Any = None
         self.tasks: set[asyncio.Future[Any]] = set()
+        #: The page's renderer crashed (``page.is_closed()`` stays false).
+        self.crashed = False
+        #: Chromium itself is gone: this worker ends after its answer, and
+        #: the daemon starts a fresh one for the next call.
+        self.disconnected = False
+        #: Set when this worker cannot go on: its next reply says so and it ends.
+        self.ending = False
 
     def emit(self, message: dict[str, Any]) -> None:
         """Write one JSON line to the daemon."""
@@ -198,6 +214,7 @@ class Worker:
         except Exception as e:
             self.fatal(f"Chromium could not start: {self.first_line(e)}")
             return False
+        self.browser.on("disconnected", self.on_disconnected)
         self.emit({"event": "ready", "version": self.browser.version})
         return True
 
@@ -210,27 +227,39 @@ class Worker:
             }
         )
 
-    async def ensure_page(self) -> Any:
-        """The shared page, recreated after a crash or close."""
+    async def ensure_page(self, op: str) -> Any:
+        """
+        The shared page, recreated after a crash or close.
+
+        :raises WorkerError: 502 when Chromium is gone (this worker then
+            ends, and the daemon starts another), or when the page crashed
+            since the last call (it is replaced; only ``navigate`` goes on,
+            since any other call would read a blank page as if it were the
+            one the caller left).
+        """
+        if self.disconnected or not self.browser.is_connected():
+            raise self.browser_gone(op)
+        if self.crashed:
+            await self.replace_page()
+            if op != "navigate":
+                raise self.page_crashed(op, "since the last call")
         if self.page is not None and not self.page.is_closed():
             return self.page
-        if self.context is not None:
-            try:
-                await self.context.close()
-            except Exception:
-                pass
-        self.context = await self.browser.new_context(
-            service_workers="block",
-            accept_downloads=False,
-            viewport=self.config.get("viewport") or {"width": 1280, "height": 720},
-        )
-        # WebSockets are not fetches: Playwright's WebSocket routing is the
-        # only place to judge them.
-        await self.context.route_web_socket(re.compile(".*"), self.on_websocket)
-        self.context.on("page", self.on_new_page)
+        if self.context is None:
+            self.context = await self.browser.new_context(
+                service_workers="block",
+                accept_downloads=False,
+                viewport=self.config.get("viewport") or {"width": 1280, "height": 720},
+            )
+            # WebSockets are not fetches: Playwright's WebSocket routing is
+            # the only place to judge them.
+            await self.context.route_web_socket(re.compile(".*"), self.on_websocket)
+            self.context.on("page", self.on_new_page)
+        self.page = None
         page = await self.context.new_page()
         page.on("console", self.on_console)
         page.on("pageerror", self.on_page_error)
+        page.on("crash", self.on_crash)
         # Playwright's own routing skips redirect hops; the DevTools Fetch
         # domain pauses every request, each hop of a redirect included.
         session = await self.context.new_cdp_session(page)
@@ -243,7 +272,64 @@ class Worker:
             {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
         )
         self.page = page
+        self.session = session
+        self.crashed = False
         return page
+
+    def on_crash(self, page: Any) -> None:
+        if page is self.page:
+            self.crashed = True
+
+    def on_disconnected(self, browser: Any) -> None:
+        self.disconnected = True
+
+    async def replace_page(self) -> None:
+        """
+        Close the page (a crashed one, or one stuck in a script) so the
+        next call gets a fresh one in the same context, whose cookies
+        survive; when even that does not answer, the context goes too, and
+        when that does not, the whole worker.
+        """
+        page, self.page, self.session = self.page, None, None
+        self.crashed = False
+        if page is None:
+            return
+        try:
+            await asyncio.wait_for(
+                page.close(run_before_unload=False), self.close_seconds
+            )
+            return
+        except Exception:
+            pass
+        context, self.context = self.context, None
+        try:
+            await asyncio.wait_for(context.close(), self.close_seconds)
+        except Exception:
+            self.ending = True
+
+    def browser_gone(self, op: str) -> WorkerError:
+        """The answer when Chromium is gone: this worker ends after it."""
+        self.ending = True
+        return WorkerError(
+            502,
+            f"the browser (Chromium) exited during browser {op}; it is started "
+            "afresh on the next call, without the page, its cookies or logins",
+            "RuntimeError",
+            "upstream_unavailable",
+            kind="browser_exited",
+        )
+
+    def page_crashed(self, op: str, when: str) -> WorkerError:
+        """The answer when the page's renderer crashed (it is replaced)."""
+        return WorkerError(
+            502,
+            f"the page crashed {when} (browser {op}): its renderer ran out of "
+            "memory or was killed; a fresh blank page replaces it (cookies "
+            "kept, the URL and what was typed lost): navigate again",
+            "RuntimeError",
+            "upstream_unavailable",
+            kind="page_crashed",
+        )
 
     def spawn(self, coro: Any) -> None:
         """Run an event handler's coroutine, keeping a reference until done."""
@@ -422,12 +508,20 @@ class Worker:
         return {"logs": logs}
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one request; the reply line."""
+        """Run one request; the reply line (``ending`` when this worker ends after it)."""
+        reply = await self.answer(req)
+        if self.ending:
+            reply["ending"] = True
+        return reply
+
+    async def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         rid = req.get("id")
+        op = str(req.get("op"))
+        page: Any = None
         try:
             if "policy" in req:
                 self.policy = UrlPolicy.from_json(req["policy"])
-            method = getattr(self, "op_" + str(req.get("op")), None)
+            method = getattr(self, "op_" + op, None)
             if method is None:
                 raise WorkerError(
                     400,
@@ -435,7 +529,7 @@ class Worker:
                     "ValueError",
                     "invalid_param",
                 )
-            page = await self.ensure_page()
+            page = await self.ensure_page(op)
             budget = float(req.get("budget") or req["timeout"]) / 1000.0 + 1.0
             result = await asyncio.wait_for(method(page, req), budget)
             return {"id": rid, "ok": True, "result": result}
@@ -447,25 +541,24 @@ class Worker:
             message = (
                 self.first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
             )
+            try:
+                note = await self.after_timeout(op, page)
+            except WorkerError as lost:
+                return {"id": rid, "ok": False, "error": lost.fields}
             return {
                 "id": rid,
                 "ok": False,
                 "error": error_fields(
                     408,
-                    f"browser {req.get('op')} timed out after {req['timeout']} ms"
-                    + (f": {message}" if message else ""),
+                    f"browser {op} timed out after {req['timeout']} ms"
+                    + (f": {message}" if message else "")
+                    + note,
                     "TimeoutError",
                     "timeout",
                 ),
             }
         except self.errors.Error as e:
-            return {
-                "id": rid,
-                "ok": False,
-                "error": error_fields(
-                    400, self.first_line(e), "RuntimeError", "invalid_param"
-                ),
-            }
+            return {"id": rid, "ok": False, "error": await self.failed(op, e)}
         except Exception as e:  # a bug here must not end the worker
             return {
                 "id": rid,
@@ -478,9 +571,77 @@ class Worker:
                 ),
             }
 
+    async def failed(self, op: str, error: Exception) -> dict[str, Any]:
+        """
+        A Playwright error's answer: Chromium or the page gone is the
+        browser's failure (502, and the page replaced or the worker
+        ended), anything else the caller's (a script that threw, a bad
+        selector, a URL that does not load): 400.
+        """
+        if self.disconnected or not self.browser.is_connected():
+            return self.browser_gone(op).fields
+        text = self.first_line(error)
+        if self.crashed or _CRASHED.match(text):
+            await self.replace_page()
+            return self.page_crashed(op, "during the call").fields
+        if self.page is None or self.page.is_closed() or _CLOSED.match(text):
+            await self.replace_page()
+            return WorkerError(
+                502,
+                f"the page was closed during browser {op} ({text}); a fresh blank "
+                "page replaces it: navigate again",
+                "RuntimeError",
+                "upstream_unavailable",
+                kind="page_closed",
+            ).fields
+        return error_fields(400, text, "RuntimeError", "invalid_param")
+
+    async def after_timeout(self, op: str, page: Any) -> str:
+        """
+        After a call ran out of time: stop a navigation still under way
+        (else the next call waits for it), then see whether the page still
+        answers.  One that does not is stuck in a script that never yields
+        and would time out every later call: it is replaced.  What was
+        done is said in the answer's message.
+
+        :raises WorkerError: 502 when the page crashed or Chromium is gone.
+        """
+        if page is None:
+            return ""
+        if self.disconnected or not self.browser.is_connected():
+            raise self.browser_gone(op)
+        stopped = False
+        if op == "navigate" and self.session is not None:
+            try:
+                await asyncio.wait_for(
+                    self.session.send("Page.stopLoading"), self.probe_seconds
+                )
+                stopped = True
+            except Exception:
+                pass
+        try:
+            await asyncio.wait_for(page.evaluate("1"), self.probe_seconds)
+        except Exception:
+            if self.disconnected or not self.browser.is_connected():
+                raise self.browser_gone(op) from None
+            if self.crashed:
+                await self.replace_page()
+                raise self.page_crashed(op, "during the call") from None
+            await self.replace_page()
+            return (
+                "; the page stopped answering (a script that never yields?) and "
+                "was replaced by a fresh blank page (cookies kept, the URL and "
+                "what was typed lost)"
+            )
+        return (
+            "; the navigation was stopped (the page shows what had loaded)"
+            if stopped
+            else ""
+        )
+
     async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer requests until stdin closes."""
-        while True:
+        """Answer requests until stdin closes, or this worker cannot go on."""
+        while not self.ending:
             try:
                 line = await reader.readline()
             except ValueError:

@@ -625,8 +625,11 @@ CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 BROWSER_LIMITS: dict[str, Any] = {"start_timeout_seconds": 30}
 
 #: browser: the daemon's watchdog on one call, beyond the call's own timeout;
-#: past it the worker is presumed stuck (a page spinning in JS) and killed.
-BROWSER_WATCHDOG_SLACK_SECONDS = 5.0
+#: past it the worker is presumed stuck and killed.  The worker answers a
+#: call that ran out of time itself, after stopping its navigation and
+#: replacing a page stuck in a script (bounded waits of a few seconds):
+#: the watchdog is for a worker that no longer answers at all.
+BROWSER_WATCHDOG_SLACK_SECONDS = 15.0
 
 #: browser: per-call timeouts (milliseconds) when the request names none.
 BROWSER_TIMEOUTS_MS: dict[str, int] = {
@@ -654,6 +657,13 @@ BROWSER_MAX_REQUEST_BYTES = 16 * MIB
 #: browser: a reply's ``error`` message is cut at this many characters
 #: (Playwright appends its call log, which says nothing to a caller).
 BROWSER_ERROR_MESSAGE_CHARS = 2000
+
+#: browser: after a call ran out of time, how long the page may take to
+#: answer a trivial script before it counts as stuck, and how long closing
+#: a stuck or crashed page (then its context) may take before the worker
+#: gives up and ends (the daemon's watchdog slack covers both).
+BROWSER_PROBE_SECONDS = 2.0
+BROWSER_CLOSE_SECONDS = 3.0
 
 #: browser: calls waiting for the one shared page before 429.
 BROWSER_QUEUE_MAX = 16

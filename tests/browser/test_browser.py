@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 from twisted.web.util import Redirect
 
 from sandboxd.browser import supervisor
@@ -71,6 +71,37 @@ class _Page(Resource):
         return PAGE
 
 
+class _Hang(Resource):
+    """A server that never answers (the request is dropped at the test's end)."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> Any:
+        return NOT_DONE_YET
+
+
+class _Static(Resource):
+    """A fixed answer with its own headers."""
+
+    isLeaf = True
+
+    def __init__(self, body: bytes, **headers: str) -> None:
+        super().__init__()
+        self.body = body
+        self.headers = headers
+
+    def render_GET(self, request: Any) -> bytes:
+        for name, value in self.headers.items():
+            request.setHeader(name.replace("_", "-").encode(), value.encode())
+        return self.body
+
+
+#: A page that starts a script that never yields once it has loaded.
+BUSY_PAGE = b"""<!doctype html><title>Busy</title>
+<script>addEventListener('load', () => setTimeout(() => { while (true) {} }, 1000));</script>
+"""
+
+
 def serve_pages(case: Any) -> str:
     """Serve the test site on 127.0.0.1; its base URL."""
     root = Resource()
@@ -78,6 +109,8 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"page", _Page())
     root.putChild(b"secret", _Page())
     root.putChild(b"redirect", Redirect(b"/secret"))
+    root.putChild(b"hang", _Hang())
+    root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
     port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
     case.addCleanup(port.stopListening)
     return f"http://127.0.0.1:{port.getHost().port}"
@@ -498,3 +531,176 @@ class MissingPlaywrightTests(DaemonTestCase):
             self.assertEqual(data["code"], "unavailable")
             self.assertTrue(data["error"].startswith("Playwright is not installed."))
         self.assertEqual(self.daemon.context.browser.starts, 0)
+
+
+def chromium_processes(worker_pid: int, kind: str | None) -> list[int]:
+    """
+    The worker's Chromium processes of ``--type=KIND`` (``renderer``), or
+    with ``kind`` None its main process (the one with no ``--type``).
+    """
+    found = []
+    for pid in descendants(worker_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if len(argv) == 1:
+            # Chromium's helpers rewrite their title: one space-joined string.
+            argv = argv[0].split(b" ")
+        if not argv or b"chrom" not in os.path.basename(argv[0]):
+            continue
+        types = [a for a in argv if a.startswith(b"--type=")]
+        if (kind is None and not types) or (
+            kind is not None and types == [f"--type={kind}".encode()]
+        ):
+            found.append(pid)
+    return found
+
+
+class RecoveryTests(DaemonTestCase):
+    """
+    What a page can do to the shared browser (a script that never yields,
+    a crash, a server that never answers, Chromium's death) costs the call
+    that met it, never the calls after it.
+    """
+
+    timeout = 180
+    skip = SKIP_REASON
+    policy = {"groups": {"browser": True}}
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def page_works(self) -> Any:
+        """Navigate to the test page and read it back: both answer at once."""
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page", "timeout": 10000}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/browser/content?type=text&timeout=10000")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("Hello", reply.json()["content"])
+        self.assertLess(time.monotonic() - started, 20)
+
+    @inlineCallbacks
+    def test_script_that_never_yields(self) -> Any:
+        """
+        An evaluate that never yields is a 408 saying the page was
+        replaced, a page whose own script never yields likewise on the next
+        call; each time the calls after it work, on the same worker (no
+        restart), with the cookies the page had set.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie = 'kept=1'"}
+        )
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "while (true) {}", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertEqual(reply.json()["code"], "timeout")
+        self.assertIn("replaced by a fresh blank page", reply.json()["error"])
+        self.assertLess(time.monotonic() - started, 20)
+        yield self.page_works()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie"}
+        )
+        self.assertEqual(reply.json(), {"result": "kept=1"})
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/busy", "timeout": 10000}
+        )
+        # On a loaded machine the loop may start before navigate reads the
+        # title: then navigate is the call that times out and replaces it.
+        self.assertIn(reply.status, (200, 408), reply.body)
+        if reply.status == 200:
+            yield deferLater(reactor, 1.5, lambda: None)
+            reply = yield self.request("GET", "/browser/content?timeout=1000")
+            self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("replaced", reply.json()["error"])
+        yield self.page_works()
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def test_navigation_that_never_answers(self) -> Any:
+        """
+        A navigation to a server that never answers is a 408 that stops
+        it: the next call answers at once, on the page as it was.
+        """
+        yield self.page_works()
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/hang", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("navigation was stopped", reply.json()["error"])
+        started = time.monotonic()
+        reply = yield self.request("GET", "/browser/content?type=text")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["url"], self.site + "/page")
+        self.assertLess(time.monotonic() - started, 5)
+
+    @inlineCallbacks
+    def test_renderer_crash(self) -> Any:
+        """
+        The page's renderer killed between calls: the next call is 502
+        ``upstream_unavailable`` (kind ``page_crashed``), never 400 blaming
+        the caller, and the calls after it work on a fresh page; killed
+        during a call, that call is the 502.
+        """
+        yield self.page_works()
+        service = self.daemon.context.browser
+        for renderer in chromium_processes(service.worker.pid, "renderer"):
+            os.kill(renderer, signal.SIGKILL)
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request("GET", "/browser/content")
+        self.assertEqual(reply.status, 502, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["kind"]), ("upstream_unavailable", "page_crashed")
+        )
+        self.assertIn("crashed", body["error"])
+        yield self.page_works()
+
+        def kill_renderers() -> None:
+            for renderer in chromium_processes(service.worker.pid, "renderer"):
+                os.kill(renderer, signal.SIGKILL)
+
+        reactor.callLater(1.0, kill_renderers)
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "new Promise(() => {})", "timeout": 20000},
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "page_crashed")
+        yield self.page_works()
+        self.assertEqual(service.starts, 1)
+
+    @inlineCallbacks
+    def test_chromium_exits(self) -> Any:
+        """
+        Chromium's main process killed: the next call is 502
+        ``upstream_unavailable`` (kind ``browser_exited``), and the call
+        after it starts a fresh worker and works.
+        """
+        yield self.page_works()
+        service = self.daemon.context.browser
+        main = chromium_processes(service.worker.pid, None)
+        self.assertTrue(main)
+        for pid in main:
+            os.kill(pid, signal.SIGKILL)
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request("GET", "/browser/content")
+        self.assertEqual(reply.status, 502, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["kind"]), ("upstream_unavailable", "browser_exited")
+        )
+        yield self.page_works()
+        self.assertEqual(service.starts, 2)

@@ -10,7 +10,23 @@ _BROWSER = (
         "url_not_allowed",
         "a URL refused by url_allow/url_deny/schemes/private networks",
     ),
+    E(
+        408,
+        "timeout",
+        "the call ran past its timeout: a navigation still under way is stopped, "
+        "and a page that no longer answers (a script that never yields) is "
+        "replaced by a fresh blank one (cookies kept), as the message says",
+        "TimeoutError",
+    ),
     E(429, "rate_limited", "too many calls queued for the shared page"),
+    E(
+        502,
+        "upstream_unavailable",
+        "the browser failed, not the request (kind page_crashed: the page's "
+        "renderer crashed and a fresh blank page replaces it; kind browser_exited: "
+        "Chromium exited and the next call starts it afresh, without cookies)",
+        "RuntimeError",
+    ),
     E(
         503,
         "unavailable",
