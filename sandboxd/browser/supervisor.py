@@ -256,8 +256,13 @@ class BrowserSupervisor(Service):
         config = {
             "chromium": chromium,
             "console_max": console_max,
+            "console_entry_bytes": defaults.BROWSER_CONSOLE_ENTRY_BYTES,
+            "console_buffer_bytes": defaults.BROWSER_CONSOLE_BUFFER_BYTES,
             "max_line": defaults.BROWSER_MAX_REQUEST_BYTES,
+            # Room for the reply's own fields around its largest value.
+            "max_reply": defaults.BROWSER_MAX_MESSAGE_BYTES - 64 * 1024,
             "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
+            "max_values": defaults.BROWSER_RESULT_MAX_VALUES,
             "probe_seconds": defaults.BROWSER_PROBE_SECONDS,
             "close_seconds": defaults.BROWSER_CLOSE_SECONDS,
         }

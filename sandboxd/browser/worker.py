@@ -118,21 +118,106 @@ def pdf_pages(data: bytes) -> int:
     return max(counts) if counts else 0
 
 
-def jsonable(value: Any, depth: int = 0) -> Any:
-    """``value`` with what JSON cannot carry (NaN, dates, bytes) made text."""
-    if depth > 64:
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v, depth + 1) for v in value]
-    if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat()
-    return str(value)
+class TooLarge(Exception):
+    """A value that would not fit its answer: its size so far."""
+
+    def __init__(self, size: int, nodes: int) -> None:
+        super().__init__(size)
+        self.size = size
+        self.nodes = nodes
+
+
+#: JavaScript's own spelling of the numbers JSON cannot carry.
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+#: What :func:`jsonable` writes for an object already on the path to it.
+CIRCULAR = "[Circular]"
+
+
+def jsonable(value: Any, max_bytes: int, max_nodes: int) -> Any:
+    """
+    ``value`` (what Playwright made of a script's result) as JSON can carry
+    it: NaN and the infinities as JavaScript prints them (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``), dates in ISO 8601, an object met
+    again inside itself as ``"[Circular]"`` (Playwright hands back a cyclic
+    result as shared Python objects), nothing below 64 levels.
+
+    :raises TooLarge: past about ``max_bytes`` of JSON or ``max_nodes``
+        values: the walk is synchronous, so it is bounded here rather than
+        by the call's timeout.
+    """
+    size = 0
+    nodes = 0
+    path: set[int] = set()
+
+    def walk(value: Any, depth: int) -> Any:
+        nonlocal size, nodes
+        nodes += 1
+        if nodes > max_nodes or size > max_bytes:
+            raise TooLarge(size, nodes)
+        if depth > 64:
+            size += 4
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            text = NONFINITE[str(value)]
+            size += len(text) + 2
+            return text
+        if isinstance(value, str):
+            size += len(value) + 2
+            return value
+        if isinstance(value, bool | int | float) or value is None:
+            size += 6
+            return value
+        if isinstance(value, datetime.datetime | datetime.date):
+            size += 28
+            return value.isoformat()
+        if isinstance(value, dict | list | tuple):
+            if id(value) in path:
+                size += len(CIRCULAR) + 2
+                return CIRCULAR
+            path.add(id(value))
+            try:
+                if isinstance(value, dict):
+                    out: dict[str, Any] = {}
+                    for k, v in value.items():
+                        size += len(str(k)) + 4
+                        out[str(k)] = walk(v, depth + 1)
+                    return out
+                return [walk(v, depth + 1) for v in value]
+            finally:
+                path.discard(id(value))
+        text = str(value)
+        size += len(text) + 2
+        return text
+
+    result = walk(value, 0)
+    if size > max_bytes:
+        raise TooLarge(size, nodes)
+    return result
+
+
+def cut_utf8(data: bytes, start: int, length: int) -> tuple[int, int]:
+    """
+    ``data[start:start + length]`` moved to whole UTF-8 characters: the
+    start forward past continuation bytes, the end back before a cut one.
+    """
+    start = max(0, min(start, len(data)))
+    while start < len(data) and 0x80 <= data[start] < 0xC0:
+        start += 1
+    end = min(len(data), start + max(0, length))
+    if end < len(data):
+        while end > start and 0x80 <= data[end] < 0xC0:
+            end -= 1
+    return start, end
+
+
+def clip_text(text: str, max_bytes: int) -> tuple[str, int]:
+    """``text`` cut to at most ``max_bytes`` of UTF-8; its whole size in bytes."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return text, len(data)
+    _, end = cut_utf8(data, 0, max_bytes)
+    return data[:end].decode("utf-8", "replace"), len(data)
 
 
 def now_iso() -> str:
@@ -152,11 +237,22 @@ class Worker:
     def __init__(self, config: dict[str, Any], out: Any) -> None:
         self.config = config
         self.out = out
-        self.console: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=int(config["console_max"])
-        )
+        self.console: collections.deque[dict[str, Any]] = collections.deque()
+        self.console_max = int(config["console_max"])
+        #: One console entry's text, and the buffer's texts together, in
+        #: bytes: a page may log strings of any size, as often as it likes.
+        self.console_entry_bytes = int(config["console_entry_bytes"])
+        self.console_buffer_bytes = int(config["console_buffer_bytes"])
+        self.console_bytes = 0
+        #: Entries dropped (the oldest first) since the last read.
+        self.console_dropped = 0
+        #: A reply line at most, in bytes: the daemon ends a worker that
+        #: sends more, so a bigger answer is refused here instead.
+        self.max_reply = int(config["max_reply"])
         #: A reply's ``error`` message is cut here: Playwright appends call logs.
         self.message_chars = int(config["message_chars"])
+        #: Values of a script's result walked at most (see :func:`jsonable`).
+        self.max_values = int(config["max_values"])
         self.probe_seconds = float(config["probe_seconds"])
         self.close_seconds = float(config["close_seconds"])
         self.policy = UrlPolicy()
@@ -179,8 +275,31 @@ class Worker:
         self.ending = False
 
     def emit(self, message: dict[str, Any]) -> None:
-        """Write one JSON line to the daemon."""
-        self.out.write(json.dumps(message, allow_nan=False).encode() + b"\n")
+        """
+        Write one JSON line to the daemon: one over :attr:`max_reply` bytes
+        becomes a 413 (the daemon would end the worker for it, and the page
+        and its logins with it).
+        """
+        line = json.dumps(message, allow_nan=False).encode() + b"\n"
+        if len(line) > self.max_reply and "id" in message:
+            line = (
+                json.dumps(
+                    {
+                        "id": message["id"],
+                        "ok": False,
+                        "ending": bool(message.get("ending")),
+                        "error": error_fields(
+                            413,
+                            f"the browser's answer is {len(line)} bytes, over the "
+                            f"{self.max_reply}-byte limit of one answer",
+                            "ResourceError",
+                            "payload_too_large",
+                        ),
+                    }
+                ).encode()
+                + b"\n"
+            )
+        self.out.write(line)
         self.out.flush()
 
     async def start(self) -> bool:
@@ -376,14 +495,32 @@ class Worker:
         ws.connect_to_server()
 
     def on_console(self, message: Any) -> None:
-        self.console.append(
-            {"type": message.type, "text": message.text, "timestamp": now_iso()}
-        )
+        self.log(message.type, message.text)
 
     def on_page_error(self, error: Any) -> None:
-        self.console.append(
-            {"type": "pageerror", "text": str(error), "timestamp": now_iso()}
-        )
+        self.log("pageerror", str(error))
+
+    def log(self, kind: str, text: str) -> None:
+        """
+        Keep one console entry: its text cut to :attr:`console_entry_bytes`
+        (then ``truncated`` and its whole ``bytes``), the oldest entries
+        dropped past the buffer's count or bytes.
+        """
+        kept, size = clip_text(text, self.console_entry_bytes)
+        entry: dict[str, Any] = {"type": kind, "text": kept, "timestamp": now_iso()}
+        if len(kept) < len(text):
+            entry["truncated"] = True
+            entry["bytes"] = size
+        cost = len(kept.encode("utf-8", "replace"))
+        self.console.append(entry)
+        self.console_bytes += cost
+        while self.console and (
+            len(self.console) > self.console_max
+            or self.console_bytes > self.console_buffer_bytes
+        ):
+            old = self.console.popleft()
+            self.console_bytes -= len(old["text"].encode("utf-8", "replace"))
+            self.console_dropped += 1
 
     async def check_network(self, url: str) -> None:
         """
@@ -475,7 +612,23 @@ class Worker:
             )
         else:
             content = await page.content()
-        return {"content": content, "url": page.url, "title": await page.title()}
+        # At most max_bytes of it, from offset, on whole characters: a page
+        # may be any size, one answer may not.
+        data = str(content).encode("utf-8", "replace")
+        start, end = cut_utf8(
+            data, int(req.get("offset") or 0), int(req.get("max_bytes") or len(data))
+        )
+        result: dict[str, Any] = {
+            "content": data[start:end].decode("utf-8", "replace"),
+            "url": page.url,
+            "title": await page.title(),
+            "total_bytes": len(data),
+            "offset": start,
+            "truncated": end < len(data),
+        }
+        if end < len(data):
+            result["next_offset"] = end
+        return result
 
     async def op_click(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         await page.click(req["selector"], timeout=req["timeout"])
@@ -494,7 +647,23 @@ class Worker:
 
     async def op_evaluate(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         result = await page.evaluate(req["script"])
-        return {"result": jsonable(result)}
+        limit = int(req.get("max_bytes") or self.max_reply // 2)
+        try:
+            return {"result": jsonable(result, limit, self.max_values)}
+        except TooLarge as e:
+            what = (
+                f"has over {self.max_values} values"
+                if e.nodes > self.max_values
+                else f"is over {limit} bytes as JSON (the policy's limits.max_bytes)"
+            )
+            raise WorkerError(
+                413,
+                f"the script's result {what}: return a part of it, e.g. "
+                "JSON.stringify(value).slice(0, N)",
+                "ResourceError",
+                "payload_too_large",
+                limit=limit,
+            ) from None
 
     async def op_pdf(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         data = await page.pdf(
@@ -504,8 +673,12 @@ class Worker:
 
     async def op_console(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         logs = list(self.console)
+        result: dict[str, Any] = {"logs": logs}
+        if self.console_dropped:
+            result["dropped"] = self.console_dropped
         self.console.clear()
-        return {"logs": logs}
+        self.console_bytes = self.console_dropped = 0
+        return result
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Run one request; the reply line (``ending`` when this worker ends after it)."""

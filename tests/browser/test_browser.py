@@ -111,6 +111,7 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"redirect", Redirect(b"/secret"))
     root.putChild(b"hang", _Hang())
     root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
+
     port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
     case.addCleanup(port.stopListening)
     return f"http://127.0.0.1:{port.getHost().port}"
@@ -195,7 +196,9 @@ class BrowserTests(DaemonTestCase):
             "/browser/evaluate",
             {"script": "() => ({a: [1, 2], b: null, c: 1/0})"},
         )
-        self.assertEqual(reply.json(), {"result": {"a": [1, 2], "b": None, "c": "inf"}})
+        self.assertEqual(
+            reply.json(), {"result": {"a": [1, 2], "b": None, "c": "Infinity"}}
+        )
 
         reply = yield self.request("POST", "/browser/screenshot", {})
         shot = reply.json()
@@ -704,3 +707,158 @@ class RecoveryTests(DaemonTestCase):
         )
         yield self.page_works()
         self.assertEqual(service.starts, 2)
+
+
+#: Makes the page's body ``n`` two-byte characters (é) of text.
+FILL_BODY = (
+    "document.body.textContent = 'é'.repeat(%d); document.body.textContent.length"
+)
+
+
+class LargeAnswerTests(DaemonTestCase):
+    """
+    A page, a script's result or the console may be any size; one answer
+    is bounded, and an answer too big is refused without losing the page.
+    """
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {
+            "browser_content": {"limits": {"max_bytes": 1000000}},
+            "browser_evaluate": {"limits": {"max_bytes": 100000}},
+        },
+    }
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_content_in_parts(self) -> Any:
+        """
+        A 3 MB text comes in parts of at most ``max_bytes`` (the policy's
+        limit when the request asks more), cut on whole characters, with
+        ``truncated``, ``total_bytes`` and ``next_offset``; the parts make
+        the whole text.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": FILL_BODY % 1500001}
+        )
+        self.assertEqual(reply.json(), {"result": 1500001})
+        parts = []
+        offset = 0
+        for _ in range(10):
+            reply = yield self.request(
+                "GET",
+                f"/browser/content?type=text&offset={offset}&max_bytes=99999999",
+            )
+            self.assertEqual(reply.status, 200, reply.body[:200])
+            body = reply.json()
+            self.assertEqual(body["total_bytes"], 3000002)
+            self.assertEqual(body["offset"], offset)
+            self.assertLessEqual(len(body["content"].encode()), 1000000)
+            parts.append(body["content"])
+            if not body["truncated"]:
+                self.assertNotIn("next_offset", body)
+                break
+            offset = body["next_offset"]
+        self.assertEqual(len(parts), 4)
+        self.assertEqual("".join(parts), "é" * 1500001)
+        # An offset inside a character starts at the next whole one.
+        reply = yield self.request(
+            "GET", "/browser/content?type=text&offset=1&max_bytes=5"
+        )
+        self.assertEqual(reply.json()["content"], "éé")
+        self.assertEqual(reply.json()["offset"], 2)
+
+    @inlineCallbacks
+    def test_answer_over_the_pipe_limit(self) -> Any:
+        """
+        An answer over what the worker may send (here made small) is a 413
+        and the worker goes on: the page and what was typed are kept.
+        """
+        self.patch(defaults, "BROWSER_MAX_MESSAGE_BYTES", 512 * 1024)
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request(
+            "POST", "/browser/type", {"selector": "#name", "text": "Ada"}
+        )
+        yield self.request("POST", "/browser/evaluate", {"script": FILL_BODY % 400000})
+        reply = yield self.request("GET", "/browser/content?type=text")
+        self.assertEqual(reply.status, 413, reply.body[:200])
+        self.assertEqual(reply.json()["code"], "payload_too_large")
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "location.href"}
+        )
+        self.assertEqual(reply.json(), {"result": self.site + "/page"})
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def test_console_bounded(self) -> Any:
+        """
+        Each console entry is cut to 16 KiB (``truncated``, its ``bytes``),
+        and the buffer to 1 MiB of text: the oldest entries are dropped and
+        counted; the read works, however much the page logged.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request("GET", "/browser/console")
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "for (let i = 0; i < 100; i++) console.log(i + 'x'.repeat(1 << 16)); 1",
+                "timeout": 30000,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/browser/console")
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        body = reply.json()
+        self.assertEqual(body["dropped"] + len(body["logs"]), 100)
+        self.assertGreater(body["dropped"], 0)
+        self.assertLessEqual(sum(len(e["text"]) for e in body["logs"]), 1024 * 1024)
+        last = body["logs"][-1]
+        self.assertTrue(last["text"].startswith("99x"))
+        self.assertEqual(len(last["text"]), 16 * 1024)
+        self.assertEqual((last["truncated"], last["bytes"]), (True, 2 + (1 << 16)))
+
+    @inlineCallbacks
+    def test_evaluate_results(self) -> Any:
+        """
+        A result that refers to itself answers at once with "[Circular]";
+        NaN and the infinities as JavaScript prints them; a result over
+        the policy's max_bytes, or a graph with very many paths, is a 413
+        at once, and the page goes on.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "(() => { let a = {n: 1}; a.x = a; a.y = [a]; return a })()"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(), {"result": {"n": 1, "x": "[Circular]", "y": ["[Circular]"]}}
+        )
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "[NaN, 1/0, -1/0, 1.5]"}
+        )
+        self.assertEqual(
+            reply.json(), {"result": ["NaN", "Infinity", "-Infinity", 1.5]}
+        )
+        for script in (
+            # 2^40 paths to one object, and no cycle.
+            "(() => { let o = {}; for (let i = 0; i < 40; i++) o = {a: o, b: o}; return o })()",
+            "'x'.repeat(200000)",
+        ):
+            reply = yield self.request("POST", "/browser/evaluate", {"script": script})
+            self.assertEqual(reply.status, 413, reply.body)
+            self.assertEqual(reply.json()["code"], "payload_too_large")
+        self.assertLess(time.monotonic() - started, 8)
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1 + 1"})
+        self.assertEqual(reply.json(), {"result": 2})
+        self.assertEqual(self.daemon.context.browser.starts, 1)
