@@ -230,6 +230,9 @@ def now_iso() -> str:
 _CRASHED = re.compile(r"[\w.]+: (Target|Page) crashed")
 _CLOSED = re.compile(r"[\w.]+: Target page, context or browser has been closed")
 
+#: Call log lines that say only that Playwright tries again.
+_RETRY_STEP = re.compile(r"(waiting \d+ms|retrying .*|attempting .* action)$")
+
 
 class Worker:
     """One browser, one page, the console buffer and the URL policy."""
@@ -566,9 +569,18 @@ class Worker:
             response = await page.goto(
                 url, wait_until=req.get("wait_until", "load"), timeout=req["timeout"]
             )
-        except self.errors.Error:
+        except self.errors.Error as e:
             if self.blocked:
                 raise self.blocked[0] from None
+            if "Download is starting" in str(e):
+                raise WorkerError(
+                    400,
+                    f"the URL {url} answers with a file to download, and navigate "
+                    "only shows pages: fetch the file with a command (curl -fLo "
+                    "FILE URL through /shell) and read it with /files/download",
+                    "ValueError",
+                    "invalid_param",
+                ) from None
             raise
         return {
             "url": page.url,
@@ -631,19 +643,49 @@ class Worker:
         return result
 
     async def op_click(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
-        await page.click(req["selector"], timeout=req["timeout"])
+        try:
+            await page.click(req["selector"], timeout=req["timeout"])
+        except self.errors.TimeoutError:
+            await self.check_matches(page, req)
+            raise
         return {"clicked": True, "selector": req["selector"]}
 
     async def op_type(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("clear"):
-            await page.fill(req["selector"], "", timeout=req["timeout"])
-        await page.type(
-            req["selector"],
-            req["text"],
-            delay=req.get("delay", 0),
-            timeout=req["timeout"],
-        )
+        try:
+            if req.get("clear"):
+                await page.fill(req["selector"], "", timeout=req["timeout"])
+            await page.type(
+                req["selector"],
+                req["text"],
+                delay=req.get("delay", 0),
+                timeout=req["timeout"],
+            )
+        except self.errors.TimeoutError:
+            await self.check_matches(page, req)
+            raise
         return {"typed": True, "selector": req["selector"], "text": req["text"]}
+
+    async def check_matches(self, page: Any, req: dict[str, Any]) -> None:
+        """
+        After a wait for an element ran out: a 408 that names the selector
+        when nothing on the page matches it (else the timeout's own message
+        says what was waited for).  A timeout still, not a 404: the seed's
+        SDK reads a click on a missing element as its CommandTimeoutError.
+        """
+        try:
+            found = await asyncio.wait_for(
+                page.query_selector(req["selector"]), self.probe_seconds
+            )
+        except Exception:
+            return
+        if found is None:
+            raise WorkerError(
+                408,
+                f"browser {req.get('op')} timed out after {req['timeout']} ms: "
+                f"nothing on the page matches the selector {req['selector']}",
+                "TimeoutError",
+                "timeout",
+            )
 
     async def op_evaluate(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         result = await page.evaluate(req["script"])
@@ -714,6 +756,9 @@ class Worker:
             message = (
                 self.first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
             )
+            step = self.last_step(e)
+            if step:
+                message += f" (last step: {step})"
             try:
                 note = await self.after_timeout(op, page)
             except WorkerError as lost:
@@ -829,6 +874,21 @@ class Worker:
             except ValueError:
                 continue
             self.emit(await self.handle(req))
+
+    def last_step(self, error: BaseException) -> str:
+        """
+        What Playwright's call log last said of the element (``element is
+        not visible``), or of what it waited for; '' without a log.
+        """
+        text = str(getattr(error, "message", None) or error)
+        if "\nCall log:" not in text:
+            return ""
+        steps = [
+            re.sub(r"^(- |\d+ × )", "", line.strip()).strip()
+            for line in text.split("\nCall log:", 1)[1].splitlines()
+        ]
+        steps = [s for s in steps if s and not _RETRY_STEP.match(s)]
+        return steps[-1][:200] if steps else ""
 
     def first_line(self, error: BaseException) -> str:
         """An exception's message without Playwright's call log."""

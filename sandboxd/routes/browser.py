@@ -11,7 +11,9 @@ for the navigation itself and every request the page makes after it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
 from sandboxd.errors import Code, bad_request, forbidden, unavailable
@@ -95,12 +97,44 @@ async def _call(
     )
 
 
+def absolute_url(url: str) -> None:
+    """
+    Refuse, as the caller's mistake (400), a URL that is no absolute URL:
+    one with no scheme (``example.com``, ``127.0.0.1:8000/``, which would
+    otherwise read as the scheme ``127.0.0.1``) or a web URL with no host.
+    Only what the policy refuses is a 403.
+    """
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+    except ValueError:
+        raise bad_request(f"'url' is not a valid URL: {url!r}") from None
+    # "localhost:8000/x": a host and port, not the scheme "localhost".
+    lone_host = (
+        bool(scheme)
+        and not parts.netloc
+        and re.match(r"\d+(/|$)", parts.path) is not None
+    )
+    if not scheme or lone_host:
+        raise bad_request(
+            f"'url' must be an absolute URL with a scheme, such as "
+            f"http://{url.lstrip('/')} (got {url!r})"
+        )
+    if scheme in ("http", "https", "ws", "wss") and not host:
+        raise bad_request(f"'url' has no host: {url!r}")
+
+
 async def navigate(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/navigate {"url", "wait_until"?, "timeout"?}``."""
     url = required(request.body.get("url"), "url")
+    absolute_url(url)
     try:
         check_url(url_policy(request.rule), url)
     except Refusal as refusal:
+        if refusal.rule == "guard:url":
+            # Not the policy's refusal: a URL that cannot be judged at all.
+            raise bad_request(f"'url': {refusal.message}") from None
         raise forbidden(
             refusal.message, Code.URL_NOT_ALLOWED, rule=refusal.rule
         ) from None

@@ -111,7 +111,14 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"redirect", Redirect(b"/secret"))
     root.putChild(b"hang", _Hang())
     root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
-
+    root.putChild(
+        b"download",
+        _Static(
+            b"a,b\n1,2\n",
+            content_type="text/csv",
+            content_disposition="attachment; filename=data.csv",
+        ),
+    )
     port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
     case.addCleanup(port.stopListening)
     return f"http://127.0.0.1:{port.getHost().port}"
@@ -275,17 +282,35 @@ class BrowserTests(DaemonTestCase):
     @inlineCallbacks
     def test_errors(self) -> Any:
         """
-        A missing element times out (408) (a screenshot of one is 404 at
-        once), a script that throws is 400, a
-        bad argument is 400 before the browser is asked, and the page stays
-        usable after each.
+        A click or type on an element that does not come within its timeout
+        is a 408 (as the seed's SDK expects) that says nothing matches the
+        selector, one on an element that is there but hidden a 408 saying
+        what was waited for (a screenshot of a missing one is 404 at once);
+        a script that throws is 400, a bad argument is 400 before the
+        browser is asked, and the page stays usable after each.
         """
         yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        for path, body in (
+            ("/browser/click", {"selector": "#nope", "timeout": 300}),
+            ("/browser/type", {"selector": "#nope", "text": "x", "timeout": 300}),
+        ):
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 408, reply.body)
+            self.assertEqual(reply.json()["type"], "TimeoutError")
+            self.assertIn(
+                "nothing on the page matches the selector #nope", reply.json()["error"]
+            )
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "document.getElementById('go').style.display = 'none'"},
+        )
         reply = yield self.request(
-            "POST", "/browser/click", {"selector": "#nope", "timeout": 300}
+            "POST", "/browser/click", {"selector": "#go", "timeout": 300}
         )
         self.assertEqual(reply.status, 408, reply.body)
         self.assertEqual(reply.json()["type"], "TimeoutError")
+        self.assertIn("not visible", reply.json()["error"])
         reply = yield self.request(
             "POST", "/browser/evaluate", {"script": "throw new Error('boom')"}
         )
@@ -324,6 +349,27 @@ class BrowserTests(DaemonTestCase):
             self.assertEqual(reply.status, 403, url)
             self.assertEqual(reply.json()["code"], "url_not_allowed")
         self.assertEqual(self.daemon.context.browser.starts, 0)
+        # Not URLs at all: the caller's mistake, not the policy's refusal.
+        port = self.site.rsplit(":", 1)[1]
+        for url in (
+            f"127.0.0.1:{port}/page",
+            f"localhost:{port}/page",
+            "example.com",
+            "http://",
+            "https:///path",
+        ):
+            reply = yield self.request("POST", "/browser/navigate", {"url": url})
+            self.assertEqual(reply.status, 400, (url, reply.body))
+            self.assertEqual(reply.json()["code"], "invalid_param")
+            self.assertIn("'url'", reply.json()["error"])
+        self.assertEqual(self.daemon.context.browser.starts, 0)
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/download"}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("navigate only shows pages", reply.json()["error"])
+        self.assertIn("/files/download", reply.json()["error"])
 
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site + "/secret"}

@@ -18,7 +18,12 @@ _BROWSER = (
         "replaced by a fresh blank one (cookies kept), as the message says",
         "TimeoutError",
     ),
-    E(429, "rate_limited", "too many calls queued for the shared page"),
+    E(
+        429,
+        "concurrency_limited",
+        "too many calls queued for the shared page",
+        "ResourceError",
+    ),
     E(
         502,
         "upstream_unavailable",
@@ -53,12 +58,23 @@ SCHEMAS: dict[str, Schema] = {
             _timeout(30000),
         ),
         response=(F("url"), F("title"), F("status", "integer")),
-        errors=(E(400, "invalid_param", "bad url, wait_until or timeout"), *_BROWSER),
+        errors=(
+            E(
+                400,
+                "invalid_param",
+                "a url with no scheme or no host, one that answers with a file to "
+                "download, one that does not load; bad wait_until or timeout",
+            ),
+            *_BROWSER,
+        ),
         notes="Only http and https unless the policy allows another scheme. With "
         "block_private_networks, localhost, localhost. and *.localhost are refused by "
         "name, a name that does not resolve counts as private, and every connection the "
         "page opens (redirects, subresources, fetches, WebSockets) goes to the address "
-        "the worker resolved and checked.",
+        "the worker resolved and checked. A URL with no scheme (example.com, "
+        "127.0.0.1:8000/) is a 400, not a policy refusal. navigate does not "
+        "download files: fetch one with a command (curl -fLo FILE URL) and read it "
+        "with /files/download.",
     ),
     "browser_screenshot": Schema(
         body=(
