@@ -256,8 +256,15 @@ class BrowserSupervisor(Service):
         config = {
             "chromium": chromium,
             "console_max": console_max,
+            "console_entry_bytes": defaults.BROWSER_CONSOLE_ENTRY_BYTES,
+            "console_buffer_bytes": defaults.BROWSER_CONSOLE_BUFFER_BYTES,
             "max_line": defaults.BROWSER_MAX_REQUEST_BYTES,
+            # Room for the reply's own fields around its largest value.
+            "max_reply": defaults.BROWSER_MAX_MESSAGE_BYTES - 64 * 1024,
             "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
+            "max_values": defaults.BROWSER_RESULT_MAX_VALUES,
+            "probe_seconds": defaults.BROWSER_PROBE_SECONDS,
+            "close_seconds": defaults.BROWSER_CLOSE_SECONDS,
         }
         if self.workdir is None or not os.path.isdir(self.workdir):
             self.workdir = self.context.scratch.mkdtemp("sandboxd-browser-")
@@ -306,6 +313,11 @@ class BrowserSupervisor(Service):
             self._settle_start(_api_error(message.get("error") or {}))
             self._kill(worker)
             return
+        if message.get("ending"):
+            # Chromium is gone, or a stuck page could not be closed: the
+            # worker ends after this answer, so the next call must not be
+            # sent to it but start a fresh one.
+            self._kill(worker)
         rid = message.get("id")
         waiter = self.pending.pop(rid, None) if isinstance(rid, int) else None
         if waiter is None or waiter.called:

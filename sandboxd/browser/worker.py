@@ -118,26 +118,120 @@ def pdf_pages(data: bytes) -> int:
     return max(counts) if counts else 0
 
 
-def jsonable(value: Any, depth: int = 0) -> Any:
-    """``value`` with what JSON cannot carry (NaN, dates, bytes) made text."""
-    if depth > 64:
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v, depth + 1) for v in value]
-    if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat()
-    return str(value)
+class TooLarge(Exception):
+    """A value that would not fit its answer: its size so far."""
+
+    def __init__(self, size: int, nodes: int) -> None:
+        super().__init__(size)
+        self.size = size
+        self.nodes = nodes
+
+
+#: JavaScript's own spelling of the numbers JSON cannot carry.
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+#: What :func:`jsonable` writes for an object already on the path to it.
+CIRCULAR = "[Circular]"
+
+
+def jsonable(value: Any, max_bytes: int, max_nodes: int) -> Any:
+    """
+    ``value`` (what Playwright made of a script's result) as JSON can carry
+    it: NaN and the infinities as JavaScript prints them (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``), dates in ISO 8601, an object met
+    again inside itself as ``"[Circular]"`` (Playwright hands back a cyclic
+    result as shared Python objects), nothing below 64 levels.
+
+    :raises TooLarge: past about ``max_bytes`` of JSON or ``max_nodes``
+        values: the walk is synchronous, so it is bounded here rather than
+        by the call's timeout.
+    """
+    size = 0
+    nodes = 0
+    path: set[int] = set()
+
+    def walk(value: Any, depth: int) -> Any:
+        nonlocal size, nodes
+        nodes += 1
+        if nodes > max_nodes or size > max_bytes:
+            raise TooLarge(size, nodes)
+        if depth > 64:
+            size += 4
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            text = NONFINITE[str(value)]
+            size += len(text) + 2
+            return text
+        if isinstance(value, str):
+            size += len(value) + 2
+            return value
+        if isinstance(value, bool | int | float) or value is None:
+            size += 6
+            return value
+        if isinstance(value, datetime.datetime | datetime.date):
+            size += 28
+            return value.isoformat()
+        if isinstance(value, dict | list | tuple):
+            if id(value) in path:
+                size += len(CIRCULAR) + 2
+                return CIRCULAR
+            path.add(id(value))
+            try:
+                if isinstance(value, dict):
+                    out: dict[str, Any] = {}
+                    for k, v in value.items():
+                        size += len(str(k)) + 4
+                        out[str(k)] = walk(v, depth + 1)
+                    return out
+                return [walk(v, depth + 1) for v in value]
+            finally:
+                path.discard(id(value))
+        text = str(value)
+        size += len(text) + 2
+        return text
+
+    result = walk(value, 0)
+    if size > max_bytes:
+        raise TooLarge(size, nodes)
+    return result
+
+
+def cut_utf8(data: bytes, start: int, length: int) -> tuple[int, int]:
+    """
+    ``data[start:start + length]`` moved to whole UTF-8 characters: the
+    start forward past continuation bytes, the end back before a cut one.
+    """
+    start = max(0, min(start, len(data)))
+    while start < len(data) and 0x80 <= data[start] < 0xC0:
+        start += 1
+    end = min(len(data), start + max(0, length))
+    if end < len(data):
+        while end > start and 0x80 <= data[end] < 0xC0:
+            end -= 1
+    return start, end
+
+
+def clip_text(text: str, max_bytes: int) -> tuple[str, int]:
+    """``text`` cut to at most ``max_bytes`` of UTF-8; its whole size in bytes."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return text, len(data)
+    _, end = cut_utf8(data, 0, max_bytes)
+    return data[:end].decode("utf-8", "replace"), len(data)
 
 
 def now_iso() -> str:
     """The current time, ISO 8601 UTC (as file timestamps are)."""
     return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+#: Playwright's own messages (``Page.evaluate: Target crashed``), never a
+#: page's: a script's error reads ``Page.evaluate: Error: ...``.
+_CRASHED = re.compile(r"[\w.]+: (Target|Page) crashed")
+_CLOSED = re.compile(r"[\w.]+: Target page, context or browser has been closed")
+
+#: Call log lines that say only that Playwright tries again.
+_RETRY_STEP = re.compile(r"(waiting \d+ms|retrying .*|attempting .* action)$")
 
 
 class Worker:
@@ -146,11 +240,24 @@ class Worker:
     def __init__(self, config: dict[str, Any], out: Any) -> None:
         self.config = config
         self.out = out
-        self.console: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=int(config["console_max"])
-        )
+        self.console: collections.deque[dict[str, Any]] = collections.deque()
+        self.console_max = int(config["console_max"])
+        #: One console entry's text, and the buffer's texts together, in
+        #: bytes: a page may log strings of any size, as often as it likes.
+        self.console_entry_bytes = int(config["console_entry_bytes"])
+        self.console_buffer_bytes = int(config["console_buffer_bytes"])
+        self.console_bytes = 0
+        #: Entries dropped (the oldest first) since the last read.
+        self.console_dropped = 0
+        #: A reply line at most, in bytes: the daemon ends a worker that
+        #: sends more, so a bigger answer is refused here instead.
+        self.max_reply = int(config["max_reply"])
         #: A reply's ``error`` message is cut here: Playwright appends call logs.
         self.message_chars = int(config["message_chars"])
+        #: Values of a script's result walked at most (see :func:`jsonable`).
+        self.max_values = int(config["max_values"])
+        self.probe_seconds = float(config["probe_seconds"])
+        self.close_seconds = float(config["close_seconds"])
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
         #: Every connection Chromium makes goes through this gate.
@@ -159,12 +266,43 @@ class Worker:
         self.browser: Any = None
         self.context: Any = None
         self.page: Any = None
+        self.session: Any = None
         self.errors: Any = None
         self.tasks: set[asyncio.Future[Any]] = set()
+        #: The page's renderer crashed (``page.is_closed()`` stays false).
+        self.crashed = False
+        #: Chromium itself is gone: this worker ends after its answer, and
+        #: the daemon starts a fresh one for the next call.
+        self.disconnected = False
+        #: Set when this worker cannot go on: its next reply says so and it ends.
+        self.ending = False
 
     def emit(self, message: dict[str, Any]) -> None:
-        """Write one JSON line to the daemon."""
-        self.out.write(json.dumps(message, allow_nan=False).encode() + b"\n")
+        """
+        Write one JSON line to the daemon: one over :attr:`max_reply` bytes
+        becomes a 413 (the daemon would end the worker for it, and the page
+        and its logins with it).
+        """
+        line = json.dumps(message, allow_nan=False).encode() + b"\n"
+        if len(line) > self.max_reply and "id" in message:
+            line = (
+                json.dumps(
+                    {
+                        "id": message["id"],
+                        "ok": False,
+                        "ending": bool(message.get("ending")),
+                        "error": error_fields(
+                            413,
+                            f"the browser's answer is {len(line)} bytes, over the "
+                            f"{self.max_reply}-byte limit of one answer",
+                            "ResourceError",
+                            "payload_too_large",
+                        ),
+                    }
+                ).encode()
+                + b"\n"
+            )
+        self.out.write(line)
         self.out.flush()
 
     async def start(self) -> bool:
@@ -198,6 +336,7 @@ class Worker:
         except Exception as e:
             self.fatal(f"Chromium could not start: {self.first_line(e)}")
             return False
+        self.browser.on("disconnected", self.on_disconnected)
         self.emit({"event": "ready", "version": self.browser.version})
         return True
 
@@ -210,27 +349,39 @@ class Worker:
             }
         )
 
-    async def ensure_page(self) -> Any:
-        """The shared page, recreated after a crash or close."""
+    async def ensure_page(self, op: str) -> Any:
+        """
+        The shared page, recreated after a crash or close.
+
+        :raises WorkerError: 502 when Chromium is gone (this worker then
+            ends, and the daemon starts another), or when the page crashed
+            since the last call (it is replaced; only ``navigate`` goes on,
+            since any other call would read a blank page as if it were the
+            one the caller left).
+        """
+        if self.disconnected or not self.browser.is_connected():
+            raise self.browser_gone(op)
+        if self.crashed:
+            await self.replace_page()
+            if op != "navigate":
+                raise self.page_crashed(op, "since the last call")
         if self.page is not None and not self.page.is_closed():
             return self.page
-        if self.context is not None:
-            try:
-                await self.context.close()
-            except Exception:
-                pass
-        self.context = await self.browser.new_context(
-            service_workers="block",
-            accept_downloads=False,
-            viewport=self.config.get("viewport") or {"width": 1280, "height": 720},
-        )
-        # WebSockets are not fetches: Playwright's WebSocket routing is the
-        # only place to judge them.
-        await self.context.route_web_socket(re.compile(".*"), self.on_websocket)
-        self.context.on("page", self.on_new_page)
+        if self.context is None:
+            self.context = await self.browser.new_context(
+                service_workers="block",
+                accept_downloads=False,
+                viewport=self.config.get("viewport") or {"width": 1280, "height": 720},
+            )
+            # WebSockets are not fetches: Playwright's WebSocket routing is
+            # the only place to judge them.
+            await self.context.route_web_socket(re.compile(".*"), self.on_websocket)
+            self.context.on("page", self.on_new_page)
+        self.page = None
         page = await self.context.new_page()
         page.on("console", self.on_console)
         page.on("pageerror", self.on_page_error)
+        page.on("crash", self.on_crash)
         # Playwright's own routing skips redirect hops; the DevTools Fetch
         # domain pauses every request, each hop of a redirect included.
         session = await self.context.new_cdp_session(page)
@@ -243,7 +394,64 @@ class Worker:
             {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
         )
         self.page = page
+        self.session = session
+        self.crashed = False
         return page
+
+    def on_crash(self, page: Any) -> None:
+        if page is self.page:
+            self.crashed = True
+
+    def on_disconnected(self, browser: Any) -> None:
+        self.disconnected = True
+
+    async def replace_page(self) -> None:
+        """
+        Close the page (a crashed one, or one stuck in a script) so the
+        next call gets a fresh one in the same context, whose cookies
+        survive; when even that does not answer, the context goes too, and
+        when that does not, the whole worker.
+        """
+        page, self.page, self.session = self.page, None, None
+        self.crashed = False
+        if page is None:
+            return
+        try:
+            await asyncio.wait_for(
+                page.close(run_before_unload=False), self.close_seconds
+            )
+            return
+        except Exception:
+            pass
+        context, self.context = self.context, None
+        try:
+            await asyncio.wait_for(context.close(), self.close_seconds)
+        except Exception:
+            self.ending = True
+
+    def browser_gone(self, op: str) -> WorkerError:
+        """The answer when Chromium is gone: this worker ends after it."""
+        self.ending = True
+        return WorkerError(
+            502,
+            f"the browser (Chromium) exited during browser {op}; it is started "
+            "afresh on the next call, without the page, its cookies or logins",
+            "RuntimeError",
+            "upstream_unavailable",
+            kind="browser_exited",
+        )
+
+    def page_crashed(self, op: str, when: str) -> WorkerError:
+        """The answer when the page's renderer crashed (it is replaced)."""
+        return WorkerError(
+            502,
+            f"the page crashed {when} (browser {op}): its renderer ran out of "
+            "memory or was killed; a fresh blank page replaces it (cookies "
+            "kept, the URL and what was typed lost): navigate again",
+            "RuntimeError",
+            "upstream_unavailable",
+            kind="page_crashed",
+        )
 
     def spawn(self, coro: Any) -> None:
         """Run an event handler's coroutine, keeping a reference until done."""
@@ -290,14 +498,32 @@ class Worker:
         ws.connect_to_server()
 
     def on_console(self, message: Any) -> None:
-        self.console.append(
-            {"type": message.type, "text": message.text, "timestamp": now_iso()}
-        )
+        self.log(message.type, message.text)
 
     def on_page_error(self, error: Any) -> None:
-        self.console.append(
-            {"type": "pageerror", "text": str(error), "timestamp": now_iso()}
-        )
+        self.log("pageerror", str(error))
+
+    def log(self, kind: str, text: str) -> None:
+        """
+        Keep one console entry: its text cut to :attr:`console_entry_bytes`
+        (then ``truncated`` and its whole ``bytes``), the oldest entries
+        dropped past the buffer's count or bytes.
+        """
+        kept, size = clip_text(text, self.console_entry_bytes)
+        entry: dict[str, Any] = {"type": kind, "text": kept, "timestamp": now_iso()}
+        if len(kept) < len(text):
+            entry["truncated"] = True
+            entry["bytes"] = size
+        cost = len(kept.encode("utf-8", "replace"))
+        self.console.append(entry)
+        self.console_bytes += cost
+        while self.console and (
+            len(self.console) > self.console_max
+            or self.console_bytes > self.console_buffer_bytes
+        ):
+            old = self.console.popleft()
+            self.console_bytes -= len(old["text"].encode("utf-8", "replace"))
+            self.console_dropped += 1
 
     async def check_network(self, url: str) -> None:
         """
@@ -343,9 +569,18 @@ class Worker:
             response = await page.goto(
                 url, wait_until=req.get("wait_until", "load"), timeout=req["timeout"]
             )
-        except self.errors.Error:
+        except self.errors.Error as e:
             if self.blocked:
                 raise self.blocked[0] from None
+            if "Download is starting" in str(e):
+                raise WorkerError(
+                    400,
+                    f"the URL {url} answers with a file to download, and navigate "
+                    "only shows pages: fetch the file with a command (curl -fLo "
+                    "FILE URL through /shell) and read it with /files/download",
+                    "ValueError",
+                    "invalid_param",
+                ) from None
             raise
         return {
             "url": page.url,
@@ -389,26 +624,88 @@ class Worker:
             )
         else:
             content = await page.content()
-        return {"content": content, "url": page.url, "title": await page.title()}
+        # At most max_bytes of it, from offset, on whole characters: a page
+        # may be any size, one answer may not.
+        data = str(content).encode("utf-8", "replace")
+        start, end = cut_utf8(
+            data, int(req.get("offset") or 0), int(req.get("max_bytes") or len(data))
+        )
+        result: dict[str, Any] = {
+            "content": data[start:end].decode("utf-8", "replace"),
+            "url": page.url,
+            "title": await page.title(),
+            "total_bytes": len(data),
+            "offset": start,
+            "truncated": end < len(data),
+        }
+        if end < len(data):
+            result["next_offset"] = end
+        return result
 
     async def op_click(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
-        await page.click(req["selector"], timeout=req["timeout"])
+        try:
+            await page.click(req["selector"], timeout=req["timeout"])
+        except self.errors.TimeoutError:
+            await self.check_matches(page, req)
+            raise
         return {"clicked": True, "selector": req["selector"]}
 
     async def op_type(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("clear"):
-            await page.fill(req["selector"], "", timeout=req["timeout"])
-        await page.type(
-            req["selector"],
-            req["text"],
-            delay=req.get("delay", 0),
-            timeout=req["timeout"],
-        )
+        try:
+            if req.get("clear"):
+                await page.fill(req["selector"], "", timeout=req["timeout"])
+            await page.type(
+                req["selector"],
+                req["text"],
+                delay=req.get("delay", 0),
+                timeout=req["timeout"],
+            )
+        except self.errors.TimeoutError:
+            await self.check_matches(page, req)
+            raise
         return {"typed": True, "selector": req["selector"], "text": req["text"]}
+
+    async def check_matches(self, page: Any, req: dict[str, Any]) -> None:
+        """
+        After a wait for an element ran out: a 408 that names the selector
+        when nothing on the page matches it (else the timeout's own message
+        says what was waited for).  A timeout still, not a 404: the seed's
+        SDK reads a click on a missing element as its CommandTimeoutError.
+        """
+        try:
+            found = await asyncio.wait_for(
+                page.query_selector(req["selector"]), self.probe_seconds
+            )
+        except Exception:
+            return
+        if found is None:
+            raise WorkerError(
+                408,
+                f"browser {req.get('op')} timed out after {req['timeout']} ms: "
+                f"nothing on the page matches the selector {req['selector']}",
+                "TimeoutError",
+                "timeout",
+            )
 
     async def op_evaluate(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         result = await page.evaluate(req["script"])
-        return {"result": jsonable(result)}
+        limit = int(req.get("max_bytes") or self.max_reply // 2)
+        try:
+            return {"result": jsonable(result, limit, self.max_values)}
+        except TooLarge as e:
+            what = (
+                f"has over {self.max_values} values"
+                if e.nodes > self.max_values
+                else f"is over {limit} bytes as JSON (the policy's limits.max_bytes)"
+            )
+            raise WorkerError(
+                413,
+                f"the script's result {what}: return a part of it, e.g. "
+                "JSON.stringify(value).slice(0, N)",
+                "ResourceError",
+                "payload_too_large",
+                limit=limit,
+            ) from None
 
     async def op_pdf(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         data = await page.pdf(
@@ -418,16 +715,28 @@ class Worker:
 
     async def op_console(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         logs = list(self.console)
+        result: dict[str, Any] = {"logs": logs}
+        if self.console_dropped:
+            result["dropped"] = self.console_dropped
         self.console.clear()
-        return {"logs": logs}
+        self.console_bytes = self.console_dropped = 0
+        return result
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one request; the reply line."""
+        """Run one request; the reply line (``ending`` when this worker ends after it)."""
+        reply = await self.answer(req)
+        if self.ending:
+            reply["ending"] = True
+        return reply
+
+    async def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         rid = req.get("id")
+        op = str(req.get("op"))
+        page: Any = None
         try:
             if "policy" in req:
                 self.policy = UrlPolicy.from_json(req["policy"])
-            method = getattr(self, "op_" + str(req.get("op")), None)
+            method = getattr(self, "op_" + op, None)
             if method is None:
                 raise WorkerError(
                     400,
@@ -435,7 +744,7 @@ class Worker:
                     "ValueError",
                     "invalid_param",
                 )
-            page = await self.ensure_page()
+            page = await self.ensure_page(op)
             budget = float(req.get("budget") or req["timeout"]) / 1000.0 + 1.0
             result = await asyncio.wait_for(method(page, req), budget)
             return {"id": rid, "ok": True, "result": result}
@@ -447,25 +756,27 @@ class Worker:
             message = (
                 self.first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
             )
+            step = self.last_step(e)
+            if step:
+                message += f" (last step: {step})"
+            try:
+                note = await self.after_timeout(op, page)
+            except WorkerError as lost:
+                return {"id": rid, "ok": False, "error": lost.fields}
             return {
                 "id": rid,
                 "ok": False,
                 "error": error_fields(
                     408,
-                    f"browser {req.get('op')} timed out after {req['timeout']} ms"
-                    + (f": {message}" if message else ""),
+                    f"browser {op} timed out after {req['timeout']} ms"
+                    + (f": {message}" if message else "")
+                    + note,
                     "TimeoutError",
                     "timeout",
                 ),
             }
         except self.errors.Error as e:
-            return {
-                "id": rid,
-                "ok": False,
-                "error": error_fields(
-                    400, self.first_line(e), "RuntimeError", "invalid_param"
-                ),
-            }
+            return {"id": rid, "ok": False, "error": await self.failed(op, e)}
         except Exception as e:  # a bug here must not end the worker
             return {
                 "id": rid,
@@ -478,9 +789,77 @@ class Worker:
                 ),
             }
 
+    async def failed(self, op: str, error: Exception) -> dict[str, Any]:
+        """
+        A Playwright error's answer: Chromium or the page gone is the
+        browser's failure (502, and the page replaced or the worker
+        ended), anything else the caller's (a script that threw, a bad
+        selector, a URL that does not load): 400.
+        """
+        if self.disconnected or not self.browser.is_connected():
+            return self.browser_gone(op).fields
+        text = self.first_line(error)
+        if self.crashed or _CRASHED.match(text):
+            await self.replace_page()
+            return self.page_crashed(op, "during the call").fields
+        if self.page is None or self.page.is_closed() or _CLOSED.match(text):
+            await self.replace_page()
+            return WorkerError(
+                502,
+                f"the page was closed during browser {op} ({text}); a fresh blank "
+                "page replaces it: navigate again",
+                "RuntimeError",
+                "upstream_unavailable",
+                kind="page_closed",
+            ).fields
+        return error_fields(400, text, "RuntimeError", "invalid_param")
+
+    async def after_timeout(self, op: str, page: Any) -> str:
+        """
+        After a call ran out of time: stop a navigation still under way
+        (else the next call waits for it), then see whether the page still
+        answers.  One that does not is stuck in a script that never yields
+        and would time out every later call: it is replaced.  What was
+        done is said in the answer's message.
+
+        :raises WorkerError: 502 when the page crashed or Chromium is gone.
+        """
+        if page is None:
+            return ""
+        if self.disconnected or not self.browser.is_connected():
+            raise self.browser_gone(op)
+        stopped = False
+        if op == "navigate" and self.session is not None:
+            try:
+                await asyncio.wait_for(
+                    self.session.send("Page.stopLoading"), self.probe_seconds
+                )
+                stopped = True
+            except Exception:
+                pass
+        try:
+            await asyncio.wait_for(page.evaluate("1"), self.probe_seconds)
+        except Exception:
+            if self.disconnected or not self.browser.is_connected():
+                raise self.browser_gone(op) from None
+            if self.crashed:
+                await self.replace_page()
+                raise self.page_crashed(op, "during the call") from None
+            await self.replace_page()
+            return (
+                "; the page stopped answering (a script that never yields?) and "
+                "was replaced by a fresh blank page (cookies kept, the URL and "
+                "what was typed lost)"
+            )
+        return (
+            "; the navigation was stopped (the page shows what had loaded)"
+            if stopped
+            else ""
+        )
+
     async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer requests until stdin closes."""
-        while True:
+        """Answer requests until stdin closes, or this worker cannot go on."""
+        while not self.ending:
             try:
                 line = await reader.readline()
             except ValueError:
@@ -495,6 +874,21 @@ class Worker:
             except ValueError:
                 continue
             self.emit(await self.handle(req))
+
+    def last_step(self, error: BaseException) -> str:
+        """
+        What Playwright's call log last said of the element (``element is
+        not visible``), or of what it waited for; '' without a log.
+        """
+        text = str(getattr(error, "message", None) or error)
+        if "\nCall log:" not in text:
+            return ""
+        steps = [
+            re.sub(r"^(- |\d+ × )", "", line.strip()).strip()
+            for line in text.split("\nCall log:", 1)[1].splitlines()
+        ]
+        steps = [s for s in steps if s and not _RETRY_STEP.match(s)]
+        return steps[-1][:200] if steps else ""
 
     def first_line(self, error: BaseException) -> str:
         """An exception's message without Playwright's call log."""

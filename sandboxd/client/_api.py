@@ -1604,9 +1604,23 @@ class Browser(_Namespace[F]):
         return base64.b64decode(answer["image_base64"])
 
     @api
-    async def content(self, type: str = "html") -> dict[str, Any]:
-        """The page's ``content`` (html or text), ``url``, ``title``."""
-        return await self._http.object(calls.browser("GET", "content", type=type))
+    async def content(
+        self,
+        type: str = "html",
+        *,
+        offset: int | None = None,
+        max_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """
+        The page's ``content`` (html or text), ``url``, ``title``: at most
+        ``max_bytes`` (the policy's limit) from byte ``offset``; with
+        ``truncated``, read on from ``next_offset``.
+        """
+        return await self._http.object(
+            calls.browser(
+                "GET", "content", type=type, offset=offset, max_bytes=max_bytes
+            )
+        )
 
     @api
     async def click(

@@ -35,6 +35,7 @@ from sandboxd.errors import (
     bad_request,
     nonfinite_at,
     not_json,
+    payload_too_large,
     unexpected,
     unsupported,
 )
@@ -47,7 +48,7 @@ from sandboxd.mcp.tools import (
     Tool,
     summarise,
 )
-from sandboxd.policy.defaults import MCP_RESULT_BYTES
+from sandboxd.policy.defaults import MCP_RESULT_BYTES, MCP_RESULT_JSON_BYTES
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -116,7 +117,67 @@ def value_result(
             raise not_json(structured, "the tool's result") from None
     elif nonfinite_at(structured) is not None:
         raise not_json(structured, "the tool's result")
-    return {"content": content, "structuredContent": structured, "isError": False}
+    result = {"content": content, "structuredContent": structured, "isError": False}
+    if tool.name in _BROWSER_FITS and len(json.dumps(result)) > MCP_RESULT_JSON_BYTES:
+        return _BROWSER_FITS[tool.name](tool, structured)
+    return result
+
+
+def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
+    """
+    A ``browser_content`` answer cut until its result fits
+    :data:`MCP_RESULT_JSON_BYTES` (the page's text is in it twice, escaped):
+    its start is kept, and ``truncated`` and ``next_offset`` say where to
+    read on with ``offset``.
+    """
+    text = str(structured.get("content") or "")
+    while True:
+        text = text[: len(text) // 2]
+        start = int(structured.get("offset") or 0)
+        cut = {
+            **structured,
+            "content": text,
+            "truncated": True,
+            "next_offset": start + len(text.encode("utf-8", "replace")),
+        }
+        result = value_result(tool, cut)
+        if not text or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+            return result
+
+
+def _fit_console(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
+    """
+    A ``browser_console`` answer with its oldest entries left out until
+    it fits :data:`MCP_RESULT_JSON_BYTES`; ``dropped`` counts them.
+    """
+    logs = list(structured.get("logs") or [])
+    dropped = int(structured.get("dropped") or 0)
+    while True:
+        half = len(logs) // 2 or len(logs)
+        dropped += half
+        logs = logs[half:]
+        result = value_result(tool, {**structured, "logs": logs, "dropped": dropped})
+        if not logs or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+            return result
+
+
+def _refuse_large(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
+    """A script's result no MCP message can carry: refused, as the HTTP door's 413 is."""
+    raise payload_too_large(
+        MCP_RESULT_JSON_BYTES,
+        message="the script's result does not fit one MCP tool result "
+        f"({MCP_RESULT_JSON_BYTES} bytes as JSON): return a part of it, e.g. "
+        "JSON.stringify(value).slice(0, N)",
+    )
+
+
+#: Browser tools whose answer may be any size, and how each is made to fit
+#: one tool result (the official SDK refuses a message over 1 MiB).
+_BROWSER_FITS = {
+    "browser_content": _fit_content,
+    "browser_console": _fit_console,
+    "browser_evaluate": _refuse_large,
+}
 
 
 def raw_result(response: ServerResponse) -> dict[str, Any]:

@@ -66,6 +66,10 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
     "packages": {"timeout_seconds": 60, "max_output_bytes": 10 * MIB},
     "browser_console": {"max_entries": 1000},
+    # One answer's page text, or a script's result as JSON: a page may be
+    # any size; more of it is read with offset (content).
+    "browser_content": {"max_bytes": MIB},
+    "browser_evaluate": {"max_bytes": MIB},
     "agents_session_create": {
         "max_sessions": 4,
         "max_turn_seconds": 1800,
@@ -646,8 +650,11 @@ CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 BROWSER_LIMITS: dict[str, Any] = {"start_timeout_seconds": 30}
 
 #: browser: the daemon's watchdog on one call, beyond the call's own timeout;
-#: past it the worker is presumed stuck (a page spinning in JS) and killed.
-BROWSER_WATCHDOG_SLACK_SECONDS = 5.0
+#: past it the worker is presumed stuck and killed.  The worker answers a
+#: call that ran out of time itself, after stopping its navigation and
+#: replacing a page stuck in a script (bounded waits of a few seconds):
+#: the watchdog is for a worker that no longer answers at all.
+BROWSER_WATCHDOG_SLACK_SECONDS = 15.0
 
 #: browser: per-call timeouts (milliseconds) when the request names none.
 BROWSER_TIMEOUTS_MS: dict[str, int] = {
@@ -675,6 +682,24 @@ BROWSER_MAX_REQUEST_BYTES = 16 * MIB
 #: browser: a reply's ``error`` message is cut at this many characters
 #: (Playwright appends its call log, which says nothing to a caller).
 BROWSER_ERROR_MESSAGE_CHARS = 2000
+
+#: browser: one console entry's text (the rest is cut, the entry marked
+#: ``truncated``), and the texts of the whole buffer (the oldest entries are
+#: dropped past it, and counted): a page may log strings of any size.
+BROWSER_CONSOLE_ENTRY_BYTES = 16 * KIB
+BROWSER_CONSOLE_BUFFER_BYTES = MIB
+
+#: browser: values of a script's result walked at most (a graph that shares
+#: one object is walked once per path to it: 2^n for n levels), past which
+#: it is a 413 like a result over ``max_bytes``.
+BROWSER_RESULT_MAX_VALUES = 1_000_000
+
+#: browser: after a call ran out of time, how long the page may take to
+#: answer a trivial script before it counts as stuck, and how long closing
+#: a stuck or crashed page (then its context) may take before the worker
+#: gives up and ends (the daemon's watchdog slack covers both).
+BROWSER_PROBE_SECONDS = 2.0
+BROWSER_CLOSE_SECONDS = 3.0
 
 #: browser: calls waiting for the one shared page before 429.
 BROWSER_QUEUE_MAX = 16

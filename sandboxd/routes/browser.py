@@ -11,7 +11,9 @@ for the navigation itself and every request the page makes after it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
 from sandboxd.errors import Code, bad_request, forbidden, unavailable
@@ -19,7 +21,7 @@ from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.params import flag, number, one_of, required, string
+from sandboxd.web.params import flag, integer, number, one_of, required, string
 
 WAIT_UNTIL = ("load", "domcontentloaded", "networkidle", "commit")
 IMAGE_TYPES = ("png", "jpeg")
@@ -95,12 +97,44 @@ async def _call(
     )
 
 
+def absolute_url(url: str) -> None:
+    """
+    Refuse, as the caller's mistake (400), a URL that is no absolute URL:
+    one with no scheme (``example.com``, ``127.0.0.1:8000/``, which would
+    otherwise read as the scheme ``127.0.0.1``) or a web URL with no host.
+    Only what the policy refuses is a 403.
+    """
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+    except ValueError:
+        raise bad_request(f"'url' is not a valid URL: {url!r}") from None
+    # "localhost:8000/x": a host and port, not the scheme "localhost".
+    lone_host = (
+        bool(scheme)
+        and not parts.netloc
+        and re.match(r"\d+(/|$)", parts.path) is not None
+    )
+    if not scheme or lone_host:
+        raise bad_request(
+            f"'url' must be an absolute URL with a scheme, such as "
+            f"http://{url.lstrip('/')} (got {url!r})"
+        )
+    if scheme in ("http", "https", "ws", "wss") and not host:
+        raise bad_request(f"'url' has no host: {url!r}")
+
+
 async def navigate(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/navigate {"url", "wait_until"?, "timeout"?}``."""
     url = required(request.body.get("url"), "url")
+    absolute_url(url)
     try:
         check_url(url_policy(request.rule), url)
     except Refusal as refusal:
+        if refusal.rule == "guard:url":
+            # Not the policy's refusal: a URL that cannot be judged at all.
+            raise bad_request(f"'url': {refusal.message}") from None
         raise forbidden(
             refusal.message, Code.URL_NOT_ALLOWED, rule=refusal.rule
         ) from None
@@ -151,14 +185,33 @@ async def screenshot(request: ServerRequest) -> dict[str, Any]:
     return await _call(request, "screenshot", args, timeout_ms(request, "screenshot"))
 
 
+def max_bytes(request: ServerRequest, endpoint: str, value: Any) -> int:
+    """
+    The bytes one answer may carry: ``value`` (the request's), else the
+    endpoint's ``limits.max_bytes``, never more than that limit.
+    """
+    ceiling = (
+        request.rule.limits.max_bytes or defaults.ENDPOINT_LIMITS[endpoint]["max_bytes"]
+    )
+    asked = integer(value, "max_bytes", None, low=1)
+    return min(asked, ceiling) if asked is not None else int(ceiling)
+
+
 async def content(request: ServerRequest) -> dict[str, Any]:
-    """``GET /browser/content?type=html|text``."""
+    """
+    ``GET /browser/content?type=html|text&offset=&max_bytes=``: at most
+    ``max_bytes`` of the page's UTF-8 text from byte ``offset`` (moved to
+    whole characters); ``truncated`` and ``next_offset`` when more follows.
+    """
     kind = request.arg("type") or "html"
     if kind not in ("html", "text"):
         raise bad_request("'type' must be html or text")
-    return await _call(
-        request, "content", {"type": kind}, timeout_ms(request, "content")
-    )
+    args = {
+        "type": kind,
+        "offset": integer(request.arg("offset"), "offset", 0, low=0),
+        "max_bytes": max_bytes(request, "browser_content", request.arg("max_bytes")),
+    }
+    return await _call(request, "content", args, timeout_ms(request, "content"))
 
 
 async def click(request: ServerRequest) -> dict[str, Any]:
@@ -200,9 +253,11 @@ async def type_text(request: ServerRequest) -> dict[str, Any]:
 async def evaluate(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/evaluate {"script", "timeout"?}``."""
     script = required(request.body.get("script"), "script")
-    return await _call(
-        request, "evaluate", {"script": script}, timeout_ms(request, "evaluate")
-    )
+    args = {
+        "script": script,
+        "max_bytes": max_bytes(request, "browser_evaluate", None),
+    }
+    return await _call(request, "evaluate", args, timeout_ms(request, "evaluate"))
 
 
 async def pdf(request: ServerRequest) -> dict[str, Any]:
@@ -226,9 +281,11 @@ async def console(request: ServerRequest) -> dict[str, Any]:
     )
     limit = request.rule.limits.max_entries
     logs = result.get("logs") or []
+    dropped = int(result.get("dropped") or 0)
     if limit is not None and len(logs) > limit:
+        dropped += len(logs) - limit
         logs = logs[-limit:]
-    return {"logs": logs}
+    return {"logs": logs, "dropped": dropped} if dropped else {"logs": logs}
 
 
 HANDLERS: dict[str, Any] = {

@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 from twisted.web.util import Redirect
 
 from sandboxd.browser import supervisor
@@ -71,6 +71,37 @@ class _Page(Resource):
         return PAGE
 
 
+class _Hang(Resource):
+    """A server that never answers (the request is dropped at the test's end)."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> Any:
+        return NOT_DONE_YET
+
+
+class _Static(Resource):
+    """A fixed answer with its own headers."""
+
+    isLeaf = True
+
+    def __init__(self, body: bytes, **headers: str) -> None:
+        super().__init__()
+        self.body = body
+        self.headers = headers
+
+    def render_GET(self, request: Any) -> bytes:
+        for name, value in self.headers.items():
+            request.setHeader(name.replace("_", "-").encode(), value.encode())
+        return self.body
+
+
+#: A page that starts a script that never yields once it has loaded.
+BUSY_PAGE = b"""<!doctype html><title>Busy</title>
+<script>addEventListener('load', () => setTimeout(() => { while (true) {} }, 1000));</script>
+"""
+
+
 def serve_pages(case: Any) -> str:
     """Serve the test site on 127.0.0.1; its base URL."""
     root = Resource()
@@ -78,6 +109,16 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"page", _Page())
     root.putChild(b"secret", _Page())
     root.putChild(b"redirect", Redirect(b"/secret"))
+    root.putChild(b"hang", _Hang())
+    root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
+    root.putChild(
+        b"download",
+        _Static(
+            b"a,b\n1,2\n",
+            content_type="text/csv",
+            content_disposition="attachment; filename=data.csv",
+        ),
+    )
     port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
     case.addCleanup(port.stopListening)
     return f"http://127.0.0.1:{port.getHost().port}"
@@ -162,7 +203,9 @@ class BrowserTests(DaemonTestCase):
             "/browser/evaluate",
             {"script": "() => ({a: [1, 2], b: null, c: 1/0})"},
         )
-        self.assertEqual(reply.json(), {"result": {"a": [1, 2], "b": None, "c": "inf"}})
+        self.assertEqual(
+            reply.json(), {"result": {"a": [1, 2], "b": None, "c": "Infinity"}}
+        )
 
         reply = yield self.request("POST", "/browser/screenshot", {})
         shot = reply.json()
@@ -239,17 +282,35 @@ class BrowserTests(DaemonTestCase):
     @inlineCallbacks
     def test_errors(self) -> Any:
         """
-        A missing element times out (408) (a screenshot of one is 404 at
-        once), a script that throws is 400, a
-        bad argument is 400 before the browser is asked, and the page stays
-        usable after each.
+        A click or type on an element that does not come within its timeout
+        is a 408 (as the seed's SDK expects) that says nothing matches the
+        selector, one on an element that is there but hidden a 408 saying
+        what was waited for (a screenshot of a missing one is 404 at once);
+        a script that throws is 400, a bad argument is 400 before the
+        browser is asked, and the page stays usable after each.
         """
         yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        for path, body in (
+            ("/browser/click", {"selector": "#nope", "timeout": 300}),
+            ("/browser/type", {"selector": "#nope", "text": "x", "timeout": 300}),
+        ):
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 408, reply.body)
+            self.assertEqual(reply.json()["type"], "TimeoutError")
+            self.assertIn(
+                "nothing on the page matches the selector #nope", reply.json()["error"]
+            )
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "document.getElementById('go').style.display = 'none'"},
+        )
         reply = yield self.request(
-            "POST", "/browser/click", {"selector": "#nope", "timeout": 300}
+            "POST", "/browser/click", {"selector": "#go", "timeout": 300}
         )
         self.assertEqual(reply.status, 408, reply.body)
         self.assertEqual(reply.json()["type"], "TimeoutError")
+        self.assertIn("not visible", reply.json()["error"])
         reply = yield self.request(
             "POST", "/browser/evaluate", {"script": "throw new Error('boom')"}
         )
@@ -288,6 +349,27 @@ class BrowserTests(DaemonTestCase):
             self.assertEqual(reply.status, 403, url)
             self.assertEqual(reply.json()["code"], "url_not_allowed")
         self.assertEqual(self.daemon.context.browser.starts, 0)
+        # Not URLs at all: the caller's mistake, not the policy's refusal.
+        port = self.site.rsplit(":", 1)[1]
+        for url in (
+            f"127.0.0.1:{port}/page",
+            f"localhost:{port}/page",
+            "example.com",
+            "http://",
+            "https:///path",
+        ):
+            reply = yield self.request("POST", "/browser/navigate", {"url": url})
+            self.assertEqual(reply.status, 400, (url, reply.body))
+            self.assertEqual(reply.json()["code"], "invalid_param")
+            self.assertIn("'url'", reply.json()["error"])
+        self.assertEqual(self.daemon.context.browser.starts, 0)
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/download"}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("navigate only shows pages", reply.json()["error"])
+        self.assertIn("/files/download", reply.json()["error"])
 
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site + "/secret"}
@@ -498,3 +580,331 @@ class MissingPlaywrightTests(DaemonTestCase):
             self.assertEqual(data["code"], "unavailable")
             self.assertTrue(data["error"].startswith("Playwright is not installed."))
         self.assertEqual(self.daemon.context.browser.starts, 0)
+
+
+def chromium_processes(worker_pid: int, kind: str | None) -> list[int]:
+    """
+    The worker's Chromium processes of ``--type=KIND`` (``renderer``), or
+    with ``kind`` None its main process (the one with no ``--type``).
+    """
+    found = []
+    for pid in descendants(worker_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if len(argv) == 1:
+            # Chromium's helpers rewrite their title: one space-joined string.
+            argv = argv[0].split(b" ")
+        if not argv or b"chrom" not in os.path.basename(argv[0]):
+            continue
+        types = [a for a in argv if a.startswith(b"--type=")]
+        if (kind is None and not types) or (
+            kind is not None and types == [f"--type={kind}".encode()]
+        ):
+            found.append(pid)
+    return found
+
+
+class RecoveryTests(DaemonTestCase):
+    """
+    What a page can do to the shared browser (a script that never yields,
+    a crash, a server that never answers, Chromium's death) costs the call
+    that met it, never the calls after it.
+    """
+
+    timeout = 180
+    skip = SKIP_REASON
+    policy = {"groups": {"browser": True}}
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def page_works(self) -> Any:
+        """Navigate to the test page and read it back: both answer at once."""
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page", "timeout": 10000}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/browser/content?type=text&timeout=10000")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("Hello", reply.json()["content"])
+        self.assertLess(time.monotonic() - started, 20)
+
+    @inlineCallbacks
+    def test_script_that_never_yields(self) -> Any:
+        """
+        An evaluate that never yields is a 408 saying the page was
+        replaced, a page whose own script never yields likewise on the next
+        call; each time the calls after it work, on the same worker (no
+        restart), with the cookies the page had set.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie = 'kept=1'"}
+        )
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "while (true) {}", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertEqual(reply.json()["code"], "timeout")
+        self.assertIn("replaced by a fresh blank page", reply.json()["error"])
+        self.assertLess(time.monotonic() - started, 20)
+        yield self.page_works()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie"}
+        )
+        self.assertEqual(reply.json(), {"result": "kept=1"})
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/busy", "timeout": 10000}
+        )
+        # On a loaded machine the loop may start before navigate reads the
+        # title: then navigate is the call that times out and replaces it.
+        self.assertIn(reply.status, (200, 408), reply.body)
+        if reply.status == 200:
+            yield deferLater(reactor, 1.5, lambda: None)
+            reply = yield self.request("GET", "/browser/content?timeout=1000")
+            self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("replaced", reply.json()["error"])
+        yield self.page_works()
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def test_navigation_that_never_answers(self) -> Any:
+        """
+        A navigation to a server that never answers is a 408 that stops
+        it: the next call answers at once, on the page as it was.
+        """
+        yield self.page_works()
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/hang", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("navigation was stopped", reply.json()["error"])
+        started = time.monotonic()
+        reply = yield self.request("GET", "/browser/content?type=text")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["url"], self.site + "/page")
+        self.assertLess(time.monotonic() - started, 5)
+
+    @inlineCallbacks
+    def test_renderer_crash(self) -> Any:
+        """
+        The page's renderer killed between calls: the next call is 502
+        ``upstream_unavailable`` (kind ``page_crashed``), never 400 blaming
+        the caller, and the calls after it work on a fresh page; killed
+        during a call, that call is the 502.
+        """
+        yield self.page_works()
+        service = self.daemon.context.browser
+        for renderer in chromium_processes(service.worker.pid, "renderer"):
+            os.kill(renderer, signal.SIGKILL)
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request("GET", "/browser/content")
+        self.assertEqual(reply.status, 502, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["kind"]), ("upstream_unavailable", "page_crashed")
+        )
+        self.assertIn("crashed", body["error"])
+        yield self.page_works()
+
+        def kill_renderers() -> None:
+            for renderer in chromium_processes(service.worker.pid, "renderer"):
+                os.kill(renderer, signal.SIGKILL)
+
+        reactor.callLater(1.0, kill_renderers)
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "new Promise(() => {})", "timeout": 20000},
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "page_crashed")
+        yield self.page_works()
+        self.assertEqual(service.starts, 1)
+
+    @inlineCallbacks
+    def test_chromium_exits(self) -> Any:
+        """
+        Chromium's main process killed: the next call is 502
+        ``upstream_unavailable`` (kind ``browser_exited``), and the call
+        after it starts a fresh worker and works.
+        """
+        yield self.page_works()
+        service = self.daemon.context.browser
+        main = chromium_processes(service.worker.pid, None)
+        self.assertTrue(main)
+        for pid in main:
+            os.kill(pid, signal.SIGKILL)
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request("GET", "/browser/content")
+        self.assertEqual(reply.status, 502, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["kind"]), ("upstream_unavailable", "browser_exited")
+        )
+        yield self.page_works()
+        self.assertEqual(service.starts, 2)
+
+
+#: Makes the page's body ``n`` two-byte characters (é) of text.
+FILL_BODY = (
+    "document.body.textContent = 'é'.repeat(%d); document.body.textContent.length"
+)
+
+
+class LargeAnswerTests(DaemonTestCase):
+    """
+    A page, a script's result or the console may be any size; one answer
+    is bounded, and an answer too big is refused without losing the page.
+    """
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {
+            "browser_content": {"limits": {"max_bytes": 1000000}},
+            "browser_evaluate": {"limits": {"max_bytes": 100000}},
+        },
+    }
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_content_in_parts(self) -> Any:
+        """
+        A 3 MB text comes in parts of at most ``max_bytes`` (the policy's
+        limit when the request asks more), cut on whole characters, with
+        ``truncated``, ``total_bytes`` and ``next_offset``; the parts make
+        the whole text.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": FILL_BODY % 1500001}
+        )
+        self.assertEqual(reply.json(), {"result": 1500001})
+        parts = []
+        offset = 0
+        for _ in range(10):
+            reply = yield self.request(
+                "GET",
+                f"/browser/content?type=text&offset={offset}&max_bytes=99999999",
+            )
+            self.assertEqual(reply.status, 200, reply.body[:200])
+            body = reply.json()
+            self.assertEqual(body["total_bytes"], 3000002)
+            self.assertEqual(body["offset"], offset)
+            self.assertLessEqual(len(body["content"].encode()), 1000000)
+            parts.append(body["content"])
+            if not body["truncated"]:
+                self.assertNotIn("next_offset", body)
+                break
+            offset = body["next_offset"]
+        self.assertEqual(len(parts), 4)
+        self.assertEqual("".join(parts), "é" * 1500001)
+        # An offset inside a character starts at the next whole one.
+        reply = yield self.request(
+            "GET", "/browser/content?type=text&offset=1&max_bytes=5"
+        )
+        self.assertEqual(reply.json()["content"], "éé")
+        self.assertEqual(reply.json()["offset"], 2)
+
+    @inlineCallbacks
+    def test_answer_over_the_pipe_limit(self) -> Any:
+        """
+        An answer over what the worker may send (here made small) is a 413
+        and the worker goes on: the page and what was typed are kept.
+        """
+        self.patch(defaults, "BROWSER_MAX_MESSAGE_BYTES", 512 * 1024)
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request(
+            "POST", "/browser/type", {"selector": "#name", "text": "Ada"}
+        )
+        yield self.request("POST", "/browser/evaluate", {"script": FILL_BODY % 400000})
+        reply = yield self.request("GET", "/browser/content?type=text")
+        self.assertEqual(reply.status, 413, reply.body[:200])
+        self.assertEqual(reply.json()["code"], "payload_too_large")
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "location.href"}
+        )
+        self.assertEqual(reply.json(), {"result": self.site + "/page"})
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def test_console_bounded(self) -> Any:
+        """
+        Each console entry is cut to 16 KiB (``truncated``, its ``bytes``),
+        and the buffer to 1 MiB of text: the oldest entries are dropped and
+        counted; the read works, however much the page logged.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request("GET", "/browser/console")
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "for (let i = 0; i < 100; i++) console.log(i + 'x'.repeat(1 << 16)); 1",
+                "timeout": 30000,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/browser/console")
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        body = reply.json()
+        self.assertEqual(body["dropped"] + len(body["logs"]), 100)
+        self.assertGreater(body["dropped"], 0)
+        self.assertLessEqual(sum(len(e["text"]) for e in body["logs"]), 1024 * 1024)
+        last = body["logs"][-1]
+        self.assertTrue(last["text"].startswith("99x"))
+        self.assertEqual(len(last["text"]), 16 * 1024)
+        self.assertEqual((last["truncated"], last["bytes"]), (True, 2 + (1 << 16)))
+
+    @inlineCallbacks
+    def test_evaluate_results(self) -> Any:
+        """
+        A result that refers to itself answers at once with "[Circular]";
+        NaN and the infinities as JavaScript prints them; a result over
+        the policy's max_bytes, or a graph with very many paths, is a 413
+        at once, and the page goes on.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "(() => { let a = {n: 1}; a.x = a; a.y = [a]; return a })()"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(), {"result": {"n": 1, "x": "[Circular]", "y": ["[Circular]"]}}
+        )
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "[NaN, 1/0, -1/0, 1.5]"}
+        )
+        self.assertEqual(
+            reply.json(), {"result": ["NaN", "Infinity", "-Infinity", 1.5]}
+        )
+        for script in (
+            # 2^40 paths to one object, and no cycle.
+            "(() => { let o = {}; for (let i = 0; i < 40; i++) o = {a: o, b: o}; return o })()",
+            "'x'.repeat(200000)",
+        ):
+            reply = yield self.request("POST", "/browser/evaluate", {"script": script})
+            self.assertEqual(reply.status, 413, reply.body)
+            self.assertEqual(reply.json()["code"], "payload_too_large")
+        self.assertLess(time.monotonic() - started, 8)
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1 + 1"})
+        self.assertEqual(reply.json(), {"result": 2})
+        self.assertEqual(self.daemon.context.browser.starts, 1)

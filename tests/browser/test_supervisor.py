@@ -186,3 +186,27 @@ class SlowChromiumTests(DaemonTestCase):
         self.assertIn("start_timeout_seconds", body["error"])
         left = yield self.chromium.left_running()
         self.assertEqual(left, [])
+
+
+class QueueTests(DaemonTestCase):
+    """Calls past the queue for the one shared page."""
+
+    policy = {"groups": {"browser": True}}
+
+    @inlineCallbacks
+    def test_full_queue_code_is_documented(self) -> Any:
+        """
+        A call with the queue full is 429 ``concurrency_limited`` at once
+        (no worker starts), the code every browser endpoint documents.
+        """
+        from sandboxd.api.schema import schema_for
+
+        self.patch(supervisor, "playwright_installed", lambda: True)
+        self.patch(defaults, "BROWSER_QUEUE_MAX", 0)
+        reply = yield self.request("GET", "/browser/content")
+        self.assertEqual(reply.status, 429, reply.body)
+        self.assertEqual(reply.json()["code"], "concurrency_limited")
+        self.assertEqual(self.daemon.context.browser.starts, 0)
+        for endpoint in ("browser_navigate", "browser_content", "browser_console"):
+            codes = {e.code for e in schema_for(endpoint).errors if e.status == 429}
+            self.assertEqual(codes, {"concurrency_limited"}, endpoint)

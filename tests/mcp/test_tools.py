@@ -7,6 +7,7 @@ tool results.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -261,6 +262,55 @@ class ResultTests(SynchronousTestCase):
         )
         self.assertEqual(result["structuredContent"]["width"], 2)
         self.assertNotIn("image_base64", result["structuredContent"])
+
+    def test_browser_answers_fit_one_result(self) -> None:
+        """
+        A page's content of 3 MB (quotes, escaped twice in the message) is
+        cut to fit one tool result, with ``truncated`` and the ``next_offset``
+        to read on from; a console read leaves out its oldest entries and
+        counts them; a script's result too big is a 413.
+        """
+        from sandboxd.errors import ApiError
+        from sandboxd.policy.defaults import MCP_RESULT_JSON_BYTES
+
+        tool = self.box.get("browser_content")
+        assert tool is not None
+        page = '<a href="x">é</a>' * 200000
+        result = value_result(
+            tool,
+            {
+                "content": page,
+                "url": "http://example.com/",
+                "title": "t",
+                "total_bytes": len(page.encode()),
+                "offset": 10,
+                "truncated": False,
+            },
+        )
+        self.assertLessEqual(len(json.dumps(result)), MCP_RESULT_JSON_BYTES)
+        structured = result["structuredContent"]
+        self.assertTrue(structured["truncated"])
+        self.assertTrue(page.startswith(structured["content"]))
+        self.assertGreater(len(structured["content"]), 100000)
+        self.assertEqual(
+            structured["next_offset"], 10 + len(structured["content"].encode())
+        )
+        self.assertIn('"next_offset"', result["content"][0]["text"])
+
+        tool = self.box.get("browser_console")
+        assert tool is not None
+        logs = [{"type": "log", "text": f"{i}" + '"' * 16000} for i in range(100)]
+        result = value_result(tool, {"logs": logs})
+        self.assertLessEqual(len(json.dumps(result)), MCP_RESULT_JSON_BYTES)
+        kept = result["structuredContent"]["logs"]
+        self.assertEqual(kept[-1]["text"][:2], "99")
+        self.assertEqual(result["structuredContent"]["dropped"], 100 - len(kept))
+
+        tool = self.box.get("browser_evaluate")
+        assert tool is not None
+        with self.assertRaises(ApiError) as caught:
+            value_result(tool, {"result": "x" * MCP_RESULT_JSON_BYTES})
+        self.assertEqual(caught.exception.status, 413)
 
     def test_text_file_read_is_text(self) -> None:
         """A text file read shows the text; a binary one the JSON."""

@@ -10,7 +10,28 @@ _BROWSER = (
         "url_not_allowed",
         "a URL refused by url_allow/url_deny/schemes/private networks",
     ),
-    E(429, "rate_limited", "too many calls queued for the shared page"),
+    E(
+        408,
+        "timeout",
+        "the call ran past its timeout: a navigation still under way is stopped, "
+        "and a page that no longer answers (a script that never yields) is "
+        "replaced by a fresh blank one (cookies kept), as the message says",
+        "TimeoutError",
+    ),
+    E(
+        429,
+        "concurrency_limited",
+        "too many calls queued for the shared page",
+        "ResourceError",
+    ),
+    E(
+        502,
+        "upstream_unavailable",
+        "the browser failed, not the request (kind page_crashed: the page's "
+        "renderer crashed and a fresh blank page replaces it; kind browser_exited: "
+        "Chromium exited and the next call starts it afresh, without cookies)",
+        "RuntimeError",
+    ),
     E(
         503,
         "unavailable",
@@ -37,12 +58,23 @@ SCHEMAS: dict[str, Schema] = {
             _timeout(30000),
         ),
         response=(F("url"), F("title"), F("status", "integer")),
-        errors=(E(400, "invalid_param", "bad url, wait_until or timeout"), *_BROWSER),
+        errors=(
+            E(
+                400,
+                "invalid_param",
+                "a url with no scheme or no host, one that answers with a file to "
+                "download, one that does not load; bad wait_until or timeout",
+            ),
+            *_BROWSER,
+        ),
         notes="Only http and https unless the policy allows another scheme. With "
         "block_private_networks, localhost, localhost. and *.localhost are refused by "
         "name, a name that does not resolve counts as private, and every connection the "
         "page opens (redirects, subresources, fetches, WebSockets) goes to the address "
-        "the worker resolved and checked.",
+        "the worker resolved and checked. A URL with no scheme (example.com, "
+        "127.0.0.1:8000/) is a 400, not a policy refusal. navigate does not "
+        "download files: fetch one with a command (curl -fLo FILE URL) and read it "
+        "with /files/download.",
     ),
     "browser_screenshot": Schema(
         body=(
@@ -67,10 +99,34 @@ SCHEMAS: dict[str, Schema] = {
     "browser_content": Schema(
         query=(
             F("type", enum=("html", "text"), default="html", example="text"),
+            F(
+                "offset",
+                "integer",
+                "the first byte of the page's text to give",
+                default=0,
+            ),
+            F(
+                "max_bytes",
+                "integer",
+                "bytes to give at most; the policy's limits.max_bytes (1 MiB) "
+                "when absent, and never more",
+            ),
             F("timeout", "number", "milliseconds", default=30000),
         ),
-        response=(F("content"), F("url"), F("title")),
-        errors=(E(400, "invalid_param", "bad type"), *_BROWSER),
+        response=(
+            F("content"),
+            F("url"),
+            F("title"),
+            F("total_bytes", "integer", "the whole text's size, in UTF-8 bytes"),
+            F("offset", "integer", "where content starts"),
+            F("truncated", "boolean", "more follows: read on from next_offset"),
+            F("next_offset", "integer", "with truncated: the offset to ask next"),
+        ),
+        errors=(E(400, "invalid_param", "bad type, offset or max_bytes"), *_BROWSER),
+        notes="Offsets count bytes of the UTF-8 text and are moved to whole "
+        "characters. Each call reads the page as it is then: a page that changes "
+        "between calls gives parts of different texts. Through MCP, content is cut "
+        "further to fit one tool result (truncated and next_offset say so).",
     ),
     "browser_click": Schema(
         body=(F("selector", required=True, example="button#submit"), _timeout(5000)),
@@ -94,7 +150,19 @@ SCHEMAS: dict[str, Schema] = {
     "browser_evaluate": Schema(
         body=(F("script", required=True, example="document.title"), _timeout(10000)),
         response=(F("result", "any"),),
-        errors=(E(400, "invalid_param", "missing script"), *_BROWSER),
+        errors=(
+            E(400, "invalid_param", "missing script, or the script threw"),
+            E(
+                413,
+                "payload_too_large",
+                "the result is over the policy's limits.max_bytes (1 MiB) as JSON",
+                "ResourceError",
+            ),
+            *_BROWSER,
+        ),
+        notes="The result as JSON can carry it: NaN, Infinity and -Infinity as "
+        "those strings (as JavaScript prints them), a Date in ISO 8601, an object "
+        'met again inside itself as "[Circular]", nothing below 64 levels (null).',
     ),
     "browser_pdf": Schema(
         body=(
@@ -107,8 +175,22 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "browser_console": Schema(
         query=(F("timeout", "number", "milliseconds", default=5000),),
-        response=(F("logs", "array", "[{type, text, timestamp}]", items="object"),),
+        response=(
+            F(
+                "logs",
+                "array",
+                "[{type, text, timestamp}]; an entry cut to 16 KiB has "
+                "truncated: true and its whole size in bytes",
+                items="object",
+            ),
+            F(
+                "dropped",
+                "integer",
+                "only when some were: the oldest entries left out since the last read",
+            ),
+        ),
         errors=_BROWSER,
-        notes="The buffer (1000 entries) is cleared by each read.",
+        notes="The buffer (1000 entries, 1 MiB of text) is cleared by each read; past "
+        "either bound the oldest entries are dropped and counted.",
     ),
 }
