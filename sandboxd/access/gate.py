@@ -458,6 +458,7 @@ def check_head(
     endpoint: Endpoint,
     headers: Headers,
     *,
+    query_tokens: Iterable[bytes] = (),
     unauthenticated_as: str | None = None,
 ) -> None:
     """
@@ -468,13 +469,19 @@ def check_head(
     cannot make the daemon read, hold or spool a body first, as the HTTP
     door refuses such a caller before its body.
 
+    :param query_tokens: the tokens the door will admit the call with
+        besides its headers' (see :func:`admit`).
     :raises ApiError: the refusal :func:`admit` would make.
     """
     rule = context.policy.rules[endpoint.id]
     identity = NOBODY
     if endpoint.auth_required:
         identity = identify(
-            context, headers, consume=False, unauthenticated_as=unauthenticated_as
+            context,
+            headers,
+            query_tokens,
+            consume=False,
+            unauthenticated_as=unauthenticated_as,
         )
     if not rule.enabled:
         raise _disabled(endpoint, rule)

@@ -510,12 +510,52 @@ class Door(PortDoor):
 
     def find(self, request: Any) -> Procedure | None:
         """A Connect procedure by its path, a REST route by method and path."""
-        path = request.path.decode("latin-1")
-        method = request.method.decode("latin-1")
-        if method == "POST" and procedure_path(path):
-            return self.procedures.get(path.lstrip("/"))
-        key = f"{method} {path.rstrip('/') or '/'}"
+        return self._route(request.method, request.path)
+
+    def _route(self, method: bytes, path: bytes) -> Procedure | None:
+        where = path.decode("latin-1")
+        verb = method.decode("latin-1")
+        if verb == "POST" and procedure_path(where):
+            return self.procedures.get(where.lstrip("/"))
+        key = f"{verb} {where.rstrip('/') or '/'}"
         return self.procedures.get(key) or self.procedures.get(_templated(key))
+
+    def check_head(
+        self, method: bytes, path: bytes, headers: dict[bytes, list[bytes]]
+    ) -> ApiError | None:
+        """
+        The credential (E2B's as :meth:`admit` takes them: ``X-API-Key`` on
+        a control-plane call, ``E2B-Traffic-Access-Token``), the door's
+        scopes and those of the endpoint a route is governed as (when the
+        path alone names it; ``Start`` picks its own from its message),
+        from the head: an upload's body is neither read nor spooled for a
+        caller who would be refused.  A route that needs no credential
+        (``/health``) is left to its call, as :meth:`_admit_door` leaves it.
+        """
+        procedure = self._route(method, path)
+        if procedure is None and self.fallback is not None:
+            procedure = self.fallback(path.decode("latin-1", "replace")[:200])
+        endpoint_ids = [self.endpoint_id]
+        if procedure is not None and isinstance(procedure.endpoint, str):
+            mapped = self.context.table.get(procedure.endpoint)
+            if not mapped.auth_required:
+                return None
+            if mapped.id != self.endpoint_id:
+                endpoint_ids.append(mapped.id)
+        presented = dict(headers)
+        if procedure is not None and procedure.api_key:
+            present_api_key(presented)
+        try:
+            for endpoint_id in endpoint_ids:
+                gate.check_head(
+                    self.context,
+                    self.context.table.get(endpoint_id),
+                    presented,
+                    query_tokens=traffic_tokens(presented),
+                )
+        except ApiError as e:
+            return e
+        return None
 
     def unknown(self, request: Any) -> Procedure:
         """

@@ -441,11 +441,25 @@ def _start_endpoint(call: Call, message: dict[str, Any]) -> str:
     )
 
 
+def _cwd(call: Call, config: Config) -> str | None:
+    """
+    The command's ``cwd``, a leading ``~`` the home of the user it runs as,
+    as envd expands it (so ``cwd="~"`` is where ``cd ~`` goes); the
+    endpoint's path rules then check it as any ``cwd`` (``List`` shows it
+    as it was given).
+    """
+    return call.expand(config.cwd) if config.cwd else config.cwd
+
+
 def _launch_body(call: Call, config: Config) -> dict[str, Any]:
     """The ``/process/start`` body that makes :func:`launch` check this command."""
     if not config.cmd:
         raise bad_field("cmd", "a non-empty string")
-    body: dict[str, Any] = {"env": config.envs, "cwd": config.cwd, "user": call.user()}
+    body: dict[str, Any] = {
+        "env": config.envs,
+        "cwd": _cwd(call, config),
+        "user": call.user(),
+    }
     args = config.args
     shells = call.rule.params.shells
     if os.path.basename(config.cmd) in shells and "-c" in args:
@@ -525,7 +539,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
         "cols": uint_field(size, "cols") or 80,
         "rows": uint_field(size, "rows") or 24,
         "env": config.envs,
-        "cwd": config.cwd,
+        "cwd": _cwd(call, config),
         "user": call.user(),
         "shell": config.cmd or None,
     }

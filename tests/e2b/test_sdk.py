@@ -191,6 +191,52 @@ class CommandTests(E2BCase):
             result.stdout, os.path.join(self.base_dir, "work") + "\nhola\n"
         )
 
+    @inlineCallbacks
+    def test_cwd_home(self) -> Any:
+        """
+        A leading ``~`` in a command's or a terminal's ``cwd`` is the home
+        its commands get, as envd expands it; still checked by the path
+        rules (a home outside the base dir is refused), ``~name`` refused.
+        """
+        home = os.path.join(self.base_dir, "home")
+        os.makedirs(os.path.join(home, "d"))
+        os.environ["HOME"] = home  # the daemon's, so its commands' too
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), cwd="~/d")
+            wanted = os.path.join(home, "d")
+            deadline = time.monotonic() + 10
+            try:
+                # The child moves there between its fork and its exec.
+                where = os.readlink(f"/proc/{handle.pid}/cwd")
+                while where != wanted and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    where = os.readlink(f"/proc/{handle.pid}/cwd")
+            finally:
+                sbx.pty.kill(handle.pid)
+            return (
+                sbx.commands.run("pwd", cwd="~").stdout,
+                sbx.commands.run("pwd", cwd="~/d").stdout,
+                where,
+                caught(lambda: sbx.commands.run("pwd", cwd="~root")),
+            )
+
+        at_home, below, terminal, other = yield self.sdk(job)
+        self.assertEqual((at_home, below), (home + "\n", home + "/d\n"))
+        self.assertEqual(terminal, os.path.join(home, "d"))
+        self.assertIn("cannot expand another user's home directory", str(other))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "~")))
+
+        os.environ["HOME"] = os.path.realpath(self.mktemp())
+        os.makedirs(os.environ["HOME"])
+        refused = yield self.sdk(
+            lambda: caught(lambda: self.sandbox().commands.run("pwd", cwd="~"))
+        )
+        self.assertIn("path_not_allowed", str(refused))
+
 
 class FileTests(E2BCase):
     """``sbx.files``: read, write, list, exists, info, rename, mkdir, remove, watch."""

@@ -1,8 +1,8 @@
 """
 The E2B door seen by a hostile client: another identity's terminals,
 the door's own rule, what ``List`` discloses, who owns what it writes,
-malformed input, Content-Types, the audit of what ran, and bytes that
-are not UTF-8.
+malformed input, Content-Types, the audit of what ran, bytes that are
+not UTF-8, and big bodies of callers the door refuses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import json
 import os
 import pwd
 import re
+import select
 import socket
+import tempfile
 import time
 from typing import Any
 
@@ -719,3 +721,169 @@ class WatcherShareTests(E2BCase):
         self.assertEqual([status for status, _ in answers], [200, 429, 200])
         self.assertIn("watcherId", answers[0][1])
         self.assertIn("max_per_identity", json.dumps(answers[1][1]))
+
+
+def spooled_bytes(spool_dir: str) -> int:
+    """
+    The bytes of this process's open files in ``spool_dir``: the request
+    bodies the daemon (in this process) holds there, unlinked or not.
+    """
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        where = f"/proc/self/fd/{fd}"
+        try:
+            if os.readlink(where).startswith(spool_dir + "/"):
+                total += os.stat(where).st_size
+        except OSError:
+            continue  # closed meanwhile
+    return total
+
+
+def send_body(
+    port: int, head: bytes, size: int, spool_dir: str, chunked: bool = False
+) -> tuple[bytes, int, int]:
+    """
+    Send ``head``, then a body of ``size`` bytes in 64 KiB pieces (chunked
+    or not), stopping as soon as the daemon answers; then read the answer
+    to its end.  Returns the answer, the body bytes sent by then, and the
+    most the daemon held spooled meanwhile (blocking: run it in a thread).
+    """
+    piece = b"x" * 65536
+    sent = most = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(head)
+        while sent < size:
+            readable, _, _ = select.select([s], [], [], 0.005)
+            most = max(most, spooled_bytes(spool_dir))
+            if readable:
+                break
+            data = piece[: size - sent]
+            s.sendall(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            sent += len(data)
+        else:
+            if chunked:
+                s.sendall(b"0\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out, sent, most
+
+
+class PreAuthTests(E2BCase):
+    """
+    A caller the door would refuse is answered on its request's head, as
+    the HTTP port answers 401 before a body: the daemon neither reads nor
+    spools a big body a wrong key sends.
+    """
+
+    audit = True
+    environ = {"T_OPS": "ops-secret", "T_READER": "reader-secret"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "ops", "token_env": "T_OPS", "scopes": ["*"]},
+                {
+                    "id": "reader",
+                    "token_env": "T_READER",
+                    "scopes": ["core:read", "files:read"],
+                },
+            ]
+        }
+    }
+
+    def setUp(self) -> Any:
+        # Where the daemon spools request bodies (Twisted's temporary files).
+        self.spool_dir = os.path.realpath(self.mktemp())
+        os.makedirs(self.spool_dir)
+        self.patch(tempfile, "tempdir", self.spool_dir)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_refused_on_its_head(self) -> Any:
+        """
+        A 50 MB upload with a wrong key, none, a key without
+        ``files:write``, or a chunked one; a big Connect call or
+        control-plane call with a wrong key: 401 or 403 while the client is
+        still sending, in the framing of the path, audited, nothing spooled
+        nor written.  With the right key the upload is written.
+        """
+        size = 50_000_000
+        upload = (
+            b"POST /files?path=big.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n%s"
+            b"Connection: close\r\nContent-Type: application/octet-stream\r\n%s\r\n"
+        )
+        length = b"Content-Length: %d\r\n" % size
+        cases = [
+            (upload % (b"X-Access-Token: wrong\r\n", length), False, 401),
+            (upload % (b"", length), False, 401),
+            (upload % (b"X-Access-Token: reader-secret\r\n", length), False, 403),
+            (
+                upload
+                % (b"X-Access-Token: wrong\r\n", b"Transfer-Encoding: chunked\r\n"),
+                True,
+                401,
+            ),
+        ]
+        for head, chunked, wanted in cases:
+            answer, sent, most = yield self.sdk(
+                send_body, self.e2b_port, head, size, self.spool_dir, chunked
+            )
+            status_line, _, body = answer.partition(b"\r\n\r\n")
+            self.assertTrue(
+                status_line.startswith(b"HTTP/1.1 %d " % wanted), (head, answer[:300])
+            )
+            self.assertEqual(json.loads(body)["code"], wanted, body)
+            self.assertLess(sent, size, head)
+            self.assertEqual(most, 0, head)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "big.bin")))
+
+        connect = (
+            b"POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"X-Access-Token: wrong\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10000000\r\n\r\n"
+        )
+        control = (
+            b"POST /v2/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"X-API-Key: wrong\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10000000\r\n\r\n"
+        )
+        for head, code in ((connect, "unauthenticated"), (control, 401)):
+            answer, sent, most = yield self.sdk(
+                send_body, self.e2b_port, head, 10_000_000, self.spool_dir
+            )
+            status_line, _, body = answer.partition(b"\r\n\r\n")
+            self.assertTrue(status_line.startswith(b"HTTP/1.1 401 "), answer[:300])
+            self.assertEqual(json.loads(body)["code"], code, body)
+            self.assertLess(sent, 10_000_000, head)
+            self.assertEqual(most, 0, head)
+
+        refused = [
+            (r["path"], r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("via") == "e2b"
+        ]
+        unauthorized = ("/files", 401, "unauthorized")
+        self.assertEqual(
+            refused,
+            [
+                unauthorized,
+                unauthorized,
+                ("/files", 403, "missing_scope"),
+                unauthorized,
+                ("/filesystem.Filesystem/Stat", 401, "unauthorized"),
+                ("/v2/sandboxes", 401, "unauthorized"),
+            ],
+        )
+
+        ok = upload % (b"X-Access-Token: ops-secret\r\n", b"Content-Length: %d\r\n")
+        answer, sent, _ = yield self.sdk(
+            send_body,
+            self.e2b_port,
+            ok.replace(b"big.bin", b"ok.bin") % 3_000_000,
+            3_000_000,
+            self.spool_dir,
+        )
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200 "), answer[:300])
+        self.assertEqual(sent, 3_000_000)
+        with open(os.path.join(self.base_dir, "ok.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"x" * 3_000_000)
