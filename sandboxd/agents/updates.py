@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.agents.filechanges import FileChanges, unified_diff
+from sandboxd.agents.permissions import TOOL_KINDS
 from sandboxd.agents.state import UNFINISHED, SessionState, bounded_put
 from sandboxd.eventlog import json_size
 from sandboxd.policy import defaults
@@ -20,19 +21,8 @@ PIECES = "_pieces"
 #: A message's key for the bytes of its content kept so far.
 KEPT_BYTES = "_bytes"
 
-#: ACP's tool call kinds and statuses: a value outside them is not kept.
-TOOL_KINDS = (
-    "read",
-    "edit",
-    "delete",
-    "move",
-    "search",
-    "execute",
-    "think",
-    "fetch",
-    "switch_mode",
-    "other",
-)
+#: ACP's tool call statuses (its kinds are TOOL_KINDS): a value outside
+#: them is not kept.
 TOOL_STATUSES = ("pending", "in_progress", "completed", "failed")
 
 
