@@ -6,7 +6,9 @@ from a seed-style file) too.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -32,6 +34,14 @@ def add(a: int, b: int = 1) -> int:
 @command("boom", description="Always fails.")
 def boom() -> None:
     raise KeyError("missing thing")
+
+
+@command("nap", hidden=True)
+def nap(seconds: float = 1.0) -> str:
+    import time
+
+    time.sleep(seconds)
+    return f"slept {seconds}"
 """
 
 
@@ -50,6 +60,11 @@ def registry() -> CommandRegistry:
     @commands.command("boom", description="Always fails.")
     def boom() -> None:
         raise KeyError("missing thing")
+
+    @commands.command("nap", hidden=True)
+    def nap(seconds: float = 1.0) -> str:
+        time.sleep(seconds)
+        return f"slept {seconds}"
 
     return commands
 
@@ -140,6 +155,22 @@ class CommandsTests(Compared):
         self.assertEqual(
             result, [CommandNotFoundError, CommandArgumentError, CommandExecutionError]
         )
+
+    @inlineCallbacks
+    def test_many_at_once(self) -> Any:
+        """
+        Ten blocking commands run at once all return, as on the seed's
+        threaded server (was: two of them ServerAPIError, 503 at a cap of
+        eight command threads).
+        """
+
+        async def scenario(c: Any) -> Any:
+            return await asyncio.gather(
+                *(c.commands.run("nap", seconds=1) for _ in range(10))
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(result, ["slept 1.0"] * 10)
 
     @inlineCallbacks
     def test_sync(self) -> Any:

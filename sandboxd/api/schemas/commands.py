@@ -38,6 +38,12 @@ SCHEMAS: dict[str, Schema] = {
                 "unknown command; the message lists the available ones",
             ),
             E(
+                429,
+                "concurrency_limited",
+                "max_concurrency commands are running for their callers, or as many"
+                " answered at their timeout still run (listed in stuck)",
+            ),
+            E(
                 500,
                 "internal",
                 "the command raised (type is its exception's name), or its result"
