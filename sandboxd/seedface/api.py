@@ -28,6 +28,9 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
 from sandboxd import commands as ours
 from sandboxd.endpoints import CapabilityGroup, Endpoint
 from sandboxd.endpoints import RouteTable as OurTable
@@ -352,15 +355,73 @@ class ServerResponse(messages.ServerResponse):
 
 
 async def _off_the_reactor(
-    source: Iterator[Any], in_thread: Callable[..., Any]
+    source: Iterator[Any], in_thread: Callable[..., Deferred[Any]]
 ) -> AsyncIterator[Any]:
-    """Each item of a blocking iterator, fetched in the thread pool."""
+    """
+    Each item of a blocking iterator, fetched in the thread pool; the
+    iterator closed (in the pool) when the stream ends for any reason.
+
+    A generator's ``finally`` and ``with`` blocks are where a template ends
+    what it streams from (``tail -f``, a file, a lock): the seed closes the
+    generator when its client hangs up, so does this.  A client gone while
+    an item is being fetched cancels the wait for it, not the fetch (a
+    thread cannot be stopped, and a generator running in one cannot be
+    closed): the close waits for that fetch to return.
+    """
     done = object()
-    while True:
-        item = await in_thread(next, source, done)
-        if item is done:
+    fetching: Deferred[Any] | None = None
+    try:
+        while True:
+            fetching = in_thread(next, source, done)
+            item = await _apart(fetching)
+            fetching = None
+            if item is done:
+                return
+            yield item
+    finally:
+        _close_later(source, fetching, in_thread)
+
+
+def _apart(d: Deferred[Any]) -> Deferred[Any]:
+    """
+    A Deferred with ``d``'s result whose cancellation leaves ``d`` running,
+    so that what follows ``d`` (the close) still waits for it.
+    """
+    out: Deferred[Any] = Deferred()
+
+    def passed(result: Any) -> None:
+        if out.called:
             return
-        yield item
+        if isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+
+    d.addBoth(passed)
+    return out
+
+
+def _close_later(
+    source: Any, fetching: Deferred[Any] | None, in_thread: Callable[..., Any]
+) -> None:
+    """``source.close()`` in the pool, once the fetch under way (if any) is over."""
+    close = getattr(source, "close", None)
+    if close is None:
+        return
+
+    def closing(_: object) -> None:
+        in_thread(close).addErrback(
+            lambda f: log.warning(
+                "closing a template's event stream raised %s: %s",
+                f.type.__name__,
+                f.value,
+            )
+        )
+
+    if fetching is None:
+        closing(None)
+    else:
+        fetching.addBoth(closing)
 
 
 class SSEResponse(messages.SSEResponse):
