@@ -27,6 +27,7 @@ from sandboxd.errors import (
     unexpected,
 )
 from sandboxd.policy.defaults import COMMANDS_AT_ONCE
+from sandboxd.web.jsonbody import with_text
 from sandboxd.web.messages import ServerRequest
 
 
@@ -247,7 +248,9 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         ) from None
     except Exception as e:
         raise unexpected(e) from e
-    return {"result": result}
+    # A datetime, a set, a Path: sent as text, as agent-sandbox-server
+    # sends them, rather than failing the call after the command ran.
+    return {"result": with_text(result)}
 
 
 def _start(

@@ -36,7 +36,7 @@ from sandboxd.endpoints import CapabilityGroup, Endpoint
 from sandboxd.endpoints import RouteTable as OurTable
 from sandboxd.errors import Code
 from sandboxd.threads import in_pool
-from sandboxd.web import messages
+from sandboxd.web import jsonbody, messages
 
 __all__ = [
     "CapabilityGroup",
@@ -258,13 +258,29 @@ class SeedRequest:
 def _seed_handler(handler: Callable[..., Any]) -> Callable[[Any], Any]:
     """``handler`` called with a :class:`SeedRequest`, in the thread pool."""
 
+    def answer(request: messages.ServerRequest) -> Any:
+        return _with_text(handler(SeedRequest(request)))
+
     def call(request: messages.ServerRequest) -> Any:
-        d = request.context.in_thread(handler, SeedRequest(request))
+        d = request.context.in_thread(answer, request)
         return d.addErrback(_refusal)
 
     call.__doc__ = handler.__doc__
     call.__name__ = getattr(handler, "__name__", "handler")
     return call
+
+
+def _with_text(answer: Any) -> Any:
+    """
+    A handler's answer with what JSON has no type for (a ``datetime``, a
+    ``Path``) as text, as agent-sandbox-server encodes it.
+    """
+    if isinstance(answer, messages.ServerResponse) and answer.raw is None:
+        answer.body = jsonbody.with_text(answer.body)
+        return answer
+    if isinstance(answer, dict | list):
+        return jsonbody.with_text(answer)
+    return answer
 
 
 class RouteTable:

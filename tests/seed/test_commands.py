@@ -7,7 +7,9 @@ from a seed-style file) too.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
+import pathlib
 import time
 from typing import Any
 
@@ -36,6 +38,20 @@ def boom() -> None:
     raise KeyError("missing thing")
 
 
+@command("odd", hidden=True)
+def odd(kind: str) -> object:
+    import datetime
+    import pathlib
+
+    return {
+        "dt": datetime.datetime(2020, 1, 1),
+        "path": pathlib.Path("/tmp"),
+        "bytes": b"abc",
+        "set": {1},
+        "nested": {"when": [datetime.date(2021, 2, 3)]},
+    }[kind]
+
+
 @command("nap", hidden=True)
 def nap(seconds: float = 1.0) -> str:
     import time
@@ -60,6 +76,16 @@ def registry() -> CommandRegistry:
     @commands.command("boom", description="Always fails.")
     def boom() -> None:
         raise KeyError("missing thing")
+
+    @commands.command("odd", hidden=True)
+    def odd(kind: str) -> object:
+        return {
+            "dt": datetime.datetime(2020, 1, 1),
+            "path": pathlib.Path("/tmp"),
+            "bytes": b"abc",
+            "set": {1},
+            "nested": {"when": [datetime.date(2021, 2, 3)]},
+        }[kind]
 
     @commands.command("nap", hidden=True)
     def nap(seconds: float = 1.0) -> str:
@@ -154,6 +180,32 @@ class CommandsTests(Compared):
         result = yield self.same(scenario)
         self.assertEqual(
             result, [CommandNotFoundError, CommandArgumentError, CommandExecutionError]
+        )
+
+    @inlineCallbacks
+    def test_result_not_json(self) -> Any:
+        """
+        A command returning what JSON has no type for (a datetime, a Path,
+        bytes, a set) gives its ``str()``, as the seed's server sends it
+        (was: 500 TypeError, the SDK's CommandExecutionError).
+        """
+
+        async def scenario(c: Any) -> Any:
+            return [
+                await c.commands.run("odd", kind=kind)
+                for kind in ("dt", "path", "bytes", "set", "nested")
+            ]
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            [
+                "2020-01-01 00:00:00",
+                "/tmp",
+                "b'abc'",
+                "{1}",
+                {"when": ["2021-02-03"]},
+            ],
         )
 
     @inlineCallbacks

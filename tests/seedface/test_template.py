@@ -214,6 +214,16 @@ class TemplateTests(SynchronousTestCase):
             'data: {"tick": 0}\n\ndata: {"tick": 1}\n\nevent: end\ndata: {}\n\n',
         )
 
+    def test_route_answer_not_json(self) -> None:
+        """
+        A route answering with a datetime and a Path sends their text, as
+        the seed's server does (was: 500 TypeError).
+        """
+        self.assertEqual(
+            self.json_call("GET", "/release/when"),
+            (200, {"when": "2020-01-01 00:00:00", "where": "/tmp"}),
+        )
+
     def test_stream_closed_when_client_goes(self) -> None:
         """
         When the client of a template's event stream hangs up, the

@@ -11,7 +11,9 @@ streams, one of them following a child process).
 
 from __future__ import annotations
 
+import datetime
 import json
+import pathlib
 import subprocess
 import time
 
@@ -105,6 +107,13 @@ def ticks(request):
         yield "event: end\ndata: {}\n\n"
 
     return SSEResponse(event_iterator=frames())
+
+
+@table.route("GET", "/release/when", group=CapabilityGroup.SYSTEM)
+def when(request):
+    return ServerResponse.ok(
+        {"when": datetime.datetime(2020, 1, 1), "where": pathlib.Path("/tmp")}
+    )
 
 
 @table.route("GET", "/release/follow", group=CapabilityGroup.SYSTEM, streaming=True)
