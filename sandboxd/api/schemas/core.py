@@ -68,7 +68,12 @@ SCHEMAS: dict[str, Schema] = {
                 "object",
                 "request params to decide: command, shell, language, signal",
             ),
-            F("command", doc="for run_command: the command name (commands:run:NAME)"),
+            F(
+                "command",
+                doc="for run_command: the command name (commands:run:NAME); "
+                "without it, run_command is allowed to a caller holding any "
+                "commands:run:NAME, as discovery shows it",
+            ),
         ),
         response=(
             F("endpoint"),
@@ -79,7 +84,7 @@ SCHEMAS: dict[str, Schema] = {
                 "unknown_endpoint for an id no endpoint has",
             ),
             F("rule", doc="the rule behind the refusal"),
-            F("reason"),
+            F("reason", doc="why not, as a sentence"),
             F("scope", doc="the missing scope"),
             F("param", doc="the refused param"),
             F("paths", "array", "[{path, allowed, code?, rule?}]", items="object"),
