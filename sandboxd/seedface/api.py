@@ -32,7 +32,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import commands as ours
-from sandboxd.endpoints import CapabilityGroup, Endpoint
+from sandboxd.endpoints import CapabilityGroup, Endpoint, param_name
 from sandboxd.endpoints import RouteTable as OurTable
 from sandboxd.errors import Code
 from sandboxd.threads import in_pool
@@ -239,7 +239,9 @@ class SeedRequest:
     from sandboxd's request (``identity``, ``rule``).
     """
 
-    def __init__(self, request: messages.ServerRequest) -> None:
+    def __init__(
+        self, request: messages.ServerRequest, pattern: tuple[str, ...] = ()
+    ) -> None:
         self._request = request
         self.method = request.method
         self.path = request.path
@@ -248,18 +250,44 @@ class SeedRequest:
         self.body: dict[str, Any] | None = (
             request.body if request.method in ("POST", "PUT", "DELETE") else None
         )
-        self.path_params = dict(request.path_params)
+        self.path_params = _raw_params(request, pattern)
         self.context: dict[str, Any] = {"registry": _default_registry}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._request, name)
 
 
-def _seed_handler(handler: Callable[..., Any]) -> Callable[[Any], Any]:
+def _raw_params(
+    request: messages.ServerRequest, pattern: tuple[str, ...]
+) -> dict[str, str]:
+    """
+    The ``{param}`` segments as the request wrote them, percent-escapes
+    and all, as agent-sandbox-server hands them to a handler (which then
+    unquotes them itself: a decoded value would be decoded twice);
+    sandboxd's decoded ones when the path cannot be lined up with
+    ``pattern``.
+    """
+    raw = getattr(request.raw, "path", None)
+    if not isinstance(raw, bytes) or not request.path_params:
+        return dict(request.path_params)
+    written = [s for s in raw.split(b"?", 1)[0].split(b"/") if s]
+    if len(written) != len(pattern):
+        return dict(request.path_params)
+    out = dict(request.path_params)
+    for segment, value in zip(pattern, written, strict=True):
+        name = param_name(segment)
+        if name is not None and name in out:
+            out[name] = value.decode("latin-1")
+    return out
+
+
+def _seed_handler(
+    handler: Callable[..., Any], pattern: tuple[str, ...] = ()
+) -> Callable[[Any], Any]:
     """``handler`` called with a :class:`SeedRequest`, in the thread pool."""
 
     def answer(request: messages.ServerRequest) -> Any:
-        return _with_text(handler(SeedRequest(request)))
+        return _with_text(handler(SeedRequest(request, pattern)))
 
     def call(request: messages.ServerRequest) -> Any:
         d = request.context.in_thread(answer, request)
@@ -312,7 +340,7 @@ class RouteTable:
         return self.table.register(
             method,
             path_pattern,
-            _seed_handler(handler),
+            _seed_handler(handler, tuple(s for s in path_pattern.split("/") if s)),
             CapabilityGroup(getattr(group, "value", group)),
             auth_required,
             streaming,

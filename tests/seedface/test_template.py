@@ -214,6 +214,18 @@ class TemplateTests(SynchronousTestCase):
             'data: {"tick": 0}\n\ndata: {"tick": 1}\n\nevent: end\ndata: {}\n\n',
         )
 
+    def test_path_params_as_written(self) -> None:
+        """
+        A route's path parameter arrives as the request wrote it, escapes
+        and all, as on the seed, whose templates unquote it themselves
+        (was: decoded, so such a template decoded it twice).
+        """
+        for written in ("it%20em", "a%2520b", "plain"):
+            self.assertEqual(
+                self.json_call("GET", f"/release/items/{written}"),
+                (200, {"item": written}),
+            )
+
     def test_route_answer_not_json(self) -> None:
         """
         A route answering with a datetime and a Path sends their text, as

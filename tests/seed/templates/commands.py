@@ -109,6 +109,11 @@ def ticks(request):
     return SSEResponse(event_iterator=frames())
 
 
+@table.route("GET", "/release/items/{item}", group=CapabilityGroup.SYSTEM)
+def item(request):
+    return ServerResponse.ok({"item": request.path_params["item"]})
+
+
 @table.route("GET", "/release/when", group=CapabilityGroup.SYSTEM)
 def when(request):
     return ServerResponse.ok(
