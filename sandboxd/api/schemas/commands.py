@@ -52,8 +52,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Arguments are coerced to the declared types: string, integer, "
         "float (finite: a text such as `inf`, `nan` or `1e309` is refused), "
-        "boolean (true/false/yes/no/1/0). A result value JSON has no type for "
-        "(a datetime, a path, bytes, a set) is sent as its text (`str()`), "
-        "a tuple as an array.",
+        "boolean (true/false/yes/no/1/0). A result JSON cannot carry (a "
+        "datetime, bytes, a set) is sent as its str().",
     ),
 }

@@ -68,12 +68,7 @@ SCHEMAS: dict[str, Schema] = {
                 "object",
                 "request params to decide: command, shell, language, signal",
             ),
-            F(
-                "command",
-                doc="for run_command: the command name (commands:run:NAME); "
-                "without it, run_command is allowed to a caller holding any "
-                "commands:run:NAME, as discovery shows it",
-            ),
+            F("command", doc="for run_command: the command name (commands:run:NAME)"),
         ),
         response=(
             F("endpoint"),
@@ -91,7 +86,9 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(E(400, "invalid_param", "no endpoint id, bad op, scopes or params"),),
         notes="Policy only: never touches the file system, so the answer for a "
-        "path is the same whether or not it exists.",
+        "path is the same whether or not it exists. Asked of run_command "
+        "without a command, it is allowed to a caller holding any "
+        "commands:run:NAME, as discovery shows it.",
     ),
     "openapi": Schema(
         response=(
