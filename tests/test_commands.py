@@ -464,16 +464,24 @@ class CommandBoundTests(DaemonTestCase):
     """A command that never returns is answered at its timeout and bounded."""
 
     autostart = False
-    policy = {"endpoints": {"run_command": {"limits": {"timeout_seconds": 1}}}}
+    policy = {
+        "endpoints": {
+            "run_command": {"limits": {"timeout_seconds": 1, "max_concurrency": 2}}
+        }
+    }
 
     def setUp(self) -> Any:
         super().setUp()
         self.release = threading.Event()
         self.addCleanup(self.release.set)
         self.cancelled: list[bool] = []
-        self.threads = commands.CommandThreads(size=2)
+        self.threads = commands.CommandThreads()
         self.patch(commands, "THREADS", self.threads)
         registry = CommandRegistry()
+
+        @registry.command("quick")
+        def quick() -> str:
+            return "quick"
 
         @registry.command("stuck")
         def stuck() -> str:
@@ -521,26 +529,114 @@ class CommandBoundTests(DaemonTestCase):
         self.assertEqual(self.cancelled, [True])
 
     @inlineCallbacks
-    def test_threads_bounded(self) -> Any:
+    def test_stuck_commands_give_their_slot_back(self) -> Any:
         """
-        Once every command thread is held by a command that has not
-        returned, another is 503 ``unavailable`` with ``Retry-After``; when
+        A plain function answered at its timeout gives its caller's slot
+        back at once (was: held until it returned, so two stuck calls made
+        every command, a quick one too, 503 for as long as they ran): its
+        thread is counted apart, up to as many again as may run for
+        callers; past that a call is 429 ``concurrency_limited`` naming the
+        stuck command, with no Retry-After (no wait is known to help); when
         they return, commands run again.
         """
         for _ in range(2):
             reply = yield self.request("POST", "/commands/stuck")
             self.assertEqual(reply.status, 500, reply.body)
-        reply = yield self.request("POST", "/commands/stuck")
-        self.assertEqual(reply.status, 503, reply.body)
-        self.assertEqual(reply.json()["code"], "unavailable")
-        self.assertEqual(reply.header("retry-after"), "1")
+        reply = yield self.request("POST", "/commands/quick")
+        self.assertEqual((reply.status, reply.json()), (200, {"result": "quick"}))
+        for _ in range(2):
+            reply = yield self.request("POST", "/commands/stuck")
+            self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(len(self.threads.stuck), 4)
+        reply = yield self.request("POST", "/commands/quick")
+        self.assertEqual(reply.status, 429, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["endpoint"], body["limit"]),
+            ("concurrency_limited", "run_command", 2),
+        )
+        self.assertEqual(
+            [(s["command"], s["threads"]) for s in body["stuck"]], [("stuck", 4)]
+        )
+        self.assertIn("'stuck' (4,", body["error"])
+        self.assertIsNone(reply.header("retry-after"))
         self.release.set()
         for _ in range(100):
-            if self.threads.running == 0:
+            if not self.threads.stuck:
                 break
             yield deferLater(reactor, 0.05, lambda: None)
         reply = yield self.request("POST", "/commands/stuck")
         self.assertEqual(reply.json(), {"result": "returned"})
+
+
+class CommandsAtOnceTests(DaemonTestCase):
+    """Plain-function commands run side by side, as the seed runs them."""
+
+    autostart = False
+    timeout = 60
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.threads = commands.CommandThreads()
+        self.patch(commands, "THREADS", self.threads)
+        self.gate = threading.Barrier(12, timeout=20)
+        self.hold = threading.Event()
+        self.addCleanup(self.hold.set)
+        registry = CommandRegistry()
+
+        @registry.command("meet")
+        def meet() -> str:
+            # Returns only once twelve calls are in it at once.
+            self.gate.wait()
+            return "met"
+
+        @registry.command("hold")
+        def hold() -> str:
+            self.hold.wait(20)
+            return "held"
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_twelve_at_once(self) -> Any:
+        """
+        Twelve blocking commands at once all run and answer (was: the
+        ninth on was 503 ``unavailable`` at a cap of 8 threads that no
+        document mentioned).
+        """
+        from twisted.internet.defer import gatherResults
+
+        replies = yield gatherResults(
+            [self.request("POST", "/commands/meet") for _ in range(12)]
+        )
+        self.assertEqual(
+            [(r.status, r.json()) for r in replies], [(200, {"result": "met"})] * 12
+        )
+
+    @inlineCallbacks
+    def test_over_max_concurrency(self) -> Any:
+        """
+        Past ``max_concurrency`` (32 unless the policy says otherwise)
+        commands running for callers, a call is 429 ``concurrency_limited``,
+        which the seed SDK raises as ``RateLimitedError`` (was 503, a plain
+        ServerAPIError, from the ninth on).
+        """
+        from twisted.internet.defer import gatherResults
+
+        held = [self.request("POST", "/commands/hold") for _ in range(32)]
+        for _ in range(200):
+            if len(self.threads.running) == 32:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(len(self.threads.running), 32)
+        reply = yield self.request("POST", "/commands/hold")
+        self.assertEqual(reply.status, 429, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["limit"]), ("concurrency_limited", 32)
+        )
+        self.hold.set()
+        replies = yield gatherResults(held)
+        self.assertEqual({r.status for r in replies}, {200})
 
 
 class ThreadStartRefusedTests(DaemonTestCase):
@@ -583,7 +679,7 @@ class ThreadStartRefusedTests(DaemonTestCase):
         self.assertEqual((body["code"], body["type"]), ("unavailable", "ResourceError"))
         self.assertEqual(reply.header("retry-after"), "1")
         self.assertEqual(self.ran, [])
-        self.assertEqual(commands.THREADS.running, 0)
+        self.assertEqual(commands.THREADS.running, {})
         starts.restore()
         reply = yield self.request("POST", "/commands/plain")
         self.assertEqual(reply.json(), {"result": "ran"})

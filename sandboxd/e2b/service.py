@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
@@ -24,15 +25,24 @@ from sandboxd.web.connections import ConnectionLimits
 log = Logger(namespace="sandboxd.e2b")
 
 
+#: Routes served as another: agent-sandbox-client's fork of the E2B SDK
+#: creates a sandbox with E2B's first create route, ``POST /sandboxes``,
+#: which takes what ``POST /v2/sandboxes`` takes (E2B's ``NewSandbox``).
+ALIASES = {"POST /sandboxes": "POST /v2/sandboxes"}
+
+
 def procedures() -> dict[str, Procedure]:
     """Everything the door serves, by ``package.Service/Method`` or ``METHOD /path``."""
-    return {
+    table = {
         **process.PROCEDURES,
         **filesystem.PROCEDURES,
         **rest.PROCEDURES,
         **codeinterp.PROCEDURES,
         **controlplane.PROCEDURES,
     }
+    for alias, served in ALIASES.items():
+        table.setdefault(alias, attrs.evolve(table[served], name=alias))
+    return table
 
 
 class E2BService(PolicyListener):

@@ -18,6 +18,12 @@ MB = 10**6
 #: ABX_MAX_UPLOAD_SIZE's default (100 MB).
 DEFAULT_UPLOAD_BYTES = 100 * MB
 
+#: Template commands running for their callers at once (``run_command``'s
+#: ``max_concurrency``, the figure used when a policy sets none).  Plain
+#: functions that were answered at their timeout and have not returned
+#: may hold as many threads again; past that a call is 429 naming them.
+COMMANDS_AT_ONCE = 32
+
 #: Limits every endpoint starts from.
 GLOBAL_LIMITS: dict[str, Any] = {
     "max_request_bytes": MIB,
@@ -60,8 +66,11 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "mcp": {"max_sessions": 32, "idle_timeout_seconds": 3600},
     "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
     # A template's command is answered 500 TimeoutError past this, as /shell
-    # is; a plain function's thread cannot be stopped and runs on.
-    "run_command": {"timeout_seconds": 300},
+    # is; a plain function's thread cannot be stopped and runs on (see
+    # sandboxd.routes.commands.CommandThreads).  max_concurrency: commands
+    # running for a caller at once (agent-sandbox-server runs each on a
+    # thread of its own, with no cap).
+    "run_command": {"timeout_seconds": 300, "max_concurrency": COMMANDS_AT_ONCE},
     "git_status": {"timeout_seconds": 30},
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
     "packages": {"timeout_seconds": 60, "max_output_bytes": 10 * MIB},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,20 +15,20 @@ from twisted.python.failure import Failure
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import (
+    RESOURCE_RETRY_SECONDS,
     ApiError,
     Code,
     forbidden,
+    limit_exceeded,
     limit_rule,
     no_thread,
     not_found,
     timed_out,
-    unavailable,
     unexpected,
 )
+from sandboxd.policy.defaults import COMMANDS_AT_ONCE
+from sandboxd.web.jsonbody import with_text
 from sandboxd.web.messages import ServerRequest
-
-#: Plain-function commands that may run at once, each on a thread of its own.
-MAX_COMMAND_THREADS = 8
 
 
 class CommandThreads:
@@ -35,40 +36,114 @@ class CommandThreads:
     Threads for template commands that are plain functions, apart from the
     reactor's pool.
 
-    A thread cannot be stopped: a command that never returns keeps its
-    thread for good, although its caller is answered at the command's
-    timeout.  On threads of their own, at most :data:`MAX_COMMAND_THREADS` of
-    them, such commands can never take the reactor's pool from the file
-    walks and archives that need it, and once every thread is held a new
-    one is refused (503) instead of waiting behind them.  The threads are
-    not joined when the interpreter exits: a stuck command does not keep
-    the daemon from stopping.
+    A thread cannot be stopped: a plain function that outlives its
+    timeout (or its caller, gone) runs on, although its caller was
+    answered.  Such a call is *stuck*: it gives its caller's slot back at
+    once, so commands still run beside it, but its thread is counted apart
+    until the function returns.  ``size`` is the commands that may run for
+    their callers at once (``run_command``'s ``max_concurrency``); stuck
+    threads may take as many threads again.  A call past either bound is
+    refused 429 ``concurrency_limited`` (the seed SDK's ``RateLimitedError``),
+    never queued: a queued call would spend its own timeout waiting.  A
+    refusal made while stuck threads fill their share names them, since
+    only their functions returning, or a restart, frees it; it says no
+    ``Retry-After`` then, as no wait is known to help.  On threads of their
+    own, such commands never take the reactor's pool from the file walks
+    and archives that need it; the threads are not joined when the
+    interpreter exits, so a stuck command does not keep the daemon from
+    stopping.
     """
 
-    def __init__(self, size: int = MAX_COMMAND_THREADS) -> None:
-        self.size = size
-        self.running = 0
+    def __init__(self) -> None:
+        #: Calls whose callers are waiting: call id to command name.
+        self.running: dict[int, str] = {}
+        #: Calls answered (timed out or cancelled) whose functions have not
+        #: returned: call id to (command name, when it started).
+        self.stuck: dict[int, tuple[str, float]] = {}
+        self._next = 0
+
+    def _refuse(self, size: int) -> ApiError:
+        """The 429 for a call past the bound, naming the stuck commands."""
+        if len(self.running) >= size:
+            return limit_exceeded(
+                429,
+                f"{len(self.running)} commands are already running for their "
+                f"callers (at most {size} at once)",
+                Code.CONCURRENCY_LIMITED,
+                headers={"Retry-After": str(RESOURCE_RETRY_SECONDS)},
+                retry_after=RESOURCE_RETRY_SECONDS,
+                endpoint="run_command",
+                limit=size,
+                stuck=self.stuck_summary(),
+            )
+        stuck = self.stuck_summary()
+        names = ", ".join(
+            f"{s['command']!r} ({s['threads']}, the oldest started "
+            f"{s['seconds']:.0f} s ago)"
+            for s in stuck
+        )
+        return limit_exceeded(
+            429,
+            f"{len(self.stuck)} command threads are still running functions "
+            f"whose callers were answered at their timeout or went away: "
+            f"{names}; a thread cannot be stopped, so none is free until one "
+            "of them returns (or the daemon restarts)",
+            Code.CONCURRENCY_LIMITED,
+            endpoint="run_command",
+            limit=size,
+            stuck=stuck,
+        )
+
+    def stuck_summary(self) -> list[dict[str, Any]]:
+        """The stuck calls by command: name, threads held, oldest age."""
+        now = time.monotonic()
+        by_name: dict[str, list[float]] = {}
+        for name, since in self.stuck.values():
+            by_name.setdefault(name, []).append(since)
+        return [
+            {
+                "command": name,
+                "threads": len(starts),
+                "seconds": round(max(0.0, now - min(starts)), 1),
+            }
+            for name, starts in sorted(by_name.items())
+        ]
 
     def call(
-        self, reactor: Any, func: Callable[..., Any], kwargs: dict[str, Any]
+        self,
+        reactor: Any,
+        name: str,
+        func: Callable[..., Any],
+        kwargs: dict[str, Any],
+        size: int,
     ) -> Deferred[Any]:
         """
-        ``func(**kwargs)`` on a new thread; its result (or failure) on the reactor.
+        ``func(**kwargs)`` on a new thread; its result (or failure) on the
+        reactor.  Cancelling the Deferred (a timeout, a caller gone) answers
+        at once and leaves the call stuck until the function returns.
 
-        :raises ApiError: 503 ``unavailable`` when every command thread is
-            held, or when no thread can be started at all.
+        :raises ApiError: 429 ``concurrency_limited`` past ``size`` calls
+            running or ``size`` stuck; 503 when no thread can be started.
         """
-        if self.running >= self.size:
-            raise unavailable(
-                f"all {self.size} command threads are running commands that have "
-                "not returned",
-                type="ResourceError",
-                retry_after=1,
-            )
-        d: Deferred[Any] = Deferred()
+        if len(self.running) >= size or len(self.running) + len(self.stuck) >= (
+            2 * size
+        ):
+            raise self._refuse(size)
+        self._next += 1
+        call_id = self._next
+        started = time.monotonic()
+
+        def abandon(d: Deferred[Any]) -> None:
+            if self.running.pop(call_id, None) is not None:
+                self.stuck[call_id] = (name, started)
+
+        d: Deferred[Any] = Deferred(abandon)
 
         def done(outcome: Any) -> None:
-            self.running -= 1
+            self.running.pop(call_id, None)
+            self.stuck.pop(call_id, None)
+            if d.called:
+                return
             if isinstance(outcome, Failure):
                 d.errback(outcome)
             else:
@@ -87,7 +162,7 @@ class CommandThreads:
             # ``pthread_create`` failed: the process is at its thread or
             # pid limit (EAGAIN), like a fork refused for the same reason.
             raise no_thread("cannot start a thread for the command now") from None
-        self.running += 1
+        self.running[call_id] = name
         return d
 
 
@@ -156,8 +231,9 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
     kwargs = cmd.bind(request.body)
     timeout = request.rule.limits.timeout_seconds
     reactor = request.context.reactor
+    size = request.rule.limits.max_concurrency or COMMANDS_AT_ONCE
     try:
-        pending = _start(reactor, cmd.func, kwargs)
+        pending = _start(reactor, name, cmd.func, kwargs, size)
         if timeout is not None:
             pending.addTimeout(timeout, as_clock(reactor))
         result = await pending
@@ -172,19 +248,25 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         ) from None
     except Exception as e:
         raise unexpected(e) from e
-    return {"result": result}
+    # A datetime, a set, a Path: sent as text, as agent-sandbox-server
+    # sends them, rather than failing the call after the command ran.
+    return {"result": with_text(result)}
 
 
 def _start(
-    reactor: Any, func: Callable[..., Any], kwargs: dict[str, Any]
+    reactor: Any,
+    name: str,
+    func: Callable[..., Any],
+    kwargs: dict[str, Any],
+    size: int,
 ) -> Deferred[Any]:
     """
     The command's outcome as a Deferred: a plain function on a command
     thread (it may block), an asynchronous one on the reactor; cancelling
-    it cancels a coroutine or Deferred command (a thread runs on).
+    it cancels a coroutine or Deferred command (a thread runs on, stuck).
     """
     if not runs_on_reactor(func):
-        return THREADS.call(reactor, func, kwargs).addCallback(_awaited)
+        return THREADS.call(reactor, name, func, kwargs, size).addCallback(_awaited)
     try:
         return _awaited(func(**kwargs))
     except Exception:

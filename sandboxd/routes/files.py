@@ -557,8 +557,31 @@ def files_list(request: ServerRequest) -> Any:
     cap = request.rule.limits.max_entries or _default("files_list", "max_entries")
     # "At most max_entries": more is asked for, the policy's cap is given.
     cap = min(cap, integer(query.get("max_entries"), "max_entries", cap, 1))
-    guard.locate(path, "read", follow=True).close()  # refusals before the thread
-    return in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
+    try:
+        guard.locate(path, "read", follow=True).close()  # refusals before the thread
+    except ApiError as e:
+        raise _no_directory(e) from None
+    d = in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
+    return d.addErrback(_listing_failed)
+
+
+def _listing_failed(failure: Failure) -> None:
+    """A listing's failure, :func:`_no_directory` applied."""
+    error = failure.value
+    if not isinstance(error, ApiError):
+        failure.raiseException()
+    raise _no_directory(error)
+
+
+def _no_directory(error: ApiError) -> ApiError:
+    """
+    A listing of what is not a directory is 404, as a missing one is: the
+    seed answers both with ``FileNotFoundError``, and its SDK raises
+    ``FileNotFoundError_`` for them; the type still says which it was.
+    """
+    if error.status == 400 and error.type == "NotADirectoryError":
+        return ApiError(404, error.message, error.type, Code.NOT_FOUND)
+    return error
 
 
 def files_stat(request: ServerRequest) -> Any:

@@ -18,6 +18,7 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.daemon.proxies import forwarded, pty_url
 from sandboxd.errors import (
     RESOURCE_ERRNOS,
+    ApiError,
     Code,
     bad_request,
     internal,
@@ -84,7 +85,10 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     env = child_environment(context, rule, {"TERM": TERM, **extra})
     if run_as is not None:
         run_as.apply(env)
-    name, path = choose_shell(body.get("shell"), env, rule)
+    try:
+        name, path = choose_shell(body.get("shell"), env, rule)
+    except ApiError as e:
+        raise _shell_refused(e) from None
     note_argv(request, [path], extra)
     spec = SpawnRequest(
         path,
@@ -102,6 +106,17 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
         "ws_url": _ws_url(request, session.id),
         "pid": session.pid,
     }
+
+
+def _shell_refused(error: ApiError) -> ApiError:
+    """
+    A shell left out of ``params.shells``, refused as agent-sandbox-server
+    refuses a shell it does not allow: 400 ``ValueError`` (its SDK's
+    ``ServerAPIError``, not ``PolicyDeniedError``), still naming the rule.
+    """
+    if error.code is not Code.PARAM_NOT_ALLOWED:
+        return error
+    return ApiError(400, error.message, "ValueError", error.code, **error.extra)
 
 
 def open_session(

@@ -28,12 +28,15 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
 from sandboxd import commands as ours
-from sandboxd.endpoints import CapabilityGroup, Endpoint
+from sandboxd.endpoints import CapabilityGroup, Endpoint, param_name
 from sandboxd.endpoints import RouteTable as OurTable
 from sandboxd.errors import Code
 from sandboxd.threads import in_pool
-from sandboxd.web import messages
+from sandboxd.web import jsonbody, messages
 
 __all__ = [
     "CapabilityGroup",
@@ -236,7 +239,9 @@ class SeedRequest:
     from sandboxd's request (``identity``, ``rule``).
     """
 
-    def __init__(self, request: messages.ServerRequest) -> None:
+    def __init__(
+        self, request: messages.ServerRequest, pattern: tuple[str, ...] = ()
+    ) -> None:
         self._request = request
         self.method = request.method
         self.path = request.path
@@ -245,23 +250,65 @@ class SeedRequest:
         self.body: dict[str, Any] | None = (
             request.body if request.method in ("POST", "PUT", "DELETE") else None
         )
-        self.path_params = dict(request.path_params)
+        self.path_params = _raw_params(request, pattern)
         self.context: dict[str, Any] = {"registry": _default_registry}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._request, name)
 
 
-def _seed_handler(handler: Callable[..., Any]) -> Callable[[Any], Any]:
+def _raw_params(
+    request: messages.ServerRequest, pattern: tuple[str, ...]
+) -> dict[str, str]:
+    """
+    The ``{param}`` segments as the request wrote them, percent-escapes
+    and all, as agent-sandbox-server hands them to a handler (which then
+    unquotes them itself: a decoded value would be decoded twice);
+    sandboxd's decoded ones when the path cannot be lined up with
+    ``pattern``.
+    """
+    raw = getattr(request.raw, "path", None)
+    if not isinstance(raw, bytes) or not request.path_params:
+        return dict(request.path_params)
+    written = [s for s in raw.split(b"?", 1)[0].split(b"/") if s]
+    if len(written) != len(pattern):
+        return dict(request.path_params)
+    out = dict(request.path_params)
+    for segment, value in zip(pattern, written, strict=True):
+        name = param_name(segment)
+        if name is not None and name in out:
+            out[name] = value.decode("latin-1")
+    return out
+
+
+def _seed_handler(
+    handler: Callable[..., Any], pattern: tuple[str, ...] = ()
+) -> Callable[[Any], Any]:
     """``handler`` called with a :class:`SeedRequest`, in the thread pool."""
 
+    def answer(request: messages.ServerRequest) -> Any:
+        return _with_text(handler(SeedRequest(request, pattern)))
+
     def call(request: messages.ServerRequest) -> Any:
-        d = request.context.in_thread(handler, SeedRequest(request))
+        d = request.context.in_thread(answer, request)
         return d.addErrback(_refusal)
 
     call.__doc__ = handler.__doc__
     call.__name__ = getattr(handler, "__name__", "handler")
     return call
+
+
+def _with_text(answer: Any) -> Any:
+    """
+    A handler's answer with what JSON has no type for (a ``datetime``, a
+    ``Path``) as text, as agent-sandbox-server encodes it.
+    """
+    if isinstance(answer, messages.ServerResponse) and answer.raw is None:
+        answer.body = jsonbody.with_text(answer.body)
+        return answer
+    if isinstance(answer, dict | list):
+        return jsonbody.with_text(answer)
+    return answer
 
 
 class RouteTable:
@@ -293,7 +340,7 @@ class RouteTable:
         return self.table.register(
             method,
             path_pattern,
-            _seed_handler(handler),
+            _seed_handler(handler, tuple(s for s in path_pattern.split("/") if s)),
             CapabilityGroup(getattr(group, "value", group)),
             auth_required,
             streaming,
@@ -352,15 +399,73 @@ class ServerResponse(messages.ServerResponse):
 
 
 async def _off_the_reactor(
-    source: Iterator[Any], in_thread: Callable[..., Any]
+    source: Iterator[Any], in_thread: Callable[..., Deferred[Any]]
 ) -> AsyncIterator[Any]:
-    """Each item of a blocking iterator, fetched in the thread pool."""
+    """
+    Each item of a blocking iterator, fetched in the thread pool; the
+    iterator closed (in the pool) when the stream ends for any reason.
+
+    A generator's ``finally`` and ``with`` blocks are where a template ends
+    what it streams from (``tail -f``, a file, a lock): the seed closes the
+    generator when its client hangs up, so does this.  A client gone while
+    an item is being fetched cancels the wait for it, not the fetch (a
+    thread cannot be stopped, and a generator running in one cannot be
+    closed): the close waits for that fetch to return.
+    """
     done = object()
-    while True:
-        item = await in_thread(next, source, done)
-        if item is done:
+    fetching: Deferred[Any] | None = None
+    try:
+        while True:
+            fetching = in_thread(next, source, done)
+            item = await _apart(fetching)
+            fetching = None
+            if item is done:
+                return
+            yield item
+    finally:
+        _close_later(source, fetching, in_thread)
+
+
+def _apart(d: Deferred[Any]) -> Deferred[Any]:
+    """
+    A Deferred with ``d``'s result whose cancellation leaves ``d`` running,
+    so that what follows ``d`` (the close) still waits for it.
+    """
+    out: Deferred[Any] = Deferred()
+
+    def passed(result: Any) -> None:
+        if out.called:
             return
-        yield item
+        if isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+
+    d.addBoth(passed)
+    return out
+
+
+def _close_later(
+    source: Any, fetching: Deferred[Any] | None, in_thread: Callable[..., Any]
+) -> None:
+    """``source.close()`` in the pool, once the fetch under way (if any) is over."""
+    close = getattr(source, "close", None)
+    if close is None:
+        return
+
+    def closing(_: object) -> None:
+        in_thread(close).addErrback(
+            lambda f: log.warning(
+                "closing a template's event stream raised %s: %s",
+                f.type.__name__,
+                f.value,
+            )
+        )
+
+    if fetching is None:
+        closing(None)
+    else:
+        fetching.addBoth(closing)
 
 
 class SSEResponse(messages.SSEResponse):

@@ -361,10 +361,17 @@ def _stream_events(
     if isinstance(source, AsyncIterable):
 
         async def pump() -> None:
-            async for item in source:
-                if not channel.open:
-                    break
-                _as_frame(channel, item)
+            try:
+                async for item in source:
+                    if not channel.open:
+                        break
+                    _as_frame(channel, item)
+            finally:
+                # An async generator left at a ``yield`` (the client went
+                # between items) runs its ``finally`` only when closed.
+                close = getattr(source, "aclose", None)
+                if close is not None:
+                    await close()
 
         d = ensureDeferred(pump())
         channel.on_disconnect(d.cancel)

@@ -61,6 +61,33 @@ def json_bytes(value: Any) -> bytes:
         return COMPACT_ASCII.encode(value).encode("ascii")
 
 
+def with_text(value: Any) -> Any:
+    """
+    ``value`` with every value JSON has no type for written as its
+    ``str()`` (a ``datetime`` as ``2020-01-01 00:00:00``, a ``Path`` as
+    its text, a set as ``{1, 2}``, bytes as ``b'...'``), tuples as lists:
+    what agent-sandbox-server sends for a template's answer, which it
+    encodes with ``json.dumps(body, default=str)``.  Keys and non-finite
+    numbers are left as they are (its encoder refuses them too).
+
+    :raises ApiError: 500 ``internal`` for a value that holds itself.
+    """
+    try:
+        return _with_text(value)
+    except RecursionError:
+        raise not_json(value) from None
+
+
+def _with_text(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, dict):
+        return {k: _with_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_with_text(v) for v in value]
+    return str(value)
+
+
 #: What JSON leaves unescaped but ``str.splitlines`` takes for a line end
 #: (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), as UTF-8, with its escape.
 _LINE_BREAKS = (

@@ -91,13 +91,6 @@ class ForkAsyncTests(ForkInPlace, test_sdk.AsyncSdkTests):
 class ForkTokenTests(ForkInPlace, test_policy.TokenTests):
     """The fork's access token: scopes and refusals as the E2B SDK sees them."""
 
-    def test_counted_link_spends_one_use_per_call(self) -> Any:
-        """Not the fork's: it creates a sandbox outside debug mode with ``POST /sandboxes``."""
-        raise SkipTest(
-            "the fork's Sandbox.create() outside debug mode calls POST /sandboxes, "
-            "which E2B's current API (and so the port) does not serve"
-        )
-
 
 class ForkPathTests(ForkInPlace, test_policy.PathTests):
     """The fork's writes outside the boundary are refused."""

@@ -138,3 +138,25 @@ class TokenModeTests(E2BCase):
             self.assertIn("501: ", lines[name])
             self.assertIn("this port does not serve", lines[name])
             self.assertNotIn("credentials", lines[name])
+
+    @inlineCallbacks
+    def test_seed_fork_creates(self) -> Any:
+        """
+        agent-sandbox-client's ``agent_sandbox.Sandbox.create()``, with the
+        docs' exports and the token as its key, reaches the machine: its
+        fork posts to ``POST /sandboxes``, served as ``POST /v2/sandboxes``
+        (was: 401 "please check your credentials" for a valid token).
+        """
+        yield self.start()
+        snippet = (
+            "from agent_sandbox import Sandbox\n"
+            "sbx = Sandbox.create()\n"
+            "print(sbx.sandbox_id)\n"
+            "print(sbx.commands.run('echo hi').stdout, end='')\n"
+        )
+        done = yield self.run_python(snippet, self.token)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, "sandboxd\nhi\n")
+        done = yield self.run_python(snippet, "not-a-token")
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("AuthenticationException", done.stderr)

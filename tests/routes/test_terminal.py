@@ -462,7 +462,7 @@ class LostHangupTests(TerminalCase):
         for other in (impostor, "misses-a-hangup"):
             reply = yield self.request("POST", "/pty/sessions", {"shell": other})
             self.assertEqual(
-                (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+                (reply.status, reply.json()["code"]), (400, "param_not_allowed")
             )
 
     @inlineCallbacks
@@ -515,10 +515,17 @@ class RefusalTests(TerminalCase):
 
     @inlineCallbacks
     def test_shell_not_allowed(self) -> Any:
-        """A shell outside params.shells is 403 param_not_allowed."""
+        """
+        A shell outside params.shells is 400 ``param_not_allowed`` (type
+        ValueError, as agent-sandbox-server answers it), naming the rule.
+        """
         reply = yield self.request("POST", "/pty/sessions", {"shell": "python3"})
-        self.assertEqual(reply.status, 403)
-        self.assertEqual(reply.json()["code"], "param_not_allowed")
+        self.assertEqual(reply.status, 400)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["type"], body["rule"]),
+            ("param_not_allowed", "ValueError", "default:params.shells"),
+        )
 
     @inlineCallbacks
     def test_session_cap(self) -> Any:

@@ -6,7 +6,11 @@ from a seed-style file) too.
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import os
+import pathlib
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -32,6 +36,28 @@ def add(a: int, b: int = 1) -> int:
 @command("boom", description="Always fails.")
 def boom() -> None:
     raise KeyError("missing thing")
+
+
+@command("odd", hidden=True)
+def odd(kind: str) -> object:
+    import datetime
+    import pathlib
+
+    return {
+        "dt": datetime.datetime(2020, 1, 1),
+        "path": pathlib.Path("/tmp"),
+        "bytes": b"abc",
+        "set": {1},
+        "nested": {"when": [datetime.date(2021, 2, 3)]},
+    }[kind]
+
+
+@command("nap", hidden=True)
+def nap(seconds: float = 1.0) -> str:
+    import time
+
+    time.sleep(seconds)
+    return f"slept {seconds}"
 """
 
 
@@ -50,6 +76,21 @@ def registry() -> CommandRegistry:
     @commands.command("boom", description="Always fails.")
     def boom() -> None:
         raise KeyError("missing thing")
+
+    @commands.command("odd", hidden=True)
+    def odd(kind: str) -> object:
+        return {
+            "dt": datetime.datetime(2020, 1, 1),
+            "path": pathlib.Path("/tmp"),
+            "bytes": b"abc",
+            "set": {1},
+            "nested": {"when": [datetime.date(2021, 2, 3)]},
+        }[kind]
+
+    @commands.command("nap", hidden=True)
+    def nap(seconds: float = 1.0) -> str:
+        time.sleep(seconds)
+        return f"slept {seconds}"
 
     return commands
 
@@ -140,6 +181,48 @@ class CommandsTests(Compared):
         self.assertEqual(
             result, [CommandNotFoundError, CommandArgumentError, CommandExecutionError]
         )
+
+    @inlineCallbacks
+    def test_result_not_json(self) -> Any:
+        """
+        A command returning what JSON has no type for (a datetime, a Path,
+        bytes, a set) gives its ``str()``, as the seed's server sends it
+        (was: 500 TypeError, the SDK's CommandExecutionError).
+        """
+
+        async def scenario(c: Any) -> Any:
+            return [
+                await c.commands.run("odd", kind=kind)
+                for kind in ("dt", "path", "bytes", "set", "nested")
+            ]
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            [
+                "2020-01-01 00:00:00",
+                "/tmp",
+                "b'abc'",
+                "{1}",
+                {"when": ["2021-02-03"]},
+            ],
+        )
+
+    @inlineCallbacks
+    def test_many_at_once(self) -> Any:
+        """
+        Ten blocking commands run at once all return, as on the seed's
+        threaded server (was: two of them ServerAPIError, 503 at a cap of
+        eight command threads).
+        """
+
+        async def scenario(c: Any) -> Any:
+            return await asyncio.gather(
+                *(c.commands.run("nap", seconds=1) for _ in range(10))
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(result, ["slept 1.0"] * 10)
 
     @inlineCallbacks
     def test_sync(self) -> Any:

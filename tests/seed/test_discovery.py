@@ -218,3 +218,48 @@ class OldIdPolicyTests(SeedCase):
             (denial, endpoint), ("endpoint_disabled", "pty_create_session")
         )
         self.assertTrue(any("'pty_create_session'" in w for w in warnings), warnings)
+
+
+class OneCommandTests(SeedCase):
+    """An identity that may run one command, seen through the SDK."""
+
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "greeter",
+                    "token_env": "GREETER_TOKEN",
+                    "scopes": ["commands:list", "commands:run:greet", "files:read"],
+                }
+            ]
+        }
+    }
+    environ = {"GREETER_TOKEN": "greeter-token"}
+    token = None
+
+    @inlineCallbacks
+    def test_discovery_and_check_agree(self) -> Any:
+        """
+        ``discover()`` and ``check("run_command")`` give one answer for an
+        identity holding only ``commands:run:greet``: allowed (was: allowed
+        in discovery, refused by check). A refusal's ``reason`` is a
+        sentence, as the seed's is, its ``code`` the code.
+        """
+
+        async def scenario(client: Any) -> Any:
+            caps = await client.discover()
+            checked = await client.check("run_command")
+            shell = await client.check("shell")
+            outside = await client.check("files_list", path="/etc")
+            return caps.can("run_command"), checked, shell, outside
+
+        can, checked, shell, outside = yield self.drive(scenario, token="greeter-token")
+        self.assertEqual((can, checked.allowed), (True, True))
+        self.assertEqual((shell.allowed, shell.code), (False, "missing_scope"))
+        self.assertEqual(
+            shell.reason,
+            "identity 'greeter' lacks the scope 'process:run' that endpoint "
+            "'shell' requires",
+        )
+        self.assertEqual(outside.code, "path_not_allowed")
+        self.assertIn("'/etc'", outside.reason)

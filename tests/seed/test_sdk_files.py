@@ -65,6 +65,8 @@ async def files_scenario(c: Any, base: str, call: Face) -> dict[str, Any]:
         call(f.list, base + "/d", recursive=True, max_entries=2)
     )
     out["list_missing"] = await outcome(call(f.list, base + "/nope"))
+    # A file is no directory: FileNotFoundError_ on both (was ServerAPIError).
+    out["list_file"] = await outcome(call(f.list, base + "/a.txt"))
     out["list_outside"] = await outcome(call(f.list, "/etc"))
     out["stat"] = await outcome(call(f.stat, base + "/a.txt"))
     out["stat_dir"] = await outcome(call(f.stat, base + "/d"))

@@ -76,6 +76,23 @@ class TerminalTests(Compared):
         self.assertEqual(result, [(ServerAPIError, 404)] * 2)
 
     @inlineCallbacks
+    def test_shell_not_allowed(self) -> Any:
+        """
+        create() with a shell the server does not allow is ServerAPIError
+        400 on both (was PolicyDeniedError, a 403, on sandboxd).
+        """
+
+        async def scenario(c: Any) -> Any:
+            try:
+                await c.pty.create(shell="/usr/bin/python3")
+            except Exception as e:
+                return type(e).__name__, getattr(e, "status_code", None)
+            return "created", None
+
+        result = yield self.same(scenario)
+        self.assertEqual(result, ("ServerAPIError", 400))
+
+    @inlineCallbacks
     def test_sync_methods(self) -> Any:
         """create_sync, list_sync, get_sync, resize_sync, delete_sync."""
         pty = self.client().pty

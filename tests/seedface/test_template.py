@@ -9,15 +9,18 @@ shows the face wins inside the daemon without breaking it outside.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.helpers import alive
 from tests.test_cli import BIN, DaemonProcess, serve_argv
 
 TEMPLATE = os.path.join(
@@ -210,6 +213,51 @@ class TemplateTests(SynchronousTestCase):
             raw.decode(),
             'data: {"tick": 0}\n\ndata: {"tick": 1}\n\nevent: end\ndata: {}\n\n',
         )
+
+    def test_path_params_as_written(self) -> None:
+        """
+        A route's path parameter arrives as the request wrote it, escapes
+        and all, as on the seed, whose templates unquote it themselves
+        (was: decoded, so such a template decoded it twice).
+        """
+        for written in ("it%20em", "a%2520b", "plain"):
+            self.assertEqual(
+                self.json_call("GET", f"/release/items/{written}"),
+                (200, {"item": written}),
+            )
+
+    def test_route_answer_not_json(self) -> None:
+        """
+        A route answering with a datetime and a Path sends their text, as
+        the seed's server does (was: 500 TypeError).
+        """
+        self.assertEqual(
+            self.json_call("GET", "/release/when"),
+            (200, {"when": "2020-01-01 00:00:00", "where": "/tmp"}),
+        )
+
+    def test_stream_closed_when_client_goes(self) -> None:
+        """
+        When the client of a template's event stream hangs up, the
+        template's generator is closed, so its ``finally`` ends the child it
+        streams from, as on the seed (was: left open, the child alive until
+        the garbage collector came by, minutes later on an idle daemon).
+        """
+        connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, 10)
+        connection.request(
+            "GET", "/release/follow", headers={"Authorization": "Bearer admin-token"}
+        )
+        response = connection.getresponse()
+        self.assertEqual(response.status, 200)
+        line = response.readline()
+        pid = json.loads(line.decode().removeprefix("data: "))["pid"]
+        self.assertTrue(alive(pid))
+        response.close()
+        connection.close()
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(alive(pid), "the route's child outlived its client")
 
     def test_check_config_warns(self) -> None:
         """check-config loads the template and names its scope-less routes."""

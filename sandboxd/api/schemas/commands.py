@@ -38,6 +38,12 @@ SCHEMAS: dict[str, Schema] = {
                 "unknown command; the message lists the available ones",
             ),
             E(
+                429,
+                "concurrency_limited",
+                "max_concurrency commands are running for their callers, or as many"
+                " answered at their timeout still run (listed in stuck)",
+            ),
+            E(
                 500,
                 "internal",
                 "the command raised (type is its exception's name), or its result"
@@ -46,6 +52,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Arguments are coerced to the declared types: string, integer, "
         "float (finite: a text such as `inf`, `nan` or `1e309` is refused), "
-        "boolean (true/false/yes/no/1/0).",
+        "boolean (true/false/yes/no/1/0). A result JSON cannot carry (a "
+        "datetime, bytes, a set) is sent as its str().",
     ),
 }

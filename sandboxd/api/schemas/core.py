@@ -79,14 +79,16 @@ SCHEMAS: dict[str, Schema] = {
                 "unknown_endpoint for an id no endpoint has",
             ),
             F("rule", doc="the rule behind the refusal"),
-            F("reason"),
+            F("reason", doc="why not, as a sentence"),
             F("scope", doc="the missing scope"),
             F("param", doc="the refused param"),
             F("paths", "array", "[{path, allowed, code?, rule?}]", items="object"),
         ),
         errors=(E(400, "invalid_param", "no endpoint id, bad op, scopes or params"),),
         notes="Policy only: never touches the file system, so the answer for a "
-        "path is the same whether or not it exists.",
+        "path is the same whether or not it exists. Asked of run_command "
+        "without a command, it is allowed to a caller holding any "
+        "commands:run:NAME, as discovery shows it.",
     ),
     "openapi": Schema(
         response=(

@@ -147,7 +147,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("truncated", "boolean", "max_entries (10000) was reached"),
         ),
-        errors=(*GUARD, E(404, "not_found", "no such directory", "FileNotFoundError")),
+        errors=(
+            *GUARD,
+            E(404, "not_found", "no such directory", "FileNotFoundError"),
+            E(404, "not_found", "the path is a file", "NotADirectoryError"),
+        ),
         notes="Entries the guard refuses, and links leading out of the boundary, are "
         "skipped. A name that is not UTF-8 shows each such byte as \\xNN; a query "
         "names it by its bytes percent-encoded (%E9).",

@@ -34,7 +34,13 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(
             E(400, "invalid_param", "cols/rows not integers in range, bad env or user"),
-            E(403, "param_not_allowed", "shell or user refused by params"),
+            E(
+                400,
+                "param_not_allowed",
+                "the shell is outside params.shells (type ValueError, as"
+                " agent-sandbox-server answers it)",
+            ),
+            E(403, "param_not_allowed", "user refused by params"),
             *GUARD[1:],
             E(
                 429,

@@ -5,13 +5,16 @@ sandboxd must load it with ``--commands`` as the seed loads it.
 A small "release desk" template: commands with inferred and declared
 arguments (``string_array`` among them), a command behind a custom scope,
 a hidden command, a command registered through the client SDK's
-``@sandbox.register`` bridge, and three custom routes (JSON, an error, an
-event stream).
+``@sandbox.register`` bridge, and custom routes (JSON, an error, event
+streams, one of them following a child process).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import pathlib
+import subprocess
 import time
 
 from agent_sandbox import sandbox
@@ -102,6 +105,35 @@ def ticks(request):
             time.sleep(0.01)
             yield f"data: {json.dumps({'tick': i})}\n\n"
         yield "event: end\ndata: {}\n\n"
+
+    return SSEResponse(event_iterator=frames())
+
+
+@table.route("GET", "/release/items/{item}", group=CapabilityGroup.SYSTEM)
+def item(request):
+    return ServerResponse.ok({"item": request.path_params["item"]})
+
+
+@table.route("GET", "/release/when", group=CapabilityGroup.SYSTEM)
+def when(request):
+    return ServerResponse.ok(
+        {"when": datetime.datetime(2020, 1, 1), "where": pathlib.Path("/tmp")}
+    )
+
+
+@table.route("GET", "/release/follow", group=CapabilityGroup.SYSTEM, streaming=True)
+def follow(request):
+    """Follow a child's work; the child ends when the stream does."""
+
+    def frames():
+        with subprocess.Popen(["sleep", "300"]) as child:
+            try:
+                yield f"data: {json.dumps({'pid': child.pid})}\n\n"
+                while True:
+                    time.sleep(0.05)
+                    yield ": still following\n\n"
+            finally:
+                child.kill()
 
     return SSEResponse(event_iterator=frames())
 
