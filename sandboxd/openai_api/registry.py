@@ -327,7 +327,7 @@ class Registry:
     def face(self, request: ServerRequest, face_id: str) -> SessionFace:
         """The caller's session ``face_id``; another owner's is unknown (404)."""
         face = self.faces.get(face_id)
-        if face is None or face.owner != request.identity.id or face.hidden:
+        if face is None or face.owner != owner_of(request) or face.hidden:
             raise not_found(f"No session found with id {face_id!r}", param="session_id")
         return face
 
@@ -435,6 +435,21 @@ def manager(request: ServerRequest) -> AgentManager:
 def door(request: ServerRequest) -> Registry:
     """The door's records."""
     return registry(manager(request))
+
+
+def owner_of(request: ServerRequest) -> str:
+    """
+    Who owns what the caller makes through the door, and whose
+    per-identity bounds it counts against: a capability link's minter,
+    else the caller (:attr:`~sandboxd.access.auth.Identity.root`).  Owned
+    by a link, each link a token minted would hold a set of vaults,
+    files, templates, endpoints and ``Idempotency-Key`` books of its own;
+    owned by the minter, the minter and its other links see and manage
+    what a link made, as with terminals and uploads.  Every ``/v1`` call
+    needs the same scope (``agents:use``), so no record gives a link more
+    than it holds.
+    """
+    return request.identity.root
 
 
 def face_of(request: ServerRequest) -> SessionFace:
