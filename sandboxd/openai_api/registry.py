@@ -152,19 +152,25 @@ class Registry:
         if self.store is not None:
             self.store.forget(face_id)
 
-    def make_room(self) -> Deferred[Any] | None:
+    def make_room(self, owner: str | None = None) -> Deferred[Any] | None:
         """
         An agent slot is wanted at ``max_sessions``: the least recently
         active idle conversation behind responses, of any identity, gives
         its agent up (it goes to sleep, :meth:`.SessionFace.sleep`, and is
         continued as after a restart); None when none can.  Idle agents of
         conversations are a cache, not a reservation; the caller's own
-        sessions (``beta.agents.sessions``) are never taken.
+        sessions (``beta.agents.sessions``) are never taken.  With
+        ``owner``, the slot is one of that identity's share
+        (``max_per_identity``), and only its own conversations give way.
 
         The conversation goes to sleep at once, so a concurrent caller
         picks another; the slot is free once the Deferred fires.
         """
-        idle = [f for f in self.faces.values() if f.hidden and f.can_sleep]
+        idle = [
+            f
+            for f in self.faces.values()
+            if f.hidden and f.can_sleep and owner in (None, f.owner)
+        ]
         if not idle:
             return None
         oldest = min(idle, key=lambda f: f.last_active_at)

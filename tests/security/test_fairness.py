@@ -381,3 +381,100 @@ class OpenAILinkShareTests(DaemonTestCase):
             "GET", f"/v1/files/{made[1].json()['id']}/content", token="u-token"
         )
         self.assertEqual((content.status, content.body), (200, b"xyz"))
+
+
+def _agents_policy() -> dict[str, Any]:
+    """
+    Two agent slots for the ``/v1`` test identities, ``user`` and ``other``
+    also on the native routes, ``user`` allowed to mint links.
+    """
+    policy = openai_policy(limits={"max_sessions": 2})
+    tokens = policy["auth"]["tokens"]
+    tokens[0]["scopes"] = ["agents:use", "agents:run", "links:mint"]
+    tokens[1]["scopes"] = ["agents:use", "agents:run"]
+    return policy
+
+
+class AgentShareTests(DaemonTestCase):
+    """
+    Agent sessions, native and ``/v1`` alike, have a per-identity share of
+    ``max_sessions`` (half of 2 here, several identities logging in), which
+    a link's sessions count against as its minter's.
+    """
+
+    timeout = 60
+    environ = TOKENS
+    policy = _agents_policy()
+
+    def live(self) -> int:
+        """How many agents run now."""
+        return len(self.daemon.context.agents.get().live())
+
+    @inlineCallbacks
+    def native(self, token: str) -> Any:
+        """A native session for ``token`` (closed at the end when made)."""
+        reply = yield self.request(
+            "POST",
+            "/agents/sessions",
+            {"agent": "fake", "cwd": self.base_dir},
+            token=token,
+        )
+        if reply.status == 201:
+            sid = reply.json()["session_id"]
+            self.addCleanup(
+                self.request, "DELETE", f"/agents/sessions/{sid}", token=token
+            )
+        return reply
+
+    @inlineCallbacks
+    def test_second_identity_still_gets_one(self) -> Any:
+        """
+        ``user`` holds its one agent: another through its link, natively
+        or on ``/v1``, is 429 naming ``max_per_identity``; ``other`` still
+        starts one.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["agents:use", "agents:run"]},
+            token="u-token",
+        )
+        link = minted.json()["token"]
+        first = yield self.native("u-token")
+        self.assertEqual(first.status, 201, first.body)
+        refused = yield self.native(link)
+        self.assertEqual(refused.status, 429, refused.body)
+        self.assertEqual(refused.json()["code"], "too_many_sessions")
+        self.assertIn("max_per_identity", refused.json()["rule"])
+        body = {
+            "agent": {"model": "fake"},
+            "environment": {
+                "type": "self_hosted",
+                "workspace_directory": self.base_dir,
+            },
+        }
+        door = yield self.request("POST", "/v1/agents/sessions", body, token=link)
+        self.assertEqual(door.status, 429, door.body)
+        theirs = yield self.native("o-token")
+        self.assertEqual(theirs.status, 201, theirs.body)
+        self.assertEqual(self.live(), 2)
+
+    @inlineCallbacks
+    def test_own_idle_conversation_gives_way(self) -> Any:
+        """
+        At its share, the caller's own idle conversation behind a response
+        gives its agent up for the caller's new session, leaving the other
+        slot free.
+        """
+        answered = yield self.request(
+            "POST",
+            "/v1/responses",
+            {"model": "fake", "input": "echo 1"},
+            token="u-token",
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        mine = yield self.native("u-token")
+        self.assertEqual(mine.status, 201, mine.body)
+        self.assertEqual(self.live(), 1)
+        theirs = yield self.native("o-token")
+        self.assertEqual(theirs.status, 201, theirs.body)
