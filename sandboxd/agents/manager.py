@@ -48,6 +48,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import forget_closed
 from sandboxd.policy import defaults
+from sandboxd.policy.defaults import identity_cap
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, keep_only, validate_env
@@ -169,10 +170,11 @@ class AgentManager(Service):
         #: Loads under way, by ``(agent, acp_session_id)``: a second load
         #: of the same stored session waits for the first's outcome.
         self._loading: dict[tuple[str, str], Waiters[None]] = {}
-        #: Asked, in turn, for a slot when ``max_sessions`` agents run: each
-        #: ends an idle agent it keeps only to reuse it (the Deferred fires
-        #: once it is gone), or answers None when it has none.
-        self.room_makers: list[Callable[[], Deferred[Any] | None]] = []
+        #: Asked, in turn, for a slot when ``max_sessions`` agents run (or
+        #: an identity's share of them, the identity given): each ends an
+        #: idle agent (of that identity's) it keeps only to reuse it (the
+        #: Deferred fires once it is gone), or answers None when it has none.
+        self.room_makers: list[Callable[[str | None], Deferred[Any] | None]] = []
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -282,7 +284,9 @@ class AgentManager(Service):
             run_as,
             secret_values,
             title=body.get("title") if isinstance(body.get("title"), str) else None,
-            identity=request.identity.id,
+            # Whose max_per_identity share it counts against: a link's is
+            # its minter's (:meth:`_free_share`).
+            identity=request.identity.root,
         )
         return session, launch
 
@@ -369,6 +373,7 @@ class AgentManager(Service):
         )
         # Checked once the request is known to be good: a bad one is its
         # own error, and no idle agent gives its slot up for it.
+        await self._free_share(session.identity, rule)
         await self._free_slot(rule)
         self.sessions[session.session_id] = session
         try:
@@ -407,7 +412,8 @@ class AgentManager(Service):
         limit = rule.limits.max_sessions or 4
         while len(self.live()) >= limit:
             freed = next(
-                (d for room in self.room_makers if (d := room()) is not None), None
+                (d for room in self.room_makers if (d := room(None)) is not None),
+                None,
             )
             if freed is None:
                 raise limit_exceeded(
@@ -416,6 +422,35 @@ class AgentManager(Service):
                     Code.TOO_MANY_SESSIONS,
                     rule=limit_rule(rule, "max_sessions"),
                     limit=limit,
+                )
+            await freed
+
+    async def _free_share(self, owner: str, rule: EffectiveRule) -> None:
+        """
+        A place in ``owner``'s share of ``max_sessions`` (``max_per_identity``;
+        by default half when more than one identity can log in), so one
+        identity, or the links it minted, cannot take every agent and lock
+        the others out: at its share, an idle ``/v1`` conversation of its own
+        gives its agent up; else 429.  The native sessions and the ``/v1``
+        door's share one count, as they share the slots.
+        """
+        limit = rule.limits.max_sessions or 4
+        mine = identity_cap(
+            limit, len(self.context.policy.tokens.ids()), rule.limits.max_per_identity
+        )
+        while (held := sum(1 for s in self.live() if s.identity == owner)) >= mine:
+            freed = next(
+                (d for room in self.room_makers if (d := room(owner)) is not None),
+                None,
+            )
+            if freed is None:
+                raise limit_exceeded(
+                    429,
+                    f"you have {held} agent sessions running, your share of "
+                    f"{limit} (max_per_identity); close one first",
+                    Code.TOO_MANY_SESSIONS,
+                    rule=limit_rule(rule, "max_per_identity"),
+                    limit=mine,
                 )
             await freed
 

@@ -116,7 +116,7 @@ class Config:
         hides (``hidden``, and names holding TOKEN, SECRET, KEY…).
         """
         out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": {}}
-        if self.owner is None or viewer.id != self.owner:
+        if self.owner is None or not viewer.acts_for(self.owner):
             return out
         out["envs"] = {
             name: value

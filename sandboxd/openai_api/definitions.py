@@ -21,7 +21,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import runtimes
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata, reasoning_effort, refuse_multi_agent
-from sandboxd.openai_api.registry import door, page, restored_first
+from sandboxd.openai_api.registry import door, owner_of, page, restored_first
 from sandboxd.openai_api.stores import owned, room_for_one
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
@@ -125,7 +125,7 @@ def find(
 ) -> dict[str, Any]:
     """The caller's definition ``agent_id``, or 404."""
     record: dict[str, Any] | None = door(request).definitions.get(agent_id)
-    if record is None or record["owner"] != request.identity.id:
+    if record is None or record["owner"] != owner_of(request):
         raise not_found(f"No agent found with id {agent_id!r}", param=param)
     return record
 
@@ -152,12 +152,12 @@ def agents_definitions_create(request: ServerRequest) -> dict[str, Any]:
     """Store a definition."""
     fields = _checked(request, request.body, partial=False)
     reg = door(request)
-    mine = owned(reg.definitions, request.identity.id)
+    mine = owned(reg.definitions, owner_of(request))
     room_for_one(len(mine), defaults.AGENT_KEPT_ITEMS, "agents")
     now = int(time.time())
     record = {
         "id": new_id("agent_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "created_at": now,
         "updated_at": now,
         "metadata": {},
@@ -172,7 +172,7 @@ def agents_definitions_list(request: ServerRequest) -> dict[str, Any]:
     mine = [
         describe(r)
         for r in door(request).definitions.values()
-        if r["owner"] == request.identity.id
+        if r["owner"] == owner_of(request)
     ]
     return page(request, mine)
 

@@ -22,7 +22,13 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import staging, templates, vaults
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door, page, page_limit, restored_first
+from sandboxd.openai_api.registry import (
+    door,
+    owner_of,
+    page,
+    page_limit,
+    restored_first,
+)
 from sandboxd.openai_api.stores import stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
@@ -86,7 +92,7 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
 def find(request: ServerRequest, environment_id: str, param: str) -> dict[str, Any]:
     """The caller's environment, or 404."""
     record: dict[str, Any] | None = door(request).environments.get(environment_id)
-    if record is None or record["owner"] != request.identity.id:
+    if record is None or record["owner"] != owner_of(request):
         raise not_found(f"No environment found with id {environment_id!r}", param=param)
     return record
 
@@ -102,7 +108,7 @@ def _readers(
         if spec["type"] == "inline":
             out.append((spec["path"], _given(spec["data"])))
             continue
-        record = store.find(request.identity.id, spec["file_id"])
+        record = store.find(owner_of(request), spec["file_id"])
         if record is None:
             raise not_found(
                 f"No file found with id {spec['file_id']!r}", param="file_id"
@@ -149,7 +155,7 @@ async def agents_environments_create(request: ServerRequest) -> dict[str, Any]:
     fields = _checked(request, body)
     env = body["environment"]
     reg = door(request)
-    mine = [r for r in reg.environments.values() if r["owner"] == request.identity.id]
+    mine = [r for r in reg.environments.values() if r["owner"] == owner_of(request)]
     if len(mine) >= defaults.AGENT_KEPT_ITEMS:
         raise bad_request(
             f"at most {defaults.AGENT_KEPT_ITEMS} environments per identity"
@@ -174,7 +180,7 @@ async def agents_environments_create(request: ServerRequest) -> dict[str, Any]:
     staged = await _stage(request, fields["workspace_directory"], specs)
     record = {
         "id": new_id("env_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "created_at": int(time.time()),
         **fields,
         "files": {f["path"]: f["size_bytes"] for f in staged},
@@ -189,7 +195,7 @@ def agents_environments_list(request: ServerRequest) -> dict[str, Any]:
     mine = [
         describe(r)
         for r in door(request).environments.values()
-        if r["owner"] == request.identity.id and kind in (None, "self_hosted")
+        if r["owner"] == owner_of(request) and kind in (None, "self_hosted")
     ]
     return page(request, mine)
 

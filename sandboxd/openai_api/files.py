@@ -31,7 +31,7 @@ from sandboxd.errors import (
     payload_too_large,
 )
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import labelled, page
+from sandboxd.openai_api.registry import labelled, owner_of, page
 from sandboxd.openai_api.stores import room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.jsonbody import parse_object
@@ -163,7 +163,7 @@ async def find(request: ServerRequest, file_id: str, param: str) -> dict[str, An
     """The caller's file ``file_id``, or 404."""
     store = stores(request).files
     await store.ready(request.context.in_thread)
-    record = store.find(request.identity.id, file_id)
+    record = store.find(owner_of(request), file_id)
     if record is None:
         raise not_found(f"No file found with id {file_id!r}", param=param)
     return record
@@ -195,7 +195,7 @@ async def agents_files_create(request: ServerRequest) -> dict[str, Any]:
         )
     store = stores(request).files
     await store.ready(request.context.in_thread)
-    owner = request.identity.id
+    owner = owner_of(request)
     count, size = store.usage(owner)
     most = request.rule.limits.max_files or 1000
     room_for_one(
@@ -223,7 +223,7 @@ async def agents_files_list(request: ServerRequest) -> dict[str, Any]:
     mine = [
         describe(r)
         for r in store.records.values()
-        if r["owner"] == request.identity.id and purpose in (None, r["purpose"])
+        if r["owner"] == owner_of(request) and purpose in (None, r["purpose"])
     ]
     return page(request, mine)
 

@@ -152,19 +152,25 @@ class Registry:
         if self.store is not None:
             self.store.forget(face_id)
 
-    def make_room(self) -> Deferred[Any] | None:
+    def make_room(self, owner: str | None = None) -> Deferred[Any] | None:
         """
         An agent slot is wanted at ``max_sessions``: the least recently
         active idle conversation behind responses, of any identity, gives
         its agent up (it goes to sleep, :meth:`.SessionFace.sleep`, and is
         continued as after a restart); None when none can.  Idle agents of
         conversations are a cache, not a reservation; the caller's own
-        sessions (``beta.agents.sessions``) are never taken.
+        sessions (``beta.agents.sessions``) are never taken.  With
+        ``owner``, the slot is one of that identity's share
+        (``max_per_identity``), and only its own conversations give way.
 
         The conversation goes to sleep at once, so a concurrent caller
         picks another; the slot is free once the Deferred fires.
         """
-        idle = [f for f in self.faces.values() if f.hidden and f.can_sleep]
+        idle = [
+            f
+            for f in self.faces.values()
+            if f.hidden and f.can_sleep and owner in (None, f.owner)
+        ]
         if not idle:
             return None
         oldest = min(idle, key=lambda f: f.last_active_at)
@@ -327,7 +333,7 @@ class Registry:
     def face(self, request: ServerRequest, face_id: str) -> SessionFace:
         """The caller's session ``face_id``; another owner's is unknown (404)."""
         face = self.faces.get(face_id)
-        if face is None or face.owner != request.identity.id or face.hidden:
+        if face is None or face.owner != owner_of(request) or face.hidden:
             raise not_found(f"No session found with id {face_id!r}", param="session_id")
         return face
 
@@ -435,6 +441,21 @@ def manager(request: ServerRequest) -> AgentManager:
 def door(request: ServerRequest) -> Registry:
     """The door's records."""
     return registry(manager(request))
+
+
+def owner_of(request: ServerRequest) -> str:
+    """
+    Who owns what the caller makes through the door, and whose
+    per-identity bounds it counts against: a capability link's minter,
+    else the caller (:attr:`~sandboxd.access.auth.Identity.root`).  Owned
+    by a link, each link a token minted would hold a set of vaults,
+    files, templates, endpoints and ``Idempotency-Key`` books of its own;
+    owned by the minter, the minter and its other links see and manage
+    what a link made, as with terminals and uploads.  Every ``/v1`` call
+    needs the same scope (``agents:use``), so no record gives a link more
+    than it holds.
+    """
+    return request.identity.root
 
 
 def face_of(request: ServerRequest) -> SessionFace:

@@ -46,6 +46,7 @@ from sandboxd.openai_api.inputs import (
 from sandboxd.openai_api.registry import (
     Registry,
     door,
+    owner_of,
     page,
     restored_first,
 )
@@ -496,7 +497,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     """One turn: answered when it ends, at once (background), or streamed live."""
     body = request.body
     reg = door(request)
-    book = reg.book(request.identity.id, "responses")
+    book = reg.book(owner_of(request), "responses")
     key = request.headers.get("idempotency-key")
     known = book.lookup(key, body)
     if known is not None:
@@ -569,7 +570,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             reg.forget(face.id)
         raise
     response = WireResponse(
-        request.identity.id,
+        owner_of(request),
         face,
         turn,
         body,
@@ -631,7 +632,7 @@ async def _go_on(
     ] + items
     reg = door(request)
     response = WireResponse(
-        request.identity.id,
+        owner_of(request),
         face,
         prior.turn,
         body,
@@ -644,7 +645,7 @@ async def _go_on(
     face.last_response_id = response.id
     reg.responses[response.id] = response
     _bound(request)
-    reg.book(request.identity.id, "responses").store(key, body, response.id)
+    reg.book(owner_of(request), "responses").store(key, body, response.id)
     for found, reply in held:
         face.engine.held.reply(found, reply, request.identity.id, request.rule)
     return await _answer(request, response, body)
@@ -708,7 +709,7 @@ def _bound(request: ServerRequest) -> None:
     """
     reg = door(request)
     _materialize(reg)
-    mine = [r for r in reg.responses.values() if r.owner == request.identity.id]
+    mine = [r for r in reg.responses.values() if r.owner == owner_of(request)]
     weight = sum(r.weight for r in mine)
     while mine and (
         len(mine) > defaults.OPENAI_RESPONSES_PER_IDENTITY
@@ -923,7 +924,7 @@ def owned_response(
     reg = door(request)
     _materialize(reg)
     found: WireResponse | None = reg.responses.get(response_id)
-    if found is None or found.owner != request.identity.id:
+    if found is None or found.owner != owner_of(request):
         raise not_found(f"No response found with id {response_id!r}", param=param)
     return found
 

@@ -63,7 +63,7 @@ from sandboxd.openai_api.envelope import (
     socket_event,
 )
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door, manager
+from sandboxd.openai_api.registry import door, manager, owner_of
 from sandboxd.openai_api.responses import (
     WireResponse,
     agents_responses_create,
@@ -655,7 +655,7 @@ class ResponsesSocket(WebSocketServerProtocol):
             self._steer_failed(steer, "invalid_input", e.message)
             return
         target: WireResponse | None = door(self.admitted).responses.get(previous)
-        if target is None or target.owner != self.admitted.identity.id:
+        if target is None or target.owner != owner_of(self.admitted):
             self._steer_failed(
                 steer, "response_not_found", f"No response found with id {previous!r}"
             )

@@ -46,6 +46,7 @@ from sandboxd.openai_api.registry import (
     door,
     face_of,
     manager,
+    owner_of,
     page,
     restored_first,
 )
@@ -268,7 +269,7 @@ async def open_session(
     engine = mgr.sessions[created["session_id"]]
     if not environment.get("workspace_directory"):
         environment = {**environment, "workspace_directory": engine.cwd}
-    face = SessionFace(engine, request.identity.id, agent, environment, meta, hidden)
+    face = SessionFace(engine, owner_of(request), agent, environment, meta, hidden)
     face.redactor.add(secrets)
     face.vault_ids = list(vault_ids or [])
     face.credential_ids = credential_ids
@@ -349,7 +350,7 @@ def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTur
 async def agents_sessions_create(request: ServerRequest) -> Any:
     """Create a session: an ACP agent started, with its first input if given."""
     body = request.body
-    book = door(request).book(request.identity.id, "sessions")
+    book = door(request).book(owner_of(request), "sessions")
     key = request.headers.get("idempotency-key")
     known = book.lookup(key, body)
     if known is not None:
@@ -395,7 +396,7 @@ def agents_sessions_list(request: ServerRequest) -> dict[str, Any]:
     faces = [
         f.describe()
         for f in door(request).faces.values()
-        if f.owner == request.identity.id
+        if f.owner == owner_of(request)
         and not f.hidden
         and (agent_id is None or f.agent["id"] == agent_id)
     ]
@@ -595,13 +596,13 @@ def _models(request: ServerRequest) -> list[dict[str, Any]]:
             "id": record["id"],
             "object": "model",
             "created": record["created_at"],
-            "owned_by": request.identity.id,
+            "owned_by": owner_of(request),
             "x_agent_sandbox": local(
                 "agent_definition", record.get("runtime") or record["model"]
             ),
         }
         for record in door(request).definitions.values()
-        if record["owner"] == request.identity.id
+        if record["owner"] == owner_of(request)
     ]
     return stored + [
         {

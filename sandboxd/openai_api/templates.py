@@ -24,7 +24,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import files, staging
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import page, restored_first
+from sandboxd.openai_api.registry import owner_of, page, restored_first
 from sandboxd.openai_api.stores import owned, room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
@@ -134,7 +134,7 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
 def find(request: ServerRequest, template_id: str, param: str) -> dict[str, Any]:
     """The caller's template, or 404."""
     record = stores(request).templates.get(template_id)
-    if record is None or record["owner"] != request.identity.id:
+    if record is None or record["owner"] != owner_of(request):
         raise not_found(
             f"No environment template found with id {template_id!r}", param=param
         )
@@ -168,12 +168,12 @@ async def agents_environment_templates_create(request: ServerRequest) -> dict[st
     """Store a template."""
     fields = await _fields(request, request.body)
     s = stores(request)
-    mine = owned(s.templates, request.identity.id)
+    mine = owned(s.templates, owner_of(request))
     room_for_one(len(mine), defaults.OPENAI_MAX_TEMPLATES, "templates")
     now = int(time.time())
     record = {
         "id": new_id("envtmpl_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "created_at": now,
         "updated_at": now,
         "name": None,
@@ -187,7 +187,7 @@ async def agents_environment_templates_create(request: ServerRequest) -> dict[st
 
 def agents_environment_templates_list(request: ServerRequest) -> dict[str, Any]:
     """The caller's templates."""
-    mine = owned(stores(request).templates, request.identity.id)
+    mine = owned(stores(request).templates, owner_of(request))
     return page(request, [describe(r) for r in mine])
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys, metadata
-from sandboxd.openai_api.registry import page, restored_first
+from sandboxd.openai_api.registry import owner_of, page, restored_first
 from sandboxd.openai_api.stores import owned, room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -224,7 +224,7 @@ def find_vault(
 ) -> dict[str, Any]:
     """The caller's vault, or 404."""
     record = stores(request).vaults.get(vault_id)
-    if record is None or record["owner"] != request.identity.id:
+    if record is None or record["owner"] != owner_of(request):
         raise not_found(f"No vault found with id {vault_id!r}", param=param)
     return record
 
@@ -247,7 +247,7 @@ def credentials_of(request: ServerRequest, vaults: list[str]) -> list[dict[str, 
     return [
         c
         for c in stores(request).credentials.values()
-        if c["vault_id"] in vaults and c["owner"] == request.identity.id
+        if c["vault_id"] in vaults and c["owner"] == owner_of(request)
     ]
 
 
@@ -288,11 +288,11 @@ def agents_vaults_create(request: ServerRequest) -> dict[str, Any]:
     """Make a vault."""
     body = request.body
     known_keys(body, ("name", "metadata"))
-    mine = owned(stores(request).vaults, request.identity.id)
+    mine = owned(stores(request).vaults, owner_of(request))
     room_for_one(len(mine), defaults.OPENAI_MAX_VAULTS, "vaults")
     record: dict[str, Any] = {
         "id": new_id("vlt_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "created_at": int(time.time()),
         "name": _name(body.get("name"), required=False),
         "metadata": metadata(body.get("metadata")),
@@ -303,7 +303,7 @@ def agents_vaults_create(request: ServerRequest) -> dict[str, Any]:
 
 def agents_vaults_list(request: ServerRequest) -> dict[str, Any]:
     """The caller's vaults."""
-    mine = _filtered(request, owned(stores(request).vaults, request.identity.id))
+    mine = _filtered(request, owned(stores(request).vaults, owner_of(request)))
     return page(request, [describe_vault(r) for r in mine])
 
 
@@ -355,7 +355,7 @@ def agents_vault_credentials_create(request: ServerRequest) -> dict[str, Any]:
     now = int(time.time())
     record = {
         "id": new_id("cred_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "vault_id": vault["id"],
         "name": name,
         "metadata": meta,

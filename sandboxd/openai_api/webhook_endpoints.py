@@ -18,7 +18,7 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found, remote_error
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import door, page, restored_first
+from sandboxd.openai_api.registry import door, owner_of, page, restored_first
 from sandboxd.openai_api.stores import owned, room_for_one
 from sandboxd.openai_api.webhooks import (
     EVENT_TYPES,
@@ -81,7 +81,7 @@ def _shown(record: dict[str, Any], secret: bool = False) -> dict[str, Any]:
 def _endpoint(request: ServerRequest) -> dict[str, Any]:
     wanted = request.path_params["webhook_endpoint_id"]
     record = door(request).webhooks.get(wanted)
-    if record is None or record["owner"] != request.identity.id:
+    if record is None or record["owner"] != owner_of(request):
         raise not_found(
             f"No webhook endpoint found with id {wanted!r}",
             param="webhook_endpoint_id",
@@ -97,14 +97,14 @@ async def agents_webhooks_create(request: ServerRequest) -> dict[str, Any]:
     event_types = _event_types(body.get("event_types"))
     name = _name(body.get("name", ""))
     reg = door(request)
-    mine = owned(reg.webhooks, request.identity.id)
+    mine = owned(reg.webhooks, owner_of(request))
     room_for_one(
         len(mine), defaults.WEBHOOK_ENDPOINTS_PER_IDENTITY, "webhook endpoints"
     )
     now = int(time.time())
     record: dict[str, Any] = {
         "id": new_id("we_"),
-        "owner": request.identity.id,
+        "owner": owner_of(request),
         "url": url,
         "event_types": event_types,
         "name": name,
@@ -122,7 +122,7 @@ def agents_webhooks_list(request: ServerRequest) -> dict[str, Any]:
     owned = [
         _shown(w)
         for w in door(request).webhooks.values()
-        if w["owner"] == request.identity.id
+        if w["owner"] == owner_of(request)
     ]
     return page(request, owned)
 

@@ -309,7 +309,12 @@ class ListDisclosureTests(E2BCase):
                 {
                     "id": "alice",
                     "token_env": "ALICE",
-                    "scopes": ["process:run", "process:manage", "process:read"],
+                    "scopes": [
+                        "process:run",
+                        "process:manage",
+                        "process:read",
+                        "links:mint",
+                    ],
                 },
                 {
                     "id": "bob",
@@ -319,6 +324,36 @@ class ListDisclosureTests(E2BCase):
             ]
         }
     }
+
+    @inlineCallbacks
+    def test_a_link_sees_its_minters(self) -> Any:
+        """
+        A link of Alice's acts for her: its List shows her command's
+        environment, as her own does.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["process:read"]},
+            token=ALICE,
+        )
+        self.assertEqual(minted.status, 201, minted.body)
+        started = self.rpc(
+            "process.Process/Start",
+            _start("sleep 2", envs={"PLAIN": "1"}),
+            stream=True,
+            headers={"X-Access-Token": ALICE, "Connect-Timeout-Ms": "2500"},
+        )
+        yield self.sdk(time.sleep, 0.7)
+        status, _, listed = yield self.rpc(
+            "process.Process/List",
+            {},
+            headers={"X-Access-Token": minted.json()["token"]},
+        )
+        yield started
+        self.assertEqual(status, 200, listed)
+        (view,) = [p for p in listed["processes"] if p["config"]["cmd"] == "/bin/bash"]
+        self.assertEqual(view["config"]["envs"], {"PLAIN": "1"})
 
     @inlineCallbacks
     def test_no_environment_of_others_no_secret_names(self) -> Any:

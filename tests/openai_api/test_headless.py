@@ -281,6 +281,9 @@ class RealCodexResponseTests(OpenAICase):
 class McpCallItemTests(FakeCLICase):
     """An MCP tool a headless CLI calls, as agent-sandbox-server shows it."""
 
+    # Four agents at once, all the caller's.
+    policy = openai_policy(limits={"max_per_identity": 4})
+
     @inlineCallbacks
     def test_server_and_tool(self) -> Any:
         """

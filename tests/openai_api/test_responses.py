@@ -402,7 +402,8 @@ class SlotTests(OpenAICase):
     goes to sleep, and continuing it starts its agent again.
     """
 
-    policy = openai_policy(limits={"max_sessions": 2})
+    # The slots themselves, whoever holds them: each identity may hold both.
+    policy = openai_policy(limits={"max_sessions": 2, "max_per_identity": 2})
 
     def live(self) -> list[Any]:
         """The agents running now."""

@@ -20,7 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.store import SessionStore
 from sandboxd.policy import defaults
-from tests.openai_api.sdk import OpenAICase, caught
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
 class RestartCase(OpenAICase):
@@ -242,6 +242,9 @@ class RestartTests(RestartCase):
 
 class KeptFilesTests(RestartCase):
     """No more session files are written than a start reads back."""
+
+    # Three agents at once, all the caller's.
+    policy = openai_policy(limits={"max_per_identity": 4})
 
     @inlineCallbacks
     def test_files_of_the_last_changed(self) -> Any:

@@ -13,7 +13,9 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from sandboxd.policy import defaults
 from tests.helpers import DaemonTestCase
+from tests.openai_api.sdk import TOKENS, openai_policy
 
 INIT = {
     "jsonrpc": "2.0",
@@ -282,3 +284,197 @@ class LinkShareTests(DaemonTestCase):
             "POST", "/mcp", INIT, headers=MCP_HEADERS, token="bob-token"
         )
         self.assertEqual(bob.status, 200)
+
+
+def _v1_policy() -> dict[str, Any]:
+    """The ``/v1`` test policy, Alice (``user``) allowed to mint links, 2 files each."""
+    policy = openai_policy()
+    policy["auth"]["tokens"][0]["scopes"] = ["agents:use", "links:mint"]
+    policy["endpoints"] = {"agents_files_create": {"limits": {"max_files": 2}}}
+    return policy
+
+
+class OpenAILinkShareTests(DaemonTestCase):
+    """
+    On the ``/v1`` door too, what a link makes is its minter's and counts
+    against the minter's bounds: links get a token no more vaults or files.
+    """
+
+    environ = TOKENS
+    policy = _v1_policy()
+
+    def setUp(self) -> Any:
+        # Two vaults per identity: the bound is a default, not a policy limit.
+        self.patch(defaults, "OPENAI_MAX_VAULTS", 2)
+        return super().setUp()
+
+    @inlineCallbacks
+    def link(self) -> Any:
+        """A console link of the user's for the agents API."""
+        reply = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["agents:use"]},
+            token="u-token",
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        return reply.json()["token"]
+
+    @inlineCallbacks
+    def ids(self, path: str, token: str) -> Any:
+        """The ids ``GET path`` lists for ``token``."""
+        reply = yield self.request("GET", path, token=token)
+        self.assertEqual(reply.status, 200, reply.body)
+        return sorted(o["id"] for o in reply.json()["data"])
+
+    @inlineCallbacks
+    def test_vaults(self) -> Any:
+        """
+        The user's vault and its first link's fill the user's 2: the second
+        link's is 400, another identity still makes one; the user lists
+        and deletes the link's vault, and the second link then makes one.
+        """
+        first = yield self.link()
+        second = yield self.link()
+        made = []
+        for token in ("u-token", first, second):
+            reply = yield self.request("POST", "/v1/vaults", {"name": "v"}, token=token)
+            made.append(reply)
+        self.assertEqual([r.status for r in made], [200, 200, 400])
+        self.assertIn("at most 2 vaults", made[2].json()["error"]["message"])
+        ids = sorted(r.json()["id"] for r in made[:2])
+        listed = yield self.ids("/v1/vaults", "u-token")
+        self.assertEqual(listed, ids)
+        by_link = yield self.ids("/v1/vaults", second)
+        self.assertEqual(by_link, ids)
+        other = yield self.request("POST", "/v1/vaults", {"name": "o"}, token="o-token")
+        self.assertEqual(other.status, 200, other.body)
+        theirs = yield self.ids("/v1/vaults", "o-token")
+        self.assertEqual(theirs, [other.json()["id"]])
+        gone = yield self.request(
+            "DELETE", f"/v1/vaults/{made[1].json()['id']}", token="u-token"
+        )
+        self.assertEqual(gone.status, 200, gone.body)
+        again = yield self.request("POST", "/v1/vaults", {"name": "v"}, token=second)
+        self.assertEqual(again.status, 200, again.body)
+
+    @inlineCallbacks
+    def test_files(self) -> Any:
+        """
+        Of ``max_files`` 2, the user's file and a link's hold both: a second
+        link's is 400 naming ``max_files``, and stores nothing; the user
+        reads the link's file.
+        """
+        self.daemon.context.state_dir = os.path.join(self.base_dir, "state")
+        first = yield self.link()
+        second = yield self.link()
+        made = []
+        for n, token in enumerate(("u-token", first, second)):
+            body = {"purpose": "user_data", "filename": f"f{n}", "data": "eHl6"}
+            reply = yield self.request("POST", "/v1/files", body, token=token)
+            made.append(reply)
+        self.assertEqual([r.status for r in made], [200, 200, 400], made[2].body)
+        self.assertIn("max_files", made[2].json()["error"]["setting"])
+        listed = yield self.ids("/v1/files", "u-token")
+        self.assertEqual(listed, sorted(r.json()["id"] for r in made[:2]))
+        content = yield self.request(
+            "GET", f"/v1/files/{made[1].json()['id']}/content", token="u-token"
+        )
+        self.assertEqual((content.status, content.body), (200, b"xyz"))
+
+
+def _agents_policy() -> dict[str, Any]:
+    """
+    Two agent slots for the ``/v1`` test identities, ``user`` and ``other``
+    also on the native routes, ``user`` allowed to mint links.
+    """
+    policy = openai_policy(limits={"max_sessions": 2})
+    tokens = policy["auth"]["tokens"]
+    tokens[0]["scopes"] = ["agents:use", "agents:run", "links:mint"]
+    tokens[1]["scopes"] = ["agents:use", "agents:run"]
+    return policy
+
+
+class AgentShareTests(DaemonTestCase):
+    """
+    Agent sessions, native and ``/v1`` alike, have a per-identity share of
+    ``max_sessions`` (half of 2 here, several identities logging in), which
+    a link's sessions count against as its minter's.
+    """
+
+    timeout = 60
+    environ = TOKENS
+    policy = _agents_policy()
+
+    def live(self) -> int:
+        """How many agents run now."""
+        return len(self.daemon.context.agents.get().live())
+
+    @inlineCallbacks
+    def native(self, token: str) -> Any:
+        """A native session for ``token`` (closed at the end when made)."""
+        reply = yield self.request(
+            "POST",
+            "/agents/sessions",
+            {"agent": "fake", "cwd": self.base_dir},
+            token=token,
+        )
+        if reply.status == 201:
+            sid = reply.json()["session_id"]
+            self.addCleanup(
+                self.request, "DELETE", f"/agents/sessions/{sid}", token=token
+            )
+        return reply
+
+    @inlineCallbacks
+    def test_second_identity_still_gets_one(self) -> Any:
+        """
+        ``user`` holds its one agent: another through its link, natively
+        or on ``/v1``, is 429 naming ``max_per_identity``; ``other`` still
+        starts one.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["agents:use", "agents:run"]},
+            token="u-token",
+        )
+        link = minted.json()["token"]
+        first = yield self.native("u-token")
+        self.assertEqual(first.status, 201, first.body)
+        refused = yield self.native(link)
+        self.assertEqual(refused.status, 429, refused.body)
+        self.assertEqual(refused.json()["code"], "too_many_sessions")
+        self.assertIn("max_per_identity", refused.json()["rule"])
+        body = {
+            "agent": {"model": "fake"},
+            "environment": {
+                "type": "self_hosted",
+                "workspace_directory": self.base_dir,
+            },
+        }
+        door = yield self.request("POST", "/v1/agents/sessions", body, token=link)
+        self.assertEqual(door.status, 429, door.body)
+        theirs = yield self.native("o-token")
+        self.assertEqual(theirs.status, 201, theirs.body)
+        self.assertEqual(self.live(), 2)
+
+    @inlineCallbacks
+    def test_own_idle_conversation_gives_way(self) -> Any:
+        """
+        At its share, the caller's own idle conversation behind a response
+        gives its agent up for the caller's new session, leaving the other
+        slot free.
+        """
+        answered = yield self.request(
+            "POST",
+            "/v1/responses",
+            {"model": "fake", "input": "echo 1"},
+            token="u-token",
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        mine = yield self.native("u-token")
+        self.assertEqual(mine.status, 201, mine.body)
+        self.assertEqual(self.live(), 1)
+        theirs = yield self.native("o-token")
+        self.assertEqual(theirs.status, 201, theirs.body)

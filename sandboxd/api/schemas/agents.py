@@ -127,8 +127,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions (4) are live, none an idle /v1 conversation that "
-                "can give its agent up",
+                "max_sessions (4) are live, or the caller's share of them "
+                "(max_per_identity), none an idle /v1 conversation that can give "
+                "its agent up",
                 "ResourceError",
             ),
             E(
@@ -175,8 +176,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions are live, none an idle /v1 conversation that can "
-                "give its agent up",
+                "max_sessions are live, or the caller's share of them "
+                "(max_per_identity), none an idle /v1 conversation that can give "
+                "its agent up",
             ),
             E(
                 501,

@@ -304,8 +304,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions are live, none an idle conversation that can give "
-                "its agent up",
+                "max_sessions are live, or the caller's share of them "
+                "(max_per_identity), none an idle conversation that can give its "
+                "agent up",
                 "ResourceError",
             ),
             E(503, "agent_unavailable", "the agent is not installed or cannot start"),
@@ -564,8 +565,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions are live, none an idle conversation that can give "
-                "its agent up",
+                "max_sessions are live, or the caller's share of them "
+                "(max_per_identity), none an idle conversation that can give its "
+                "agent up",
                 "ResourceError",
             ),
         ),
