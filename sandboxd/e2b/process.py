@@ -111,7 +111,8 @@ class Config:
     def as_json(self, viewer: Identity, hidden: frozenset[str]) -> dict[str, Any]:
         """
         The ``ProcessConfig`` message as ``viewer`` may see it: no more than
-        ``process_list`` shows (the command) unless ``viewer`` started it;
+        ``process_list`` shows (the command) unless ``viewer`` acts for the
+        identity that started it (that identity, or a link of its minter's);
         then also its ``cwd`` and ``envs``, without the names ``GET /env``
         hides (``hidden``, and names holding TOKEN, SECRET, KEY…).
         """
@@ -497,7 +498,9 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         raise process_routes._spawn_failed(e, spec.command) from None
 
     def running(_: object = None) -> None:
-        _state(call).remember(managed.pid, attrs.evolve(config, owner=call.identity.id))
+        _state(call).remember(
+            managed.pid, attrs.evolve(config, owner=call.identity.root)
+        )
         stream = Stream(call, _keepalive)
         stream.send({"event": {"start": {"pid": managed.pid}}})
         _follow(call, stream, managed, replay=True)
@@ -547,7 +550,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
     created = terminal_routes.pty_create_session(call.server_request(body))
     table = _terminals(call)
     session = table.get(created["session_id"])
-    _state(call).remember(session.pid, attrs.evolve(config, owner=call.identity.id))
+    _state(call).remember(session.pid, attrs.evolve(config, owner=call.identity.root))
     stream = Stream(call, _keepalive)
 
     if timeout is not None:

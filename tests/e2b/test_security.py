@@ -356,6 +356,37 @@ class ListDisclosureTests(E2BCase):
         self.assertEqual(view["config"]["envs"], {"PLAIN": "1"})
 
     @inlineCallbacks
+    def test_the_minter_sees_its_links(self) -> Any:
+        """
+        What a link of Alice's starts is hers: her own List shows its
+        environment, as it shows her own commands'.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["process:run", "process:read"]},
+            token=ALICE,
+        )
+        self.assertEqual(minted.status, 201, minted.body)
+        started = self.rpc(
+            "process.Process/Start",
+            _start("sleep 2", envs={"PLAIN": "1"}),
+            stream=True,
+            headers={
+                "X-Access-Token": minted.json()["token"],
+                "Connect-Timeout-Ms": "2500",
+            },
+        )
+        yield self.sdk(time.sleep, 0.7)
+        status, _, listed = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": ALICE}
+        )
+        yield started
+        self.assertEqual(status, 200, listed)
+        (view,) = [p for p in listed["processes"] if p["config"]["cmd"] == "/bin/bash"]
+        self.assertEqual(view["config"]["envs"], {"PLAIN": "1"})
+
+    @inlineCallbacks
     def test_no_environment_of_others_no_secret_names(self) -> Any:
         """
         Alice's command started with GITHUB_TOKEN and DB_PASSWORD: Bob's
