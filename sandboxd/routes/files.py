@@ -32,6 +32,7 @@ from sandboxd.errors import (
     file_not_found,
     forbidden,
     limit_setting,
+    not_found,
     payload_too_large,
     range_not_satisfiable,
 )
@@ -580,7 +581,7 @@ def _no_directory(error: ApiError) -> ApiError:
     ``FileNotFoundError_`` for them; the type still says which it was.
     """
     if error.status == 400 and error.type == "NotADirectoryError":
-        return ApiError(404, error.message, error.type, Code.NOT_FOUND)
+        return not_found(error.message, error.type)
     return error
 
 

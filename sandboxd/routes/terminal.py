@@ -116,7 +116,7 @@ def _shell_refused(error: ApiError) -> ApiError:
     """
     if error.code is not Code.PARAM_NOT_ALLOWED:
         return error
-    return ApiError(400, error.message, "ValueError", error.code, **error.extra)
+    return bad_request(error.message, error.code, **error.extra)
 
 
 def open_session(
