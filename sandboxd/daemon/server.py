@@ -654,7 +654,7 @@ class DaemonService(MultiService):
     def _last_spans(self) -> Deferred[Any]:
         """The spans of the last calls to the collector, within a bound."""
         clock = as_clock(self.context.reactor)
-        d = maybeDeferred(self.context.tracer.stop)
+        d = maybeDeferred(self.context.tracer.stop, TRACE_STOP_SECONDS)
         d.addTimeout(TRACE_STOP_SECONDS, clock)
         d.addErrback(
             lambda f: log.warn(
