@@ -86,9 +86,14 @@ class ReloadOptions(usage.Options):
             "pid",
             None,
             None,
-            "The daemon's pid (default: --pidfile, else the one running sandboxd).",
+            "The daemon's pid (default: the one sandboxd running here).",
         ],
-        ["pidfile", None, "twistd.pid", "A twistd pidfile."],
+        [
+            "pidfile",
+            None,
+            None,
+            "A pidfile twistd wrote (--pidfile F); its pid must be a sandboxd.",
+        ],
     ]
 
 
@@ -350,37 +355,60 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
 def reload(options: ReloadOptions) -> int:
     """
     Send SIGHUP to the daemon: ``--pid``, else ``--pidfile``'s, else the
-    one sandboxd running on this machine (the documented invocations write
-    no pidfile).
+    one sandboxd running on this machine (``sandboxd serve`` and the
+    documented twistd invocations write no pidfile, and a pidfile left in
+    the current directory may name a pid reused since).  A pid that is not
+    a running sandboxd is refused: SIGHUP's default action kills.
     """
+    from sandboxd.daemon import running
+
     pid = options["pid"]
-    if pid is None:
+    if pid is None and options["pidfile"] is not None:
         try:
             with open(options["pidfile"]) as f:
                 pid = f.read().strip()
-        except FileNotFoundError:
-            from sandboxd.daemon.running import running_daemons
-
-            found = running_daemons()
-            if len(found) != 1:
-                which = (
-                    "no running sandboxd was found"
-                    if not found
-                    else "several sandboxd daemons run: "
-                    + ", ".join(map(str, found))
-                    + "; choose one with --pid"
-                )
-                print(f"sandboxd reload: {which}", file=sys.stderr)
-                return 1
-            pid = str(found[0])
         except OSError as e:
-            print(f"cannot read {options['pidfile']}: {e.strerror}", file=sys.stderr)
+            print(
+                f"sandboxd reload: cannot read {options['pidfile']}: {e.strerror}",
+                file=sys.stderr,
+            )
             return 1
+    if pid is None:
+        found = running.running_daemons()
+        if len(found) != 1:
+            which = (
+                "no running sandboxd was found"
+                if not found
+                else "several sandboxd daemons run: "
+                + ", ".join(map(str, found))
+                + "; choose one with --pid"
+            )
+            print(f"sandboxd reload: {which}", file=sys.stderr)
+            return 1
+        pid = str(found[0])
     try:
-        os.kill(int(pid), signal.SIGHUP)
-    except (OSError, ValueError) as e:
-        print(f"cannot signal {pid}: {e}", file=sys.stderr)
+        number = int(pid)
+    except ValueError:
+        print(f"sandboxd reload: {pid!r} is not a pid", file=sys.stderr)
         return 1
+    if number <= 0 or not running.is_daemon(number):
+        argv = running.command_of(number) if number > 0 else None
+        what = (
+            "does not run"
+            if argv is None
+            else f"is not sandboxd ({' '.join(argv)[:80]})"
+        )
+        print(
+            f"sandboxd reload: process {number} {what}; nothing was signalled",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        os.kill(number, signal.SIGHUP)
+    except OSError as e:
+        print(f"sandboxd reload: cannot signal {number}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"sandboxd reload: sent SIGHUP to sandboxd {number}")
     return 0
 
 

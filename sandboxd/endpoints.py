@@ -135,7 +135,7 @@ _OA_STREAM: dict[str, Any] = {"door": "openai", "streaming": True}
 # (id, method, path, group, scopes, summary, flags)
 # fmt: off
 _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dict[str, Any]]] = [
-    ("health", "GET", "/health", G.CORE, (), "Liveness: always 200 {status: ok}.", {"auth_required": False, "body": "none"}),
+    ("health", "GET", "/health", G.CORE, (), "Liveness and readiness: 200 {status: ok}; 503 unavailable while the daemon stops.", {"auth_required": False, "body": "none"}),
     ("capabilities", "GET", "/capabilities", G.CORE, ("core:read",), "What this caller may do, endpoint by endpoint.", {}),
     ("capabilities_check", "POST", "/capabilities/check", G.CORE, ("core:read",), "Decide a hypothetical call without making it.", {}),
     ("openapi", "GET", "/openapi.json", G.CORE, ("core:read",), "OpenAPI 3.1 document generated from this table.", {}),

@@ -441,6 +441,21 @@ class PluginTests(SynchronousTestCase):
         self.assertIn(state, daemon.context.policy.rule("download").daemon_files)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (and is not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_quietly(pid: int) -> None:
+    """SIGKILL ``pid`` if it still runs (a test that failed left it)."""
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 class TwistdTests(SynchronousTestCase):
     """twistd -n sandboxd, as an operator starts it."""
 
@@ -568,6 +583,78 @@ class TwistdTests(SynchronousTestCase):
         self.assertIn("policy reloaded", d.output())
         groups = d.get("/capabilities", {"Host": "localhost"})[1]["groups"]
         self.assertFalse(groups["dev_tools"])
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
+    def stubborn_child(self, d: DaemonProcess) -> int:
+        """A background process of ``d`` that ignores SIGTERM (the stop takes 5 s); its pid."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{d.port}/process/start",
+            data=json.dumps(
+                {"shell": "bash", "command": "trap '' TERM; exec sleep 101"}
+            ).encode(),
+            headers={"Content-Type": "application/json", "Host": "localhost"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            pid: int = json.loads(response.read())["pid"]
+        self.addCleanup(_kill_quietly, pid)
+        time.sleep(0.3)  # until bash has set its trap
+        return pid
+
+    def signal_during_stop(self, second: signal.Signals) -> tuple[DaemonProcess, int]:
+        """
+        A ``sandboxd serve`` with a stubborn child, sent SIGTERM and, a
+        second into its stop, ``second``; the daemon and the child's pid.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, serve_argv(base))
+        d.wait_healthy()
+        child = self.stubborn_child(d)
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        d.proc.send_signal(second)
+        d.proc.wait(timeout=20)
+        return d, child
+
+    def test_hup_during_stop(self) -> None:
+        """
+        A SIGHUP (a reload) that lands while the daemon stops is ignored:
+        the stop goes on, the stubborn child is killed, and the daemon
+        exits 0.
+        """
+        d, child = self.signal_during_stop(signal.SIGHUP)
+        self.assertEqual(d.proc.returncode, 0, d.output())
+        self.assertFalse(_alive(child))
+        self.assertIn("SIGHUP while stopping: ignored", d.output())
+
+    def test_second_sigterm_during_stop(self) -> None:
+        """
+        A second SIGTERM (a supervisor that sends it again, Ctrl-C twice)
+        is logged at info and changes nothing: no critical traceback, exit 0.
+        """
+        d, child = self.signal_during_stop(signal.SIGTERM)
+        self.assertEqual(d.proc.returncode, 0, d.output())
+        self.assertFalse(_alive(child))
+        log = d.output()
+        self.assertIn("SIGTERM while stopping: ignored", log)
+        self.assertNotIn("ReactorNotRunning", log)
+        self.assertNotIn("critical", log)
+
+    def test_usr1_to_serve(self) -> None:
+        """
+        ``sandboxd serve`` logs to stdout, so SIGUSR1 has no log file to
+        rotate: it is logged and ignored, and the daemon goes on serving.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, serve_argv(base))
+        d.wait_healthy()
+        d.proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        self.assertIsNone(d.proc.poll(), d.output())
+        self.assertEqual(d.get("/health"), (200, {"status": "ok"}))
+        self.assertIn("SIGUSR1 ignored: there is no log file to rotate", d.output())
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
 

@@ -18,11 +18,13 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from sandboxd.access import otlp
 from sandboxd.access.tracing import Span, TraceSettings
+from sandboxd.daemon import server
 from tests.helpers import DaemonTestCase, refusing_port
 from tests.kep.case import KepCase
 
@@ -531,6 +533,56 @@ class UnreachableTests(TracedDaemon):
                 break
             yield deferLater(reactor, 0.02, lambda: None)
         self.assertEqual(tracer.counts["failed"], 3)
+
+
+class UnreachableAtStopTests(TracedDaemon):
+    """A collector that cannot be reached holds the daemon's stop no longer than its bound."""
+
+    def setUp(self) -> Any:
+        self.unreachable = f"http://127.0.0.1:{refusing_port(self)}"
+        self.patch(server, "TRACE_STOP_SECONDS", 1.0)
+        return super().setUp()
+
+    def start_traced(self, **otel: str) -> Any:
+        # An export being retried when the stop begins, with a long deadline of its own.
+        return super().start_traced(
+            OTEL_EXPORTER_OTLP_ENDPOINT=self.unreachable,
+            OTEL_BSP_EXPORT_TIMEOUT="20000",
+            **otel,
+        )
+
+    @inlineCallbacks
+    def test_stop_is_bounded(self) -> Any:
+        """
+        The stop gives up on the export under way at its bound, with no
+        retry after it, and the log says why the spans were dropped.
+        """
+        events: list[str] = []
+        observer = lambda event: events.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        yield self.request("GET", "/health")
+        tracer = self.daemon.context.tracer
+        for _ in range(100):
+            if tracer._sending is not None:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        # A second batch waits behind the one being retried.
+        yield self.request("GET", "/health")
+        self.assertEqual(len(tracer.queue), 1)
+        started = reactor.seconds()
+        yield self.daemon.stop()
+        self.assertLess(reactor.seconds() - started, 3.0)
+        self.assertEqual(tracer.counts["failed"], 2)
+        dropped = [e for e in events if "dropped" in e]
+        self.assertIn(
+            ": the daemon stopped before the collector took them; 1 span(s) dropped",
+            dropped[0],
+        )
+        self.assertIn(
+            "the daemon stopped before 1 queued span(s) could be sent; dropped",
+            dropped[1],
+        )
 
 
 class McpTests(TracedDaemon):

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import TimeoutError as DeferredTimeout
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.client import (
@@ -427,6 +428,11 @@ class Exporter:
             return False
 
         def unreachable(failure: Any) -> Any:
+            if failure.check(CancelledError):
+                # Only the daemon's stop cancels an export (the request's
+                # own timeout is a TimeoutError): trying again would hold
+                # the stop past its bound.
+                return failure
             return again(wait, failure.getErrorMessage() or failure.type.__name__)
 
         def again(delay: float, why: str) -> Any:
@@ -444,7 +450,11 @@ class Exporter:
         return sent
 
     def _unsent(self, failure: Any, count: int) -> bool:
-        self._warn(f"{failure.getErrorMessage()}; {count} span(s) dropped")
+        if failure.check(CancelledError, DeferredTimeout):
+            why = "the daemon stopped before the collector took them"
+        else:
+            why = failure.getErrorMessage() or failure.type.__name__
+        self._warn(f"{why}; {count} span(s) dropped")
         return False
 
     def _warn(self, why: str) -> None:

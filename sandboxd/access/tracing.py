@@ -609,6 +609,8 @@ class Tracer:
         self._timer: Any = None
         self._sending: Any = None
         self._stopping = False
+        #: When the stop's exports must be over (:meth:`stop`).
+        self._stop_deadline: float | None = None
         self._drop_warned: float | None = None
         self._dropped_since = 0
         #: Whether spans are being sent anywhere (read on every call: an
@@ -822,7 +824,10 @@ class Tracer:
             return None
         batch = self.queue[: self.settings.max_batch]
         del self.queue[: len(batch)]
-        d = self._sending = self.exporter.export(batch, self.settings.export_timeout)
+        within = self.settings.export_timeout
+        if self._stop_deadline is not None:
+            within = min(within, max(0.0, self._stop_deadline - self.reactor.seconds()))
+        d = self._sending = self.exporter.export(batch, within)
 
         def done(sent: bool) -> None:
             self._sending = None
@@ -834,10 +839,12 @@ class Tracer:
         d.addCallback(done)
         return d
 
-    def stop(self) -> Any:
+    def stop(self, within: float | None = None) -> Any:
         """
         At the daemon's stop: what is queued goes now, each batch within
-        the export timeout; no span is taken after.
+        the export timeout and all of them within ``within`` seconds (the
+        stop is bounded; an export under way may be cut sooner); no span
+        is taken after.  What is left at the bound is dropped and counted.
         """
         self._stopping = True
         self.exporting = False
@@ -846,11 +853,23 @@ class Tracer:
         self._timer = None
         if self.exporter is None:
             return succeed(None)
+        if within is not None and self.reactor is not None:
+            self._stop_deadline = self.reactor.seconds() + within
 
         def drain(_: Any = None) -> Any:
             if self._sending is not None:
                 return self._sending.addCallback(drain)
             if not self.queue:
+                return None
+            deadline = self._stop_deadline
+            if deadline is not None and self.reactor.seconds() >= deadline:
+                log.warn(
+                    "sandboxd: traces: the daemon stopped before {count} queued"
+                    " span(s) could be sent; dropped",
+                    count=len(self.queue),
+                )
+                self.counts["failed"] += len(self.queue)
+                self.queue.clear()
                 return None
             return self._send().addCallback(drain)
 

@@ -23,6 +23,22 @@ def _is_daemon(argv: list[str]) -> bool:
     return False
 
 
+def command_of(pid: int, proc: str = "/proc") -> list[str] | None:
+    """The arguments ``pid`` was started with; None when it does not run."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def is_daemon(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` is a running sandboxd daemon (``sandboxd reload`` checks, then signals)."""
+    argv = command_of(pid, proc)
+    return argv is not None and _is_daemon(argv)
+
+
 def running_daemons(proc: str = "/proc") -> list[int]:
     """The pids of sandboxd daemons on this machine (not this process)."""
     found = []
@@ -30,12 +46,6 @@ def running_daemons(proc: str = "/proc") -> list[int]:
     for name in os.listdir(proc):
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open(os.path.join(proc, name, "cmdline"), "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-        if _is_daemon(argv):
+        if is_daemon(int(name), proc):
             found.append(int(name))
     return sorted(found)

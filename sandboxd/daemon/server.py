@@ -280,7 +280,8 @@ class DaemonService(MultiService):
         self.groups = groups
         for service in groups + listeners:
             service.setServiceParent(self)
-        self._previous_hup: Any = None
+        #: The handlers this service replaced, put back when it has stopped.
+        self._previous_signals: dict[int, Any] = {}
         self._trim: Any = None
         #: What a reload reads for its environment: the one the daemon
         #: started with.  ``POST /env`` changes ``os.environ`` (for the
@@ -501,15 +502,68 @@ class DaemonService(MultiService):
             os.chdir(self.context.base_dir)
 
     def _install_hup(self) -> None:
+        """
+        SIGHUP reloads the policy.  SIGUSR1 rotates a twistd log file; with
+        none to rotate (``sandboxd serve`` logs to stdout) it is logged and
+        ignored, since its default action would kill the daemon with no
+        stop at all, orphaning its children.
+        """
         reactor = self.context.reactor
         if not hasattr(reactor, "callFromThread") or not hasattr(signal, "SIGHUP"):
             return
         try:
-            self._previous_hup = signal.signal(
+            self._previous_signals[signal.SIGHUP] = signal.signal(
                 signal.SIGHUP, lambda *_: reactor.callFromThread(self.reload)
             )
+            if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+                self._previous_signals[signal.SIGUSR1] = signal.signal(
+                    signal.SIGUSR1,
+                    lambda *_: reactor.callFromThread(
+                        log.info,
+                        "sandboxd: SIGUSR1 ignored: there is no log file to rotate"
+                        " (the log goes to stdout)",
+                    ),
+                )
         except ValueError:
-            self._previous_hup = None  # not the main thread (tests)
+            pass  # not the main thread (tests)
+
+    def _hold_signals(self) -> None:
+        """
+        For the rest of the stop, SIGHUP, SIGTERM and SIGINT are logged
+        (once each) and otherwise ignored: SIGHUP's default action would
+        kill the daemon before its children are ended, and Twisted's own
+        SIGTERM handler would try to stop a reactor already stopping.
+        """
+        reactor = self.context.reactor
+        if not hasattr(reactor, "callFromThread") or not hasattr(signal, "SIGHUP"):
+            return
+        seen: set[int] = set()
+
+        def held(signum: int, frame: Any) -> None:
+            if signum in seen:
+                return
+            seen.add(signum)
+            reactor.callFromThread(
+                log.info,
+                "sandboxd: {name} while stopping: ignored, the stop goes on",
+                name=signal.Signals(signum).name,
+            )
+
+        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            try:
+                previous = signal.signal(signum, held)
+            except ValueError:
+                return  # not the main thread (tests)
+            self._previous_signals.setdefault(signum, previous)
+
+    def _restore_signals(self) -> None:
+        """Put back the handlers this service replaced."""
+        for signum, previous in self._previous_signals.items():
+            try:
+                signal.signal(signum, previous)
+            except (ValueError, TypeError):
+                pass  # not the main thread, or a handler not set from Python
+        self._previous_signals.clear()
 
     def reload(self) -> bool:
         """Re-read the policy; an invalid one is refused and the old one stays."""
@@ -563,11 +617,7 @@ class DaemonService(MultiService):
             self._trim.cancel()
         if self.heap_sweep.running:
             self.heap_sweep.stop()
-        if self._previous_hup is not None:
-            try:
-                signal.signal(signal.SIGHUP, self._previous_hup)
-            except ValueError:
-                pass
+        self._hold_signals()
         listeners = DeferredList(
             [maybeDeferred(s.stopService) for s in self.listeners], consumeErrors=True
         )
@@ -591,6 +641,7 @@ class DaemonService(MultiService):
             self.context.audit.flush()
             self.context.scratch.close()
             CHILD_CGROUPS.restore()
+            self._restore_signals()
             # twistd re-raises the stopping signal at exit so the status
             # reads "killed by SIGTERM"; after a graceful stop SPEC §1 wants
             # exit 0, so forget the signal (twistd reads it after run()).
@@ -603,7 +654,7 @@ class DaemonService(MultiService):
     def _last_spans(self) -> Deferred[Any]:
         """The spans of the last calls to the collector, within a bound."""
         clock = as_clock(self.context.reactor)
-        d = maybeDeferred(self.context.tracer.stop)
+        d = maybeDeferred(self.context.tracer.stop, TRACE_STOP_SECONDS)
         d.addTimeout(TRACE_STOP_SECONDS, clock)
         d.addErrback(
             lambda f: log.warn(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandboxd.errors import unavailable
 from sandboxd.policy import discovery
 from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import ServerRequest, ServerResponse
@@ -15,7 +16,13 @@ _HEALTH = ServerResponse(
 
 
 def health(request: ServerRequest) -> ServerResponse:
-    """``GET /health``: always 200 ``{"status": "ok"}``."""
+    """
+    ``GET /health``: 200 ``{"status": "ok"}``; 503 once the daemon is
+    stopping, for a prober on a connection it opened before the stop (new
+    connections are refused then), so it takes the daemon out of rotation.
+    """
+    if request.context.draining:
+        raise unavailable("the daemon is shutting down")
     return _HEALTH
 
 

@@ -286,8 +286,11 @@ class SandboxChannel(HTTPChannel):
         assert head is not None
         if b"cookie" in head.fields:
             request.parseCookies()
-        self.persistent = head.keep_alive
-        if not head.keep_alive and head.version == b"HTTP/1.1":
+        # While the daemon stops, every answer ends its connection: a client
+        # that kept one open (a keep-alive prober) learns of the stop.
+        stopping = getattr(getattr(self.site, "context", None), "draining", False)  # type: ignore[attr-defined]
+        self.persistent = head.keep_alive and not stopping
+        if not self.persistent and head.version == b"HTTP/1.1":
             request.responseHeaders.setRawHeaders(b"connection", [b"close"])
         request.gotLength(self.length)
         # A request answered at header time drops its Expect.

@@ -914,3 +914,64 @@ class TlsLingeringCloseTests(LingeringCloseTests):
         out, closed_after = yield waiting
         self.assertRefusal(out, *self.refused)
         self.assertLess(closed_after, 2.5)
+
+
+def _one_answer(sock: socket.socket, buffered: bytes = b"") -> tuple[bytes, bytes]:
+    """One HTTP answer read from ``sock`` (head, body); blocking."""
+    data = buffered
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"closed mid-answer: {data!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"closed mid-body: {head + body!r}")
+        body += chunk
+    return head, body
+
+
+class StoppingKeepAliveTests(DaemonTestCase):
+    """A client on a connection opened before the daemon's stop."""
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_health_says_stopping_and_closes(self) -> Any:
+        """
+        While the daemon stops (a child that ignores SIGTERM holds the stop
+        5 s), ``/health`` on an already open keep-alive connection answers
+        503 ``unavailable`` with ``Connection: close``, and the connection
+        is then closed: a keep-alive prober learns of the stop.
+        """
+        started = yield self.request(
+            "POST",
+            "/process/start",
+            {"shell": "bash", "command": "trap '' TERM; exec sleep 101"},
+        )
+        self.assertEqual(started.status, 200, started.body)
+        yield deferLater(reactor, 0.3, lambda: None)
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=10)
+        self.addCleanup(sock.close)
+        ask = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        sock.sendall(ask)
+        head, body = yield deferToThread(_one_answer, sock)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        self.assertNotIn(b"close", head.lower())
+        stopping = self.daemon.stop()
+        self.assertFalse(stopping.called)
+
+        def ask_again() -> tuple[bytes, bytes, bytes]:
+            sock.sendall(ask)
+            head, body = _one_answer(sock)
+            return head, body, sock.recv(65536)
+
+        head, body, after = yield deferToThread(ask_again)
+        self.assertTrue(head.startswith(b"HTTP/1.1 503"), head)
+        self.assertIn(b"connection: close", head.lower())
+        self.assertEqual(json.loads(body)["code"], "unavailable")
+        self.assertEqual(after, b"")
+        yield stopping
