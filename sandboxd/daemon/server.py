@@ -70,6 +70,7 @@ from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import SandboxSite
+from sandboxd.web.sse import end_revoked
 
 log = Logger(namespace="sandboxd")
 
@@ -534,6 +535,7 @@ class DaemonService(MultiService):
             )
             self.context.metrics.reloads["refused"] += 1
             return False
+        before = self.context.policy.tokens
         self.context.replace_policy(policy)
         CHILD_PRIORITY.configure(policy.document.priority)
         CHILD_CGROUPS.configure(policy.document.cgroups)
@@ -549,6 +551,10 @@ class DaemonService(MultiService):
             self.context.kep.policy_reloaded()
         if self.context.agents is not None:
             self.context.agents.policy_reloaded()
+        # Connections admitted under the old policy that it no longer lets in.
+        if self.context.terminals is not None:
+            self.context.terminals.factory.policy_reloaded(before)
+        end_revoked(self.context)
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
