@@ -52,6 +52,7 @@ from sandboxd.daemon.startup import (
     interface_of,
     load_everyday,
     startup_line,
+    state_dir_problem,
 )
 from sandboxd.endpoints import RouteTable
 from sandboxd.files.atomic import abort_unfinished_at_shutdown
@@ -864,6 +865,10 @@ def build(
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
         state_dir=state_dir(settings, environ),
     )
+    problem = state_dir_problem(context.state_dir)
+    if problem is not None:
+        # Warned, not refused: everything else the daemon serves works.
+        log.warn("sandboxd: WARNING: {problem}", problem=problem)
     context.tracer = build_tracer(environ, reactor)
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
