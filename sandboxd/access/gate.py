@@ -586,6 +586,7 @@ def audit(
     client: str = "",
     extra: Mapping[str, object] | None = None,
     headers: Headers | None = None,
+    count: bool = True,
 ) -> None:
     """
     Write the audit line of one call (SPEC §11.5, §16), if the endpoint's
@@ -596,14 +597,18 @@ def audit(
     :param extra: door-specific fields (a tool name, a procedure).
     :param headers: the call's headers (lower-cased names), for the
         caller's trace context and request id.
+    :param count: False for a request whose calls are counted as their
+        own endpoints' (an MCP POST carrying a ``tools/call``), so that
+        ``sandboxd_requests_total`` counts each call once.
     """
-    context.metrics.request(
-        endpoint.id if endpoint is not None else None,
-        str(door),
-        status,
-        str(code) if code is not None else None,
-        time.monotonic() - started if started else 0.0,
-    )
+    if count:
+        context.metrics.request(
+            endpoint.id if endpoint is not None else None,
+            str(door),
+            status,
+            str(code) if code is not None else None,
+            time.monotonic() - started if started else 0.0,
+        )
     mode = rule.audit if rule is not None else "deny"
     recorded = should_record(mode, status)
     tracer = context.tracer

@@ -277,6 +277,8 @@ class Exchange:
         #: A GET stream was opened (its end by the client is the normal one).
         self.server_stream = False
         self.rpc: str | None = None
+        #: The message became a tool's (or resource's) call, counted as such.
+        self.counted_as_call = False
         self.code: str | None = None
         self.decided_by: str | None = None
         self.status = 200
@@ -419,6 +421,7 @@ class Exchange:
             client=getattr(self.request, "client_host", ""),
             extra={"rpc": self.rpc} if self.rpc else None,
             headers=self.headers,
+            count=not self.counted_as_call,
         )
 
     # -- after the body ----------------------------------------------------
@@ -497,7 +500,13 @@ class Exchange:
             self.headers,
             self.request.isSecure(),
             getattr(self.request, "client_host", ""),
+            on_call=self._carries_call,
         )
+
+    def _carries_call(self) -> None:
+        # The call is counted as its tool's endpoint (``door="mcp"``);
+        # this POST is audited, not counted a second time.
+        self.counted_as_call = True
 
     # -- POST --------------------------------------------------------------
 

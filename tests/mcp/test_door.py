@@ -257,6 +257,42 @@ class ToolCallTests(McpTestCase):
         self.assertIn("hi", result.content[0].text)
 
     @inlineCallbacks
+    def test_tool_call_counted_once(self) -> Any:
+        """
+        A ``tools/call`` is one request in ``sandboxd_requests_total``: under
+        the tool's endpoint with ``door="mcp"``, not also as a POST to
+        ``/mcp`` (summing the counter then overstated the calls answered).
+        """
+        from tests.test_metrics import samples
+
+        opened = yield self.initialize()
+        self.assertEqual(opened.status_code, 200, opened.text)
+        headers = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": opened.json()["result"]["protocolVersion"],
+        }
+        called = yield self.http(
+            "POST",
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "shell", "arguments": {"command": "echo hi"}},
+            },
+            headers,
+        )
+        self.assertEqual(called.status_code, 200, called.text)
+        self.assertFalse(called.json()["result"].get("isError"), called.text)
+        reply = yield self.request("GET", "/metrics")
+        counted = {
+            (dict(labels)["endpoint"], dict(labels)["door"]): value
+            for (name, labels), value in samples(reply.body.decode()).items()
+            if name == "sandboxd_requests_total" and value
+        }
+        # The initialize POST, and the call as the tool's endpoint.
+        self.assertEqual(counted, {("mcp", "mcp"): 1.0, ("shell", "mcp"): 1.0})
+
+    @inlineCallbacks
     def test_metrics_as_text(self) -> Any:
         """The Prometheus text of /metrics comes back as text content."""
 
