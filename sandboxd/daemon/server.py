@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from sandboxd._version import __version__
 from sandboxd.access import guard
 from sandboxd.access.audit import AuditLog
+from sandboxd.access.held import end_revoked as end_revoked_held
 from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
@@ -556,6 +557,7 @@ class DaemonService(MultiService):
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
         end_revoked(self.context)
+        end_revoked_held(self.context)
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
