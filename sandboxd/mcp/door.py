@@ -216,9 +216,14 @@ class McpDoor(Service):
             for session in self.sessions:
                 self.sessions.remove(session)
             return
-        tokens = self.context.policy.tokens
         for session in self.sessions:
-            identity = _same_identity(tokens, session.identity)
+            # Asked as every connection that outlives a reload is: a link's
+            # session stays while its minter does (narrowed to the minter's
+            # scopes now), where looking its id up among the tokens ended
+            # it at every reload.
+            identity, _ = gate.still_allowed(
+                self.context, session.identity, self.endpoint
+            )
             if identity is None:
                 self.sessions.remove(session)
                 continue
@@ -238,18 +243,6 @@ class McpDoor(Service):
     ) -> Exchange:
         """Take over one HTTP request for ``/mcp`` at header time."""
         return Exchange(self, request, method, headers, length)
-
-
-def _same_identity(tokens: Any, identity: Identity) -> Identity | None:
-    """``identity`` as the policy now defines it, or None if it is gone."""
-    if identity.id == "anonymous":
-        anonymous: Identity | None = tokens.anonymous
-        return anonymous
-    for _, known in tokens.entries:
-        if known.id == identity.id:
-            found: Identity = known
-            return found
-    return None
 
 
 class Exchange:

@@ -662,6 +662,42 @@ class PolicyTests(McpTestCase):
         self.assertTrue(result.structured_content["rule"])
 
     @inlineCallbacks
+    def test_reload_keeps_a_links_session_while_its_minter_stays(self) -> Any:
+        """
+        An MCP session opened with a link lives through a reload that keeps
+        the link's minter, and ends with one that takes the minter out.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"]},
+            token=ADMIN,
+        )
+        bearer = {"authorization": f"Bearer {minted.json()['token']}"}
+        opened = yield self.initialize(headers=bearer)
+        self.assertEqual(opened.status_code, 200, opened.text)
+        door = self.daemon.context.doors[b"/mcp"]
+        service = self.daemon.daemon
+        self.assertTrue(service.reload())
+        self.assertEqual(len(door.sessions), 1)
+        listed = yield self.http(
+            "POST",
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            {
+                **bearer,
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": opened.json()["result"]["protocolVersion"],
+            },
+        )
+        self.assertEqual(listed.status_code, 200, listed.text)
+        service.settings.policy = {
+            **service.settings.policy,
+            "auth": {"tokens": [TOKENS["auth"]["tokens"][0]]},
+        }
+        self.assertTrue(service.reload())
+        self.assertEqual(len(door.sessions), 0)
+
+    @inlineCallbacks
     def test_counted_link_spends_one_use_per_request(self) -> Any:
         """
         A counted link on /mcp: each request it is let in with spends one
