@@ -530,6 +530,34 @@ class LinkStateTests(SynchronousTestCase):
         table.mint(self.minter, "preview:3000", None, 60, 1, 10)
         self.assertEqual(len(self.table().links), 2)
 
+    def test_read_only_state_is_not_a_full_disk(self) -> None:
+        """
+        A state dir that cannot be written for another reason than space
+        (a read-only file system): the 507 says so, naming the state file
+        and the system's reason, not "the disk is full".
+        """
+        table = self.table()
+
+        def read_only(*_: Any) -> None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        self.patch(os, "replace", read_only)
+        with self.assertRaises(ApiError) as caught:
+            table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        error = caught.exception
+        self.assertEqual((error.status, error.code), (507, "insufficient_storage"))
+        self.assertNotIn("disk is full", error.message)
+        self.assertIn("the state dir is not writable", error.message)
+        self.assertIn(os.path.join(self.state, "links.json"), error.message)
+        self.assertIn("(Read-only file system)", error.message)
+        self.assertIn("no link was made", error.message)
+        self.assertEqual(table.links, {})
+        self.full_disk()
+        with self.assertRaises(ApiError) as caught:
+            table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        self.assertIn("the disk is full", caught.exception.message)
+        self.assertIn("(No space left on device)", caught.exception.message)
+
     def test_full_disk_revocation_holds(self) -> None:
         """
         A revocation that cannot be kept is 507 but holds from then on (a

@@ -5,6 +5,7 @@ labels never carry, and that start-up does not load prometheus_client.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -28,6 +29,38 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+class AuditDroppedTests(DaemonTestCase):
+    """Audit records the file could not take are counted for an alert."""
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_dropped_records_counted(self) -> Any:
+        """
+        With the audit file refusing writes (a full disk), every call
+        still answers and ``sandboxd_audit_dropped_total`` counts each
+        record dropped; 0 before any was.
+        """
+        reply = yield self.request("GET", "/metrics")
+        found = samples(reply.body.decode())
+        self.assertEqual(found[("sandboxd_audit_dropped_total", ())], 0)
+        audit = self.daemon.context.audit
+
+        def full(_: str) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        self.patch(audit._file, "write", full)
+        for _ in range(3):
+            health = yield self.request("GET", "/health")
+            self.assertEqual(health.status, 200)
+        reply = yield self.request("GET", "/metrics")
+        self.flushLoggedErrors()
+        found = samples(reply.body.decode())
+        # The three calls (this scrape is audited once answered).
+        self.assertEqual(found[("sandboxd_audit_dropped_total", ())], 3)
 
 
 class MetricsTests(TerminalCase):

@@ -270,10 +270,12 @@ class SpanTests(TracedDaemon):
         self.assertEqual(found["url.path"], "/files/list")
         [message] = self.collector.decoded()
         resource = {
-            a.key: a.value.string_value
-            for a in message.resource_spans[0].resource.attributes
+            a.key: a.value for a in message.resource_spans[0].resource.attributes
         }
-        self.assertEqual(resource["service.name"], "sandboxd")
+        self.assertEqual(resource["service.name"].string_value, "sandboxd")
+        # An int, as the semantic conventions type it, not its text.
+        self.assertEqual(resource["process.pid"].WhichOneof("value"), "int_value")
+        self.assertEqual(resource["process.pid"].int_value, os.getpid())
         headers_sent = self.collector.requests[0][0]
         self.assertEqual(headers_sent["content-type"], "application/x-protobuf")
         line = [r for r in self.audit_lines() if r["endpoint"] == "files_list"][-1]
@@ -636,7 +638,11 @@ class EncodingTests(DaemonTestCase):
 
     def test_protobuf_and_json_say_the_same(self) -> None:
         """The hand-written encoders give what opentelemetry-proto parses, alike in both forms."""
-        resource = (("service.name", "sandboxd"), ("k8s.pod.name", "pod-ü"))
+        resource = (
+            ("service.name", "sandboxd"),
+            ("k8s.pod.name", "pod-ü"),
+            ("process.pid", 4242),
+        )
         root = Span(
             trace_id=bytes(range(16)),
             span_id=bytes(range(3, 11)),
@@ -659,6 +665,9 @@ class EncodingTests(DaemonTestCase):
         self.assertEqual(attributes(second)["sandboxd.status"], -1)
         self.assertEqual(
             binary.resource_spans[0].resource.attributes[1].value.string_value, "pod-ü"
+        )
+        self.assertEqual(
+            binary.resource_spans[0].resource.attributes[2].value.int_value, 4242
         )
         self.assertEqual(binary.resource_spans[0].scope_spans[0].scope.name, "sandboxd")
         self.assertEqual(span.start_time_unix_nano, 1_700_000_000_000_000_000)

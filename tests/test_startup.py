@@ -5,11 +5,13 @@ mode stays local, and a start says what it is in one line.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from twisted.internet import reactor
@@ -134,6 +136,59 @@ class BaseDirTests(SynchronousTestCase):
         with self.assertRaises(PolicyError) as cm:
             validate_settings(Settings(base_dir=path, policy={}, environ={}))
         self.assertIn("is not a directory", str(cm.exception))
+
+
+class StateDirTests(SynchronousTestCase):
+    """
+    A ``--state-dir`` the daemon cannot write is warned about at start,
+    naming it and why, rather than found out by the first link mint.
+    """
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def start(self, state_dir: str) -> list[str]:
+        options = Options()
+        options.parseOptions(["--base-dir", self.base, "--state-dir", state_dir])
+        settings = options.settings()
+        settings.environ, settings.policy, settings.chdir = {}, {}, False
+        daemon = build(settings, MemoryReactorClock())
+        self.addCleanup(daemon.stopService)
+        return [formatEvent(e) for e in self.events]
+
+    def test_state_dir_under_a_file(self) -> None:
+        """A state dir that cannot be made (a file where a folder must be) is warned about."""
+        blocker = os.path.join(self.base, "file")
+        open(blocker, "w").close()
+        state = os.path.join(blocker, "state")
+        warned = [line for line in self.start(state) if "state dir" in line]
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn(state, warned[0])
+        self.assertIn("not a directory", warned[0])
+
+    def test_read_only_state_dir(self) -> None:
+        """A state dir on a read-only file system is warned about, with the system's reason."""
+
+        def read_only(*_: Any, **__: Any) -> Any:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        self.patch(tempfile, "mkstemp", read_only)
+        state = os.path.join(self.base, "state")
+        warned = [line for line in self.start(state) if "state dir" in line]
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn(state, warned[0])
+        self.assertIn("not writable (Read-only file system)", warned[0])
+
+    def test_writable_state_dir(self) -> None:
+        """A state dir that can be written (made later) gives no warning."""
+        state = os.path.join(self.base, "later", "state")
+        self.assertEqual(
+            [line for line in self.start(state) if "state dir" in line], []
+        )
 
 
 class LocalModeTests(SynchronousTestCase):

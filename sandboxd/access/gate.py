@@ -36,7 +36,7 @@ from sandboxd.access.auth import (
     presented_token,
     presented_tokens,
 )
-from sandboxd.access.links import CONSOLE, is_link
+from sandboxd.access.links import CONSOLE, is_link, within
 from sandboxd.access.metrics import Metrics
 from sandboxd.access.tracing import Finished, Tracer
 from sandboxd.errors import (
@@ -511,6 +511,59 @@ def may_use(context: Context, identity: Identity, endpoint: Endpoint) -> bool:
     return not endpoint.auth_required or lacking_scope(identity, rule, {}) is None
 
 
+def still_allowed(
+    context: Context, identity: Identity, endpoint: Endpoint
+) -> tuple[Identity | None, ApiError | None]:
+    """
+    Whether a connection admitted earlier as ``identity`` to ``endpoint``
+    (a terminal's socket, an event stream) may stay open under the policy
+    in force now, asked after a reload: a connection lasts as long as its
+    client keeps it, so without this a leaked identity taken out of the
+    policy kept the shell it had open.
+
+    :returns: the identity as the policy defines it now (a link narrowed
+        to its minter's scopes now) and None; or None and the error that
+        ends the connection: the endpoint switched off, the identity (or a
+        link's minter) gone, or a scope no longer held.
+    """
+    rule = context.policy.rules[endpoint.id]
+    if not rule.enabled:
+        return None, _disabled(endpoint, rule)
+    tokens = context.policy.tokens
+    current: Identity | None
+    if identity.on_behalf_of is not None and identity.id.startswith("link:"):
+        minter = tokens.current(identity.on_behalf_of)
+        current = (
+            None
+            if minter is None
+            else Identity(
+                identity.id,
+                within(identity.scopes, minter),
+                on_behalf_of=identity.on_behalf_of,
+            )
+        )
+        who = identity.on_behalf_of
+    else:
+        current = tokens.current(identity.id)
+        who = identity.id
+    if current is None:
+        return None, ApiError(
+            401,
+            f"the identity {who!r} is no longer in the policy",
+            "AuthError",
+            Code.UNAUTHORIZED,
+        )
+    if endpoint.auth_required:
+        scope = lacking_scope(current, rule, {})
+        if scope is not None:
+            return None, forbidden(
+                f"the identity {current.id!r} no longer holds scope {scope!r}",
+                Code.MISSING_SCOPE,
+                scope=scope,
+            )
+    return current, None
+
+
 # -- the audit line -----------------------------------------------------------
 
 
@@ -533,6 +586,7 @@ def audit(
     client: str = "",
     extra: Mapping[str, object] | None = None,
     headers: Headers | None = None,
+    count: bool = True,
 ) -> None:
     """
     Write the audit line of one call (SPEC §11.5, §16), if the endpoint's
@@ -543,14 +597,18 @@ def audit(
     :param extra: door-specific fields (a tool name, a procedure).
     :param headers: the call's headers (lower-cased names), for the
         caller's trace context and request id.
+    :param count: False for a request whose calls are counted as their
+        own endpoints' (an MCP POST carrying a ``tools/call``), so that
+        ``sandboxd_requests_total`` counts each call once.
     """
-    context.metrics.request(
-        endpoint.id if endpoint is not None else None,
-        str(door),
-        status,
-        str(code) if code is not None else None,
-        time.monotonic() - started if started else 0.0,
-    )
+    if count:
+        context.metrics.request(
+            endpoint.id if endpoint is not None else None,
+            str(door),
+            status,
+            str(code) if code is not None else None,
+            time.monotonic() - started if started else 0.0,
+        )
     mode = rule.audit if rule is not None else "deny"
     recorded = should_record(mode, status)
     tracer = context.tracer
@@ -637,4 +695,5 @@ __all__ = [
     "release",
     "same_origin",
     "spend_use",
+    "still_allowed",
 ]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import hmac
 import json
@@ -270,6 +271,8 @@ class LinkTable:
         self.links: dict[str, Link] = {}
         #: Where the table is kept across restarts (None: nowhere).
         self.state_path = state_path
+        #: Why the last :meth:`save` failed (None: it did not).
+        self.save_error: OSError | None = None
         self._key_id = hashlib.sha256(b"sandboxd-links\0" + key).hexdigest()[:32]
         if state_path is not None:
             self._load()
@@ -360,7 +363,9 @@ class LinkTable:
                 f.write(json.dumps(data, separators=(",", ":")).encode())
             os.replace(temporary, self.state_path)
         except OSError as e:
-            # A full disk: the old state stays whole, and nothing beside it.
+            # A full disk, a read-only or foreign state dir: the old state
+            # stays whole, and nothing beside it.
+            self.save_error = e
             try:
                 os.unlink(temporary)
             except OSError:
@@ -371,7 +376,23 @@ class LinkTable:
                 error=e.strerror or str(e),
             )
             return False
+        self.save_error = None
         return True
+
+    def _unkept(self, consequence: str) -> ApiError:
+        """
+        The 507 of a change :meth:`save` could not keep, naming the state
+        file and the system's reason: a full disk says so, and a read-only
+        or foreign state dir is not mistaken for one.
+        """
+        e = self.save_error
+        reason = (e.strerror or str(e)) if e is not None else "not written"
+        full = e is None or e.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = "the disk is full" if full else "the state dir is not writable"
+        return insufficient_storage(
+            f"{what}: the links' state {self.state_path} cannot be written "
+            f"({reason}), {consequence}"
+        )
 
     def _sign(self, body: str) -> str:
         mac = hmac.new(self._key, (PREFIX + body).encode("ascii"), hashlib.sha256)
@@ -444,9 +465,7 @@ class LinkTable:
         if not self.save():
             # Not kept, it could not be revoked after a restart.
             del self.links[claims.jti]
-            raise insufficient_storage(
-                "the disk is full: the links' state cannot be kept, so no link was made"
-            )
+            raise self._unkept("so no link was made")
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
 
@@ -571,10 +590,7 @@ class LinkTable:
         if not self.save():
             # A restart must not give a use back.
             link.used -= 1
-            raise insufficient_storage(
-                "the disk is full: a use of this counted link cannot be "
-                "kept, so it was not used"
-            )
+            raise self._unkept("so this use of a counted link was not made")
 
     # -- listing and revoking -------------------------------------------------
 
@@ -608,10 +624,9 @@ class LinkTable:
             raise not_found(f"no such link: {link_id}")
         link.revoked = True
         if not self.save():
-            raise insufficient_storage(
-                "the link is revoked, but the disk is full and the revocation "
-                "could not be kept: after a restart the link would work again; "
-                "revoke it again once there is room"
+            raise self._unkept(
+                "so the link is revoked only until a restart, after which it "
+                "would work again; revoke it again once the state can be written"
             )
         return link
 

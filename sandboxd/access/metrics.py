@@ -185,6 +185,12 @@ class _Collector:
         for result, count in sorted(metrics.reloads.items()):
             reloads.add_metric([result], count)
         yield reloads
+        dropped = CounterMetricFamily(
+            "sandboxd_audit_dropped",
+            "Audit records the audit file could not take (a full disk), dropped whole.",
+        )
+        dropped.add_metric([], self.context.audit.dropped)
+        yield dropped
         spans = CounterMetricFamily(
             "sandboxd_trace_spans",
             "Spans of calls by what became of them: exported to the collector,"

@@ -149,7 +149,7 @@ def _scope() -> tuple[str, str]:
 
 
 def protobuf_request(
-    spans: Sequence[bytes], resource: Sequence[tuple[str, str]]
+    spans: Sequence[bytes], resource: Sequence[tuple[str, AttributeValue]]
 ) -> bytes:
     """An ``ExportTraceServiceRequest`` of encoded spans, from one resource and scope."""
     name, version = _scope()
@@ -193,10 +193,12 @@ def json_span(span: Span) -> bytes:
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def json_request(spans: Sequence[bytes], resource: Sequence[tuple[str, str]]) -> bytes:
+def json_request(
+    spans: Sequence[bytes], resource: Sequence[tuple[str, AttributeValue]]
+) -> bytes:
     """The request as OTLP/JSON, around spans :func:`json_span` wrote."""
     name, version = _scope()
-    attributes = [{"key": k, "value": {"stringValue": v}} for k, v in resource]
+    attributes = [{"key": k, "value": _json_value(v)} for k, v in resource]
     head = (
         '{"resourceSpans":[{"resource":'
         + json.dumps({"attributes": attributes}, ensure_ascii=False)
@@ -208,13 +210,15 @@ def json_request(spans: Sequence[bytes], resource: Sequence[tuple[str, str]]) ->
 
 
 def encode_protobuf(
-    spans: Sequence[Span], resource: Sequence[tuple[str, str]]
+    spans: Sequence[Span], resource: Sequence[tuple[str, AttributeValue]]
 ) -> bytes:
     """``spans`` as one OTLP protobuf request."""
     return protobuf_request([protobuf_span(s) for s in spans], resource)
 
 
-def encode_json(spans: Sequence[Span], resource: Sequence[tuple[str, str]]) -> bytes:
+def encode_json(
+    spans: Sequence[Span], resource: Sequence[tuple[str, AttributeValue]]
+) -> bytes:
     """``spans`` as one OTLP/JSON request."""
     return json_request([json_span(s) for s in spans], resource)
 

@@ -269,7 +269,7 @@ class TraceSettings:
     client_key: str | None = None
     sampler: str = "parentbased_always_on"
     ratio: float = 1.0
-    resource: tuple[tuple[str, str], ...] = ()
+    resource: tuple[tuple[str, AttributeValue], ...] = ()
     excluded: tuple[re.Pattern[str], ...] = ()
     schedule_delay: float = TRACE_SCHEDULE_DELAY_SECONDS
     export_timeout: float = TRACE_EXPORT_TIMEOUT_SECONDS
@@ -464,7 +464,7 @@ def _endpoint(environ: Mapping[str, str], problems: list[str]) -> str | None:
 
 def _resource(
     environ: Mapping[str, str], problems: list[str]
-) -> tuple[tuple[str, str], ...]:
+) -> tuple[tuple[str, AttributeValue], ...]:
     """
     The resource's attributes: ``OTEL_RESOURCE_ATTRIBUTES``, then
     ``service.name`` (``OTEL_SERVICE_NAME`` over both; ``sandboxd``
@@ -472,7 +472,7 @@ def _resource(
     """
     from sandboxd._version import __version__
 
-    given = dict(
+    given: dict[str, AttributeValue] = dict(
         _pairs(
             environ.get("OTEL_RESOURCE_ATTRIBUTES", ""),
             "OTEL_RESOURCE_ATTRIBUTES",
@@ -488,7 +488,9 @@ def _resource(
     given.setdefault("telemetry.sdk.language", "python")
     given.setdefault("telemetry.sdk.version", __version__)
     given.setdefault("host.name", os.uname().nodename)
-    given.setdefault("process.pid", str(os.getpid()))
+    # An int, as the semantic conventions type it (a collector's queries
+    # compare it as one).
+    given.setdefault("process.pid", os.getpid())
     return tuple(sorted(given.items()))
 
 

@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from sandboxd._version import __version__
 from sandboxd.access import guard
 from sandboxd.access.audit import AuditLog
+from sandboxd.access.held import end_revoked as end_revoked_held
 from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
@@ -52,6 +53,7 @@ from sandboxd.daemon.startup import (
     interface_of,
     load_everyday,
     startup_line,
+    state_dir_problem,
 )
 from sandboxd.endpoints import RouteTable
 from sandboxd.files.atomic import abort_unfinished_at_shutdown
@@ -70,6 +72,7 @@ from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import SandboxSite
+from sandboxd.web.sse import end_revoked
 
 log = Logger(namespace="sandboxd")
 
@@ -588,6 +591,7 @@ class DaemonService(MultiService):
             )
             self.context.metrics.reloads["refused"] += 1
             return False
+        before = self.context.policy.tokens
         self.context.replace_policy(policy)
         CHILD_PRIORITY.configure(policy.document.priority)
         CHILD_CGROUPS.configure(policy.document.cgroups)
@@ -603,6 +607,11 @@ class DaemonService(MultiService):
             self.context.kep.policy_reloaded()
         if self.context.agents is not None:
             self.context.agents.policy_reloaded()
+        # Connections admitted under the old policy that it no longer lets in.
+        if self.context.terminals is not None:
+            self.context.terminals.factory.policy_reloaded(before)
+        end_revoked(self.context)
+        end_revoked_held(self.context)
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
@@ -909,6 +918,10 @@ def build(
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
         state_dir=state_dir(settings, environ),
     )
+    problem = state_dir_problem(context.state_dir)
+    if problem is not None:
+        # Warned, not refused: everything else the daemon serves works.
+        log.warn("sandboxd: WARNING: {problem}", problem=problem)
     context.tracer = build_tracer(environ, reactor)
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen

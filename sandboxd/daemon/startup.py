@@ -12,6 +12,7 @@ runs and serves nothing (or serves everyone).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 
 from sandboxd.access.auth import Identity
@@ -47,6 +48,38 @@ class StartRefused(SystemExit):
 def default_host(policy: Policy) -> str:
     """The interface numeric ports bind when none is given."""
     return LOOPBACK_HOST if policy.tokens.local_mode else ANY_HOST
+
+
+def state_dir_problem(path: str | None) -> str | None:
+    """
+    Why ``--state-dir`` cannot be written, or None when it can (or none was
+    given): a file is made and removed in it, or in the nearest directory
+    above it that exists, where the daemon would make it.  Asked once at
+    start, so that an operator learns of a read-only or foreign state dir
+    from the start-up log rather than from the first link mint's 507.
+    """
+    if path is None:
+        return None
+    probe = path
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return (
+            f"the state dir {path} cannot be made: {probe} is not a directory; "
+            "links cannot be minted, and revocations, counted uses and the "
+            "/v1 door's state are not kept"
+        )
+    try:
+        fd, name = tempfile.mkstemp(prefix=".sandboxd-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        return (
+            f"the state dir {path} is not writable ({e.strerror or e}): links "
+            "cannot be minted, and revocations, counted uses and the /v1 "
+            "door's state are not kept"
+        )
+    return None
 
 
 def check_base_dir(path: str) -> None:

@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from sandboxd.access import held as held_connections
 from sandboxd.lsp.relay import INTERNAL_ERROR, EditorRelay
 from sandboxd.lsp.service import LspService
 from sandboxd.policy.defaults import (
@@ -80,6 +81,9 @@ class EditorSocket(WebSocketServerProtocol):
     service: LspService
     #: Why the server could not be started, said once the socket is open.
     failure: str | None = None
+    #: Its entry among the connections a reload asks again, and where.
+    held: held_connections.Held | None = None
+    held_in: Any = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -127,6 +131,8 @@ class EditorSocket(WebSocketServerProtocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """The socket is gone: so is its server, whole tree."""
+        if self.held is not None:
+            held_connections.release(self.held_in, self.held)
         self.service.remove_editor(self.relay).addErrback(
             lambda f: log.failure("ending an editor's language server", f)
         )
@@ -196,6 +202,17 @@ def connect_editor(
     protocol.maxMessagePayloadSize = limit
     protocol.maxFramePayloadSize = limit
     service.add_editor(relay)
+    admission = getattr(raw, "admission", None)
+    if admission is not None:
+        # A reload that takes the editor's access away closes the socket
+        # (and so ends its server).
+        protocol.held_in = raw.context
+        protocol.held = held_connections.hold(
+            raw.context,
+            admission.identity,
+            admission.endpoint,
+            lambda e: protocol.hang_up(held_connections.POLICY_VIOLATION, e.message),
+        )
     try:
         relay.start(argv, env)
     except OSError as e:

@@ -216,9 +216,14 @@ class McpDoor(Service):
             for session in self.sessions:
                 self.sessions.remove(session)
             return
-        tokens = self.context.policy.tokens
         for session in self.sessions:
-            identity = _same_identity(tokens, session.identity)
+            # Asked as every connection that outlives a reload is: a link's
+            # session stays while its minter does (narrowed to the minter's
+            # scopes now), where looking its id up among the tokens ended
+            # it at every reload.
+            identity, _ = gate.still_allowed(
+                self.context, session.identity, self.endpoint
+            )
             if identity is None:
                 self.sessions.remove(session)
                 continue
@@ -238,18 +243,6 @@ class McpDoor(Service):
     ) -> Exchange:
         """Take over one HTTP request for ``/mcp`` at header time."""
         return Exchange(self, request, method, headers, length)
-
-
-def _same_identity(tokens: Any, identity: Identity) -> Identity | None:
-    """``identity`` as the policy now defines it, or None if it is gone."""
-    if identity.id == "anonymous":
-        anonymous: Identity | None = tokens.anonymous
-        return anonymous
-    for _, known in tokens.entries:
-        if known.id == identity.id:
-            found: Identity = known
-            return found
-    return None
 
 
 class Exchange:
@@ -277,6 +270,8 @@ class Exchange:
         #: A GET stream was opened (its end by the client is the normal one).
         self.server_stream = False
         self.rpc: str | None = None
+        #: The message became a tool's (or resource's) call, counted as such.
+        self.counted_as_call = False
         self.code: str | None = None
         self.decided_by: str | None = None
         self.status = 200
@@ -419,6 +414,7 @@ class Exchange:
             client=getattr(self.request, "client_host", ""),
             extra={"rpc": self.rpc} if self.rpc else None,
             headers=self.headers,
+            count=not self.counted_as_call,
         )
 
     # -- after the body ----------------------------------------------------
@@ -497,7 +493,13 @@ class Exchange:
             self.headers,
             self.request.isSecure(),
             getattr(self.request, "client_host", ""),
+            on_call=self._carries_call,
         )
+
+    def _carries_call(self) -> None:
+        # The call is counted as its tool's endpoint (``door="mcp"``);
+        # this POST is audited, not counted a second time.
+        self.counted_as_call = True
 
     # -- POST --------------------------------------------------------------
 

@@ -74,6 +74,9 @@ class Caller:
     headers: Mapping[bytes, Any]
     secure: bool
     client: str
+    #: Told when the message becomes a governed call (a tool's or a
+    #: resource's), which is audited and counted as its own endpoint.
+    on_call: Callable[[], None] | None = None
 
 
 class Methods:
@@ -244,6 +247,8 @@ class Methods:
             if notify is not None and isinstance(token, str | int)
             else None
         )
+        if caller.on_call is not None:
+            caller.on_call()
         call = ToolCall(
             self.context,
             tool,
@@ -325,6 +330,8 @@ class Methods:
         tool = self.toolbox.get(endpoint_id)
         if tool is None:
             return None
+        if caller.on_call is not None:
+            caller.on_call()
         call = ToolCall(
             self.context,
             tool,

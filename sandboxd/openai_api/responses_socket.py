@@ -47,6 +47,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -165,6 +166,16 @@ def _hand_over(
     protocol.maxMessagePayloadSize = limit
     protocol.maxFramePayloadSize = limit
     factory.opened(protocol)
+    admission = getattr(raw, "admission", None)
+    if admission is not None:
+        # A reload that takes the caller's access away closes the socket.
+        protocol.held_in = request.context
+        protocol.held = held_connections.hold(
+            request.context,
+            admission.identity,
+            admission.endpoint,
+            lambda e: protocol.close_with(held_connections.POLICY_VIOLATION, e.message),
+        )
     channel.take_over(protocol, replay=request_head(raw))
 
 
@@ -362,6 +373,9 @@ class ResponsesSocket(WebSocketServerProtocol):
     gone = False
     _idle_call: Any = None
     _abort_call: Any = None
+    #: Its entry among the connections a reload asks again, and where.
+    held: held_connections.Held | None = None
+    held_in: Any = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -412,6 +426,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         """Uncount the socket; a response being streamed runs on."""
         self.gone = True
         self.factory.closed(self)
+        if self.held is not None:
+            held_connections.release(self.held_in, self.held)
         for call in (self._idle_call, self._abort_call):
             if call is not None and call.active():
                 call.cancel()

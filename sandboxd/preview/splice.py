@@ -30,7 +30,13 @@ from twisted.python.failure import Failure
 from twisted.web.http import _ChunkedTransferDecoder, _IdentityTransferDecoder
 
 from sandboxd.access import gate
-from sandboxd.errors import limit_rule, upstream_timeout, upstream_unavailable
+from sandboxd.access import held as held_connections
+from sandboxd.errors import (
+    ApiError,
+    limit_rule,
+    upstream_timeout,
+    upstream_unavailable,
+)
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h
 from sandboxd.web.sending import write_now
@@ -126,6 +132,8 @@ class Upgrade:
         self.status = 0
         self.started = time.monotonic()
         self._timer: Any = None
+        #: Its entry among the connections a reload asks again.
+        self.held: held_connections.Held | None = None
         self._addresses = list(exchange.addresses)
         self._connecting: Any = None
         #: When a byte last passed (reactor seconds), and the idle check.
@@ -240,6 +248,14 @@ class Upgrade:
         app.registerProducer(browser, True)
         if exchange.exposure is not None:
             exchange.exposure.websockets += 1
+        if exchange.identity is not None:
+            self.held = held_connections.hold(
+                self.context,
+                exchange.identity,
+                self.context.table.get("preview_proxy"),
+                self._revoked,
+                public=exchange.exposure is not None and exchange.exposure.public,
+            )
         self._watch_idle()
         if rest:
             self.to_browser(rest)
@@ -391,6 +407,21 @@ class Upgrade:
                 transport.transport.abortConnection()
         self._over()
 
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A reload no longer lets the caller in: a close frame (1008, the
+        reason) to the browser, then both sides closed.  The splice does
+        not parse frames, so the close may land inside one of the app's;
+        the browser then fails the socket, which ends it all the same.
+        """
+        frame = held_connections.close_frame(
+            held_connections.POLICY_VIOLATION, error.message
+        )
+        if self.browser is not None and self.browser.transport is not None:
+            self.browser.transport.write(frame)
+            self.browser.transport.loseConnection()
+        self._drop_app()
+
     def _drop_app(self, abort: bool = False) -> None:
         if self._connecting is not None and not self._connecting.called:
             self._connecting.cancel()
@@ -415,6 +446,7 @@ class Upgrade:
         self._done = True
         self.closed = True
         self._stop_timer()
+        held_connections.release(self.context, self.held)
         exchange = self.exchange
         exposure = exchange.exposure
         if exposure is not None:

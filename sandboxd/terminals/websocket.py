@@ -22,7 +22,14 @@ from zope.interface import implementer
 
 from sandboxd.access import gate
 from sandboxd.access.auth import Identity
-from sandboxd.errors import ApiError, Code, bad_request, malformed_request, no_route
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    forbidden,
+    malformed_request,
+    no_route,
+)
 from sandboxd.policy.defaults import (
     PTY_MAX_CONNECTIONS,
     WS_CLOSE_SECONDS,
@@ -475,6 +482,62 @@ class PtyServerFactory(WebSocketServerFactory):
             # to False.)
             tcpNoDelay=True,
         )
+
+    def policy_reloaded(self, before: Any = None) -> None:
+        """
+        A new policy is in force: close (1008, the reason in the close
+        frame) every socket whose identity is gone, no longer holds
+        ``pty_connect``'s scopes or may no longer use its terminal, or
+        whose terminals are switched off; and end the terminals of every
+        identity the reload took out of the policy.  A socket lasts as long
+        as its client keeps it, so otherwise a leaked identity revoked by a
+        reload kept the shell it had open.
+
+        :param before: the identities of the policy replaced
+            (:class:`~sandboxd.access.auth.TokenStore`): a terminal is ended
+            only when its owner was one of them and is no longer, never one
+            owned by something other than a policy identity.
+        """
+        endpoint = self.context.table.get("pty_connect")
+        for client in list(self.clients):
+            identity = client.identity
+            if identity is None:
+                continue
+            current, error = gate.still_allowed(self.context, identity, endpoint)
+            session = client.session
+            if error is None and current is not None:
+                if session is None or _may_attach(current, session):
+                    client.identity = current
+                    continue
+                error = forbidden(
+                    f"the identity {current.id!r} may no longer use this terminal",
+                    Code.MISSING_SCOPE,
+                )
+            assert error is not None
+            log.info(
+                "sandboxd: terminal socket of {identity} closed by the policy "
+                "reload: {why}",
+                identity=identity.id,
+                why=error.message,
+            )
+            client.detach()
+            client.close_with(POLICY_VIOLATION, error.message)
+            client._hang_up()
+        if before is None:
+            return
+        tokens = self.context.policy.tokens
+        for session in list(self.terminals.sessions.values()):
+            owner = session.owner
+            if before.current(owner) is not None and tokens.current(owner) is None:
+                log.info(
+                    "sandboxd: terminal {id} ended: its owner {owner} is no "
+                    "longer in the policy",
+                    id=session.id,
+                    owner=owner,
+                )
+                # Left in the table until its shell has ended, so that a
+                # stop meanwhile still waits for it.
+                session.close()
 
     def close_all(self, reason: str = "Server shutting down") -> None:
         """Detach and close every client with 1001 (daemon shutdown)."""

@@ -139,6 +139,8 @@ class SandboxRequest(Request):
     sink: BodySink | None = None
     body_error: ApiError | None = None
     answered_early = False
+    #: Audited (and counted) already: a request is audited once.
+    audited = False
     bytes_in = 0
     cap = 0
     started = 0.0
@@ -570,10 +572,20 @@ class SandboxRequest(Request):
             # upload keeps what arrived), and the slot taken at the head is
             # given back (else every upload its client abandoned held one
             # of the endpoint's concurrency slots until the daemon stopped).
+            # Audited whether or not the endpoint counts its concurrency:
+            # an abandoned upload is a request like any other (``audit:
+            # all`` and ``sandboxd_requests_total`` see every one).  A
+            # refusal still draining its body is audited as the refusal
+            # it was, so ``audit: denied`` keeps it.
             self._abort_sink()
-            if self.admission is not None and self.admission.slot:
+            if self.audited or self.answered_early:
+                return
+            if self.admission is not None:
                 self._release()
                 self._audit(499, "client_closed", self.audit_rule, 0)
+            elif self.refusal is not None:
+                error = self.refusal.error
+                self._audit(error.status, error.code, error.extra.get("rule"), 0)
 
     def refuse_slow_body(self, error: ApiError) -> None:
         """
@@ -601,6 +613,7 @@ class SandboxRequest(Request):
         self, status: int, code: str | None, rule: str | None, bytes_out: int
     ) -> None:
         """Step 8: one audit line, if the endpoint's ``audit`` mode wants it."""
+        self.audited = True
         known = self.admission or self.refusal
         endpoint = known.endpoint if known is not None else None
         door = (

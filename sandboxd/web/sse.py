@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from sandboxd.access.gate import still_allowed
 from sandboxd.errors import ApiError, not_json
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
@@ -236,6 +237,20 @@ class SSEChannel:
             self._request.finish()
         self.done.callback(None)
 
+    def end_with(self, error: ApiError) -> None:
+        """
+        End the stream from the server side with an ``error`` event (a
+        policy reload took its caller's access away), and stop what feeds
+        it as when its client leaves.
+        """
+        if not self.open:
+            return
+        self.send("error", error.event())
+        callbacks, self._disconnect_callbacks = self._disconnect_callbacks, []
+        for callback in callbacks:
+            callback()
+        self.close()
+
     def _stop(self) -> None:
         self._streams.discard(self)
         self.open = False
@@ -255,6 +270,26 @@ class SSEChannel:
         for callback in self._disconnect_callbacks:
             callback()
         self.done.callback(None)
+
+
+def end_revoked(context: Any) -> None:
+    """
+    After a policy reload, end (with an ``error`` event) every open stream
+    of the HTTP door whose caller may no longer use its endpoint: the
+    endpoint switched off, the identity gone, a scope no longer held.  A
+    stream lasts as long as its client keeps it (a process's output
+    followed, a directory watched), so it is asked again here rather than
+    only at its start.  Streams of other doors (MCP's) are their door's.
+    """
+    for stream in list(context.streams):
+        if not isinstance(stream, SSEChannel):
+            continue
+        admission = getattr(stream._request, "admission", None)
+        if admission is None or admission.identity is None:
+            continue
+        _, error = still_allowed(context, admission.identity, admission.endpoint)
+        if error is not None:
+            stream.end_with(error)
 
 
 def resume_point(query: Mapping[str, str], headers: Mapping[str, str]) -> int:

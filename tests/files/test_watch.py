@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import typing
 from typing import Any
 
 from twisted.internet import reactor
@@ -452,4 +454,65 @@ class SeedWindowPolicyTests(StreamCase):
             f.write("x")
         yield c.wait_for(b"late.txt")
         self.assertEqual(c.events()[0][1], "created")
+        self.close(response)
+
+
+class ReloadEndsWatchTests(StreamCase):
+    """
+    A policy reload ends the watches it no longer lets in, with an
+    ``error`` event: a stream lasts as long as its client keeps it.
+    """
+
+    autostart = False
+    TOKENS: typing.ClassVar[dict[str, str]] = {
+        "admin": "watch-admin-token",
+        "other": "watch-other-token",
+    }
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.policy_path = os.path.join(self.base_dir, "..", "watch-policy.json")
+        self.write_policy(["admin", "other"])
+        return self.start(policy=None, policy_file=self.policy_path)
+
+    def write_policy(self, ids: list[str]) -> None:
+        tokens = [
+            {
+                "id": i,
+                "token_sha256": hashlib.sha256(self.TOKENS[i].encode()).hexdigest(),
+                "scopes": ["*"],
+            }
+            for i in ids
+        ]
+        with open(self.policy_path, "w") as f:
+            json.dump({"auth": {"tokens": tokens}}, f)
+
+    @inlineCallbacks
+    def test_removed_identity_loses_its_watch(self) -> Any:
+        """The watch of an identity a reload removed ends with a 401 error event."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, _ = yield self.open_stream(
+            "path=w&follow=true",
+            {"Authorization": f"Bearer {self.TOKENS['admin']}"},
+        )
+        self.write_policy(["other"])
+        self.assertTrue(self.daemon.daemon.reload())
+        yield c.done
+        errors = [e[2] for e in c.events() if e[1] == "error"]
+        self.assertEqual([e["type"] for e in errors], ["AuthError"], c.data)
+        self.assertIn("no longer in the policy", errors[0]["error"])
+
+    @inlineCallbacks
+    def test_kept_identity_keeps_its_watch(self) -> Any:
+        """A reload that still lets the identity in leaves its watch open."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, response = yield self.open_stream(
+            "path=w&follow=true",
+            {"Authorization": f"Bearer {self.TOKENS['admin']}"},
+        )
+        self.write_policy(["admin"])
+        self.assertTrue(self.daemon.daemon.reload())
+        with open(os.path.join(self.base_dir, "w", "a.txt"), "wb") as f:
+            f.write(b"x")
+        yield c.wait_for(b"created")
         self.close(response)

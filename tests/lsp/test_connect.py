@@ -759,3 +759,44 @@ class OffTests(DaemonTestCase):
         self.assertEqual(
             (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
         )
+
+
+class ReloadTests(ConnectCase):
+    """A policy reload closes the editors' sockets it no longer lets in."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        need_pylsp()
+        need_client()
+        self.base_dir = os.path.realpath(self.mktemp())
+        os.makedirs(self.base_dir)
+        self.policy_path = os.path.join(self.base_dir, "..", "lsp-policy.json")
+        with open(self.policy_path, "w") as f:
+            json.dump(lsp_policy(), f)
+        return self.start(policy=None, policy_file=self.policy_path)
+
+    @inlineCallbacks
+    def test_lsp_switched_off_closes_1008(self) -> Any:
+        """
+        A reload that turns the lsp group off closes an open editor's
+        socket 1008 saying why, and its server ends with it.
+        """
+        before = server_pids()
+        ws = yield deferToThread(self.connect)
+        editor = Editor(ws)
+        yield deferToThread(editor.initialize, self.base_dir)
+        [pid] = server_pids() - before
+        closed = deferToThread(editor.close_frame)
+        with open(self.policy_path, "w") as f:
+            json.dump({**lsp_policy(), "groups": {"lsp": False}}, f)
+        self.assertTrue(self.daemon.daemon.reload())
+        code, reason = yield closed
+        yield close_timers()
+        self.assertEqual(code, 1008)
+        self.assertIn("lsp_connect", reason)
+        for _ in range(50):
+            if not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))

@@ -257,6 +257,42 @@ class ToolCallTests(McpTestCase):
         self.assertIn("hi", result.content[0].text)
 
     @inlineCallbacks
+    def test_tool_call_counted_once(self) -> Any:
+        """
+        A ``tools/call`` is one request in ``sandboxd_requests_total``: under
+        the tool's endpoint with ``door="mcp"``, not also as a POST to
+        ``/mcp`` (summing the counter then overstated the calls answered).
+        """
+        from tests.test_metrics import samples
+
+        opened = yield self.initialize()
+        self.assertEqual(opened.status_code, 200, opened.text)
+        headers = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": opened.json()["result"]["protocolVersion"],
+        }
+        called = yield self.http(
+            "POST",
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "shell", "arguments": {"command": "echo hi"}},
+            },
+            headers,
+        )
+        self.assertEqual(called.status_code, 200, called.text)
+        self.assertFalse(called.json()["result"].get("isError"), called.text)
+        reply = yield self.request("GET", "/metrics")
+        counted = {
+            (dict(labels)["endpoint"], dict(labels)["door"]): value
+            for (name, labels), value in samples(reply.body.decode()).items()
+            if name == "sandboxd_requests_total" and value
+        }
+        # The initialize POST, and the call as the tool's endpoint.
+        self.assertEqual(counted, {("mcp", "mcp"): 1.0, ("shell", "mcp"): 1.0})
+
+    @inlineCallbacks
     def test_metrics_as_text(self) -> Any:
         """The Prometheus text of /metrics comes back as text content."""
 
@@ -624,6 +660,42 @@ class PolicyTests(McpTestCase):
         self.assertEqual(result.structured_content["code"], "missing_scope")
         self.assertEqual(result.structured_content["scope"], "process:run")
         self.assertTrue(result.structured_content["rule"])
+
+    @inlineCallbacks
+    def test_reload_keeps_a_links_session_while_its_minter_stays(self) -> Any:
+        """
+        An MCP session opened with a link lives through a reload that keeps
+        the link's minter, and ends with one that takes the minter out.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"]},
+            token=ADMIN,
+        )
+        bearer = {"authorization": f"Bearer {minted.json()['token']}"}
+        opened = yield self.initialize(headers=bearer)
+        self.assertEqual(opened.status_code, 200, opened.text)
+        door = self.daemon.context.doors[b"/mcp"]
+        service = self.daemon.daemon
+        self.assertTrue(service.reload())
+        self.assertEqual(len(door.sessions), 1)
+        listed = yield self.http(
+            "POST",
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            {
+                **bearer,
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": opened.json()["result"]["protocolVersion"],
+            },
+        )
+        self.assertEqual(listed.status_code, 200, listed.text)
+        service.settings.policy = {
+            **service.settings.policy,
+            "auth": {"tokens": [TOKENS["auth"]["tokens"][0]]},
+        }
+        self.assertTrue(service.reload())
+        self.assertEqual(len(door.sessions), 0)
 
     @inlineCallbacks
     def test_counted_link_spends_one_use_per_request(self) -> Any:

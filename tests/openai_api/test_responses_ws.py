@@ -702,6 +702,28 @@ class IdleTests(SocketCase):
         self.assertEqual(closed.rcvd.code, 1001)
 
 
+class ReloadTests(SocketCase):
+    """A policy reload closes the sockets it no longer lets in."""
+
+    @inlineCallbacks
+    def test_removed_identity_closed_1008(self) -> Any:
+        """A reload that takes the socket's identity out closes it 1008, saying why."""
+        from websockets.exceptions import ConnectionClosed
+
+        ws = yield self.sdk(self.raw_socket)
+        self.addCleanup(ws.close)
+        policy = openai_policy()
+        policy["auth"]["tokens"] = [
+            t for t in policy["auth"]["tokens"] if t["id"] != "user"
+        ]
+        self.daemon.daemon.settings.policy = policy
+        self.assertTrue(self.daemon.daemon.reload())
+        closed = yield self.sdk(lambda: caught(lambda: ws.recv(timeout=10)))
+        self.assertIsInstance(closed, ConnectionClosed)
+        self.assertEqual(closed.rcvd.code, 1008)
+        self.assertIn("no longer in the policy", closed.rcvd.reason)
+
+
 class HandshakeTests(SocketCase):
     """The upgrade's refusals, in the door's envelope."""
 

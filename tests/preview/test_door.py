@@ -772,6 +772,48 @@ class WebSocketTests(DoorCase):
         self.assertTrue((yield deferToThread(closed)))
 
 
+class WebSocketReloadTests(DoorCase):
+    """A policy reload closes the spliced WebSockets it no longer lets in."""
+
+    @inlineCallbacks
+    def test_scope_taken_away_closes_1008(self) -> None:
+        """
+        A reload that takes ``preview:use`` from the socket's identity
+        closes it with 1008 and the reason; the app's side is closed too.
+        """
+        yield self.expose()
+        ws = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(ws.close)
+
+        def echo() -> str:
+            ws.send("before")
+            return str(ws.recv())
+
+        self.assertEqual((yield deferToThread(echo)), "before")
+        narrowed = [dict(t) for t in POLICY["auth"]["tokens"]]
+        narrowed[0]["scopes"] = ["preview:read"]
+        self.daemon.daemon.settings.policy = {
+            **POLICY,
+            "auth": {"tokens": narrowed},
+        }
+        self.assertTrue(self.daemon.daemon.reload())
+
+        def close_frame() -> tuple[int, str]:
+            import websocket
+
+            while True:
+                frame = ws.recv_data_frame(True)[1]
+                if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+                    return (
+                        int.from_bytes(frame.data[:2], "big"),
+                        frame.data[2:].decode("utf-8"),
+                    )
+
+        code, reason = yield deferToThread(close_frame)
+        self.assertEqual(code, 1008)
+        self.assertIn("no longer holds scope 'preview:use'", reason)
+
+
 class WebSocketLimitTests(DoorCase):
     """``limits.max_sessions`` of ``preview_proxy`` bounds the open WebSockets."""
 

@@ -539,6 +539,57 @@ class AbandonedBodyTests(DaemonTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))
 
 
+class AbandonedBodyAuditTests(DaemonTestCase):
+    """
+    An upload its client abandons mid-body is audited and counted once,
+    whether or not its endpoint has a concurrency limit.
+    """
+
+    timeout = 30
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_cut_upload_is_audited_and_counted(self) -> Any:
+        """
+        Half a ``POST /files/raw`` body and a close, on an endpoint with
+        no ``max_concurrency``: one audit line 499 ``client_closed`` and
+        one ``sandboxd_requests_total`` sample for it.
+        """
+
+        def half() -> None:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(
+                    b"POST /files/raw?path=half.bin HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b"x" * 500
+                )
+                time.sleep(0.3)
+
+        yield deferToThread(half)
+        for _ in range(20):
+            lines = [
+                r for r in self.audit_lines() if r["endpoint"] == "files_write_raw"
+            ]
+            if lines:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(
+            [(r["status"], r["code"], r["bytes_in"]) for r in lines],
+            [(499, "client_closed", 500)],
+        )
+        reply = yield self.request("GET", "/metrics")
+        samples = [
+            line
+            for line in reply.body.decode().splitlines()
+            if line.startswith("sandboxd_requests_total{")
+            and 'endpoint="files_write_raw"' in line
+        ]
+        self.assertEqual(len(samples), 1, samples)
+        self.assertIn('status="499"', samples[0])
+        self.assertEqual(float(samples[0].rsplit(" ", 1)[1]), 1.0, samples[0])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))
+
+
 #: A refused request's head (413 from its Content-Length, or 401 where the
 #: daemon has a token, before any body byte is read) and one too large to
 #: read at all (400): each followed by the body its client goes on sending.

@@ -7,9 +7,13 @@ its terminals on its own origin.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 
 from sandboxd.web.ptysocket import rewritten_head, session_of
 from tests.routes.test_terminal import TerminalCase, is_output
@@ -181,3 +185,95 @@ class LinkAttachTests(TerminalCase):
         self.assertEqual(
             (code, reason), (1008, f"Unknown session: {theirs['session_id']}")
         )
+
+
+SECOND = "second-pty-token"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _reload_policy(tokens: list[str], terminal: bool = True) -> dict[str, Any]:
+    ids = {TOKEN: "admin", SECOND: "other"}
+    return {
+        "groups": {"terminal": terminal},
+        "auth": {
+            "tokens": [
+                {"id": ids[t], "token_sha256": _sha(t), "scopes": ["*"]} for t in tokens
+            ]
+        },
+    }
+
+
+class ReloadTests(TerminalCase):
+    """
+    A policy reload closes the terminal sockets it no longer lets in: a
+    socket lasts as long as its client keeps it, so a leaked identity
+    revoked by a reload must not keep the shell it had open.
+    """
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.policy_path = os.path.join(self.base_dir, "policy.json")
+        self.write_policy(_reload_policy([TOKEN, SECOND]))
+        return self.start(policy=None, policy_file=self.policy_path)
+
+    def write_policy(self, policy: dict[str, Any]) -> None:
+        with open(self.policy_path, "w") as f:
+            json.dump(policy, f)
+
+    @inlineCallbacks
+    def attached(self) -> Any:
+        created = yield self.create(token=TOKEN)
+        sid = created["session_id"]
+        client: TestClient = yield connect(
+            self.daemon.port, None, path=f"/pty/sessions/{sid}/ws", access_token=TOKEN
+        )
+        self.addCleanup(self.hang_up, client)
+        first = yield client.wait_for(lambda m: True)
+        self.assertEqual(first["event"], "started")
+        return sid, client
+
+    @inlineCallbacks
+    def test_removed_identity_loses_its_terminal(self) -> Any:
+        """
+        A reload that takes the identity out: its open socket is closed
+        1008 at once, saying why, and its terminal is ended; another
+        identity's call still works.
+        """
+        sid, client = yield self.attached()
+        self.write_policy(_reload_policy([SECOND]))
+        self.assertTrue(self.daemon.daemon.reload())
+        code, reason = yield client.closed
+        self.assertEqual(code, 1008)
+        self.assertIn("no longer in the policy", reason)
+        for _ in range(50):
+            listed = yield self.request("GET", "/pty/sessions", token=SECOND)
+            self.assertEqual(listed.status, 200, listed.body)
+            if sid not in listed.body.decode():
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertNotIn(sid, listed.body.decode())
+
+    @inlineCallbacks
+    def test_terminals_switched_off(self) -> Any:
+        """A reload that turns the terminal group off closes its sockets 1008."""
+        _, client = yield self.attached()
+        self.write_policy(_reload_policy([TOKEN, SECOND], terminal=False))
+        self.assertTrue(self.daemon.daemon.reload())
+        code, reason = yield client.closed
+        self.assertEqual(code, 1008)
+        self.assertIn("pty_connect", reason)
+
+    @inlineCallbacks
+    def test_kept_identity_keeps_its_terminal(self) -> Any:
+        """A reload that still lets the identity in leaves its socket open."""
+        _, client = yield self.attached()
+        self.write_policy(_reload_policy([TOKEN]))
+        self.assertTrue(self.daemon.daemon.reload())
+        client.type("echo still-$((6*7))\n")
+        yield client.wait_output("still-42")
+        self.assertFalse(client.closed.called)

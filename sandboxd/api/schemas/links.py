@@ -63,8 +63,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 507,
                 "insufficient_storage",
-                "the disk is full, so the links' state (--state-dir) cannot be "
-                "kept: no link was made",
+                "the links' state (--state-dir) cannot be written (the disk is "
+                "full, or the state dir is not writable; the message names the "
+                "file and the system's reason): no link was made",
                 "OSError",
             ),
         ),
@@ -96,9 +97,10 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 507,
                 "insufficient_storage",
-                "the link is revoked from now on, but the disk is full and the "
+                "the link is revoked from now on, but the links' state cannot be "
+                "written (a full disk, a state dir that is not writable) and the "
                 "revocation is not kept across a restart: revoke it again once "
-                "there is room",
+                "it can be",
                 "OSError",
             ),
         ),

@@ -116,7 +116,8 @@ SCHEMAS: dict[str, Schema] = {
         "`sandboxd_background_processes_active`, `sandboxd_agent_sessions_active`, "
         "`sandboxd_connections_active{door}`, `sandboxd_connections_refused_total{door}`, "
         "`sandboxd_children_timed_out_total{reason}`, `sandboxd_policy_info{revision,preset}`, "
-        "`sandboxd_policy_reloads_total{result}`. No label carries a path, a command or a token. "
+        "`sandboxd_policy_reloads_total{result}`, `sandboxd_audit_dropped_total`. "
+        "No label carries a path, a command or a token. "
         "Not the sandbox's load and memory: that is `GET /system/metrics`.",
     ),
     "system_metrics": Schema(
