@@ -308,6 +308,16 @@ def unauthorized() -> ApiError:
     return ApiError(401, "unauthorized", "AuthError", Code.UNAUTHORIZED)
 
 
+def identity_removed(who: str) -> ApiError:
+    """401 for a connection whose identity a reload took out of the policy."""
+    return ApiError(
+        401,
+        f"the identity {who!r} is no longer in the policy",
+        "AuthError",
+        Code.UNAUTHORIZED,
+    )
+
+
 def ambiguous_credentials(message: str = "ambiguous credentials") -> ApiError:
     """400 ``ambiguous_credentials``: two different tokens were presented."""
     return ApiError(400, message, "AuthError", Code.AMBIGUOUS_CREDENTIALS)

@@ -84,6 +84,13 @@ class ReloadTests(SynchronousTestCase):
         """A process that is not sandboxd, with SIGHUP's default action (death)."""
         child = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
         self.addCleanup(lambda: child.poll() is None and child.kill())
+        # Until it has exec'd, its command line reads empty (a busy machine).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{child.pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep"):
+                    break
+            time.sleep(0.01)
         return child
 
     def reload(self, *argv: str) -> tuple[int, str, str]:

@@ -45,6 +45,7 @@ from sandboxd.errors import (
     ambiguous_credentials,
     endpoint_disabled,
     forbidden,
+    identity_removed,
     missing_scope,
 )
 from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
@@ -547,12 +548,7 @@ def still_allowed(
         current = tokens.current(identity.id)
         who = identity.id
     if current is None:
-        return None, ApiError(
-            401,
-            f"the identity {who!r} is no longer in the policy",
-            "AuthError",
-            Code.UNAUTHORIZED,
-        )
+        return None, identity_removed(who)
     if endpoint.auth_required:
         scope = lacking_scope(current, rule, {})
         if scope is not None:

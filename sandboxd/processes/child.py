@@ -690,18 +690,34 @@ def signal_child(child: Child, sig: int) -> None:
             signal_member(pid, start, sig)
 
 
+#: How long after signalling an exited command's leftovers the daemon looks
+#: again, when one of them was in the middle of an exec.
+LEFTOVER_SETTLE_SECONDS = 0.1
+
+
 def signal_exited_tree(child: Child, sig: int) -> int:
     """
     Send ``sig`` to what an exited child's tree left running (a command
     that started something in the background and ended): how many
     processes that was.  9 then ends them all, as it does a running tree.
     """
-    count = signal_leftovers(child.pid, child.marker, sig)
-    if count and sig == signal.SIGKILL:
+    found, unsettled = signal_leftovers(child.pid, child.marker, sig)
+    if found and sig == signal.SIGKILL:
         kill_tree(
             child.clock, child.pid, child.marker, grace=0, leader_reaped=True
         ).addBoth(lambda _: reap_orphans() and None)
-    return count
+    elif unsettled:
+        # One of the daemon's orphans was exec'ing: look once more shortly,
+        # and signal the members found then (a setsid'd child is one).
+        child.clock.callLater(
+            LEFTOVER_SETTLE_SECONDS,
+            signal_leftovers,
+            child.pid,
+            child.marker,
+            sig,
+            frozenset(found),
+        )
+    return len(found)
 
 
 def timeout_message(seconds: float | None, idle: bool = False) -> str:

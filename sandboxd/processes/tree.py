@@ -390,23 +390,27 @@ def _names_tree(
     return any(p.pgid == leader or p.sid == leader for p in table.values())
 
 
-def signal_leftovers(leader: int, marker: str | None, sig: int) -> int:
+def signal_leftovers(
+    leader: int, marker: str | None, sig: int, done: frozenset[int] = frozenset()
+) -> tuple[set[int], bool]:
     """
     Send ``sig`` to what a reaped leader's tree left running: its group
     while a member still holds the number, and every member found by
-    ``marker``; how many members there were (0 when nothing is left).
+    ``marker`` (but those in ``done``, signalled already).  The members
+    found, and whether an adopted orphan was in the middle of an exec (its
+    environment reads empty, so it may carry the marker a moment later).
     """
     if never_signalled(leader):
-        return 0
+        return set(), False
     table = _look(leader)
     by_id = _names_tree(table, leader, None)
     members = tree_members(leader, marker, table, by_id)
-    if by_id:
+    if by_id and not done:
         signal_group(leader, sig)
     for pid, start in members.items():
-        if not (by_id and table[pid].pgid == leader):
+        if pid not in done and not (by_id and not done and table[pid].pgid == leader):
             signal_member(pid, start, sig)
-    return len(members)
+    return set(members), _unreadable_orphans(table, leader, members)
 
 
 def kill_tree(

@@ -709,9 +709,11 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(len(marked_pids(m)), 2)
         reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": "TERM"})
         self.assertEqual(reply.status, 200, reply.body)
-        self.assertEqual(
-            reply.json(), {"pid": pid, "signal": 15, "exited": True, "leftovers": 2}
-        )
+        answer = reply.json()
+        # Both, or on a busy machine the one in the group alone at first,
+        # the other (setsid, still exec'ing) found a moment later.
+        self.assertIn(answer.pop("leftovers"), (1, 2))
+        self.assertEqual(answer, {"pid": pid, "signal": 15, "exited": True})
         left = yield self.gone(m)
         self.assertEqual(left, [])
         reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 15})
