@@ -68,6 +68,7 @@ from sandboxd.processes.command import (
     check_shell,
     find_executable,
     is_shell,
+    shell_script,
 )
 from sandboxd.processes.environment import note_argv
 from sandboxd.processes.managed import Managed
@@ -415,43 +416,6 @@ def launch_body(rpc: Rpc, config: Config) -> dict[str, Any]:
     if rpc.call.deadline is not None:
         body["timeout"] = rpc.call.deadline
     return body
-
-
-def shell_script(argv: list[str]) -> tuple[str, list[str]] | None:
-    """
-    What ``SHELL [options] -c SCRIPT [NAME [ARG...]]`` runs, for the
-    command rules to check: the script, and the arguments it is handed
-    (``ARG...``); None for a shell that runs no ``-c`` script (a script
-    file, or an interactive shell), whose argv is checked as it is.
-    """
-    reads_command = False
-    index = 1
-    while index < len(argv):
-        arg = argv[index]
-        if arg in ("--", "-"):
-            index += 1
-            break
-        if arg in _SHELL_OPTIONS_WITH_VALUE:
-            index += 2
-            continue
-        if arg.startswith("--"):
-            index += 1
-            continue
-        if len(arg) > 1 and arg[0] in "-+":
-            if arg[0] == "-" and "c" in arg[1:]:
-                reads_command = True
-            index += 1
-            continue
-        break
-    if not reads_command or index >= len(argv):
-        return None
-    return argv[index], argv[index + 2 :]
-
-
-#: A shell's options whose value is the next word.
-_SHELL_OPTIONS_WITH_VALUE = frozenset(
-    {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
-)
 
 
 def not_started(error: OSError, argv: list[str], cwd: str) -> Exception:

@@ -337,6 +337,43 @@ def system_program(argv: list[str], cwd: str, max_links: int) -> bool:
     return True
 
 
+def shell_script(argv: list[str]) -> tuple[str, list[str]] | None:
+    """
+    What ``SHELL [options] -c SCRIPT [NAME [ARG...]]`` runs, for the
+    command rules to check: the script, and the arguments it is handed
+    (``ARG...``); None for a shell that runs no ``-c`` script (a script
+    file, or an interactive shell), whose argv is checked as it is.
+    """
+    reads_command = False
+    index = 1
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("--", "-"):
+            index += 1
+            break
+        if arg in _SHELL_OPTIONS_WITH_VALUE:
+            index += 2
+            continue
+        if arg.startswith("--"):
+            index += 1
+            continue
+        if len(arg) > 1 and arg[0] in "-+":
+            if arg[0] == "-" and "c" in arg[1:]:
+                reads_command = True
+            index += 1
+            continue
+        break
+    if not reads_command or index >= len(argv):
+        return None
+    return argv[index], argv[index + 2 :]
+
+
+#: A shell's options whose value is the next word.
+_SHELL_OPTIONS_WITH_VALUE = frozenset(
+    {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
+)
+
+
 def check_command_allowed(
     rule: EffectiveRule,
     argv: list[str],
@@ -353,6 +390,20 @@ def check_command_allowed(
     """
     if not argv:
         return argv
+    if is_shell(argv[0]) and len(argv) > 1:
+        # A shell handed a script (``sh -c 'rm -rf x'``) is checked as the
+        # ``shell`` and ``command`` fields are: the shell against
+        # ``shells``, then the script's own words, and the arguments the
+        # script is handed as a command of their own; never as an argv
+        # whose first word alone the rules would see.
+        check_shell(argv[0], rule)
+        script = shell_script(argv)
+        if script is not None:
+            text, handed = script
+            check_command_allowed(rule, [argv[0]])
+            check_command_allowed(rule, _words(text))
+            check_not_denied(rule, handed)
+            return argv
     name = os.path.basename(argv[0])
     params = rule.params
     words = split_short_options(argv)

@@ -339,6 +339,46 @@ class ShellTests(ProcessCase):
         )
 
     @inlineCallbacks
+    def test_shell_in_the_command_is_checked_as_one(self) -> Any:
+        """
+        A command whose program is a shell handed a script (``sh -c '...'``)
+        is checked as the ``shell``
+        and ``command`` fields are: the script's words see deny_commands,
+        and a shell params.shells leaves out is refused, not run.
+        """
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                "endpoints": {
+                    "shell": {"params": {"deny_commands": ["rm"]}},
+                    "process_start": {
+                        "params": {"deny_commands": ["rm"], "shells": ["bash"]}
+                    },
+                }
+            }
+        )
+        target = os.path.join(self.base_dir, "kept")
+        os.makedirs(target)
+        for command in (f"sh -c 'rm -rf {target}'", f"bash -lc 'rm -r {target}'"):
+            reply = yield self.request("POST", "/shell", {"command": command})
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "command_not_allowed")
+            )
+        reply = yield self.request(
+            "POST", "/process/start", {"command": f"/bin/bash -c 'rm -r {target}'"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "command_not_allowed")
+        )
+        reply = yield self.request("POST", "/process/start", {"command": "sh -c true"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+        )
+        self.assertTrue(os.path.isdir(target))
+        reply = yield self.request("POST", "/shell", {"command": "sh -c 'echo fine'"})
+        self.assertEqual((reply.status, reply.json()["stdout"]), (200, "fine\n"))
+
+    @inlineCallbacks
     def test_shells_by_path(self) -> Any:
         """
         A ``shells`` entry that is a path (as agent-sandbox-server's
