@@ -16,7 +16,6 @@ HTTP status, the message carrying sandboxd's §6 code and rule.
 from __future__ import annotations
 
 import posixpath
-import traceback
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -133,13 +132,6 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             finally:
                 for _, data in files:
                     data.release()
-        except BaseException as error:
-            # A refusal raised while the body was being split leaves views
-            # of it in its traceback's frames; a body spooled to disk (a
-            # mapped file) cannot be closed while they live, and the
-            # BufferError would replace the refusal with a 500.
-            traceback.clear_frames(error.__traceback__)
-            raise
         finally:
             release()
 
