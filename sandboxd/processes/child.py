@@ -690,9 +690,10 @@ def signal_child(child: Child, sig: int) -> None:
             signal_member(pid, start, sig)
 
 
-#: How long after signalling an exited command's leftovers the daemon looks
-#: again, when one of them was in the middle of an exec.
-LEFTOVER_SETTLE_SECONDS = 0.1
+#: How often, and for how long at most, the daemon looks again at an exited
+#: command's leftovers while one of them is in the middle of an exec.
+LEFTOVER_SETTLE_SECONDS = 0.05
+LEFTOVER_SETTLE_LIMIT = 5.0
 
 
 def signal_exited_tree(child: Child, sig: int) -> int:
@@ -707,17 +708,28 @@ def signal_exited_tree(child: Child, sig: int) -> int:
             child.clock, child.pid, child.marker, grace=0, leader_reaped=True
         ).addBoth(lambda _: reap_orphans() and None)
     elif unsettled:
-        # One of the daemon's orphans was exec'ing: look once more shortly,
-        # and signal the members found then (a setsid'd child is one).
-        child.clock.callLater(
-            LEFTOVER_SETTLE_SECONDS,
-            signal_leftovers,
-            child.pid,
-            child.marker,
-            sig,
-            frozenset(found),
+        _settle_leftovers(
+            child, sig, frozenset(found), child.clock.seconds() + LEFTOVER_SETTLE_LIMIT
         )
     return len(found)
+
+
+def _settle_leftovers(
+    child: Child, sig: int, done: frozenset[int], until: float
+) -> None:
+    """
+    Look again, shortly, for leftovers an exec hid (a setsid'd child's
+    environment reads empty until its exec ends, which a busy machine can
+    stretch well past one look) and signal those found, until none is
+    mid-exec or ``until`` passes.
+    """
+
+    def look() -> None:
+        found, unsettled = signal_leftovers(child.pid, child.marker, sig, done)
+        if unsettled and child.clock.seconds() < until:
+            _settle_leftovers(child, sig, done | found, until)
+
+    child.clock.callLater(LEFTOVER_SETTLE_SECONDS, look)
 
 
 def timeout_message(seconds: float | None, idle: bool = False) -> str:

@@ -250,6 +250,42 @@ class ChildProtocolTests(SynchronousTestCase):
         self.assertEqual(child.transport.lost, 1)
         self.assertEqual(got, [(1, b"hello\n"), (1, b"late\n")])
 
+    def test_leftovers_looked_for_while_one_execs(self) -> None:
+        """
+        Signalling an exited command's leftovers looks again while one of
+        them is mid-exec (a slow exec on a busy machine outlasts one look),
+        signals each found once, and stops at its bound.
+        """
+        child, clock, _, _ = self.make()
+        child.pid = 4242
+        # Looks: nothing readable yet, still exec'ing twice, then found.
+        script = [(set(), True), (set(), True), (set(), True), ({77}, False)]
+        calls: list[frozenset[int]] = []
+
+        def look(
+            pid: int, marker: str | None, sig: int, done: frozenset[int] = frozenset()
+        ) -> tuple[set[int], bool]:
+            calls.append(done)
+            return script.pop(0) if script else (set(), True)
+
+        self.patch(processes.child, "signal_leftovers", look)
+        self.assertEqual(processes.signal_exited_tree(child, signal.SIGTERM), 0)
+        for _ in range(10):
+            clock.advance(processes.child.LEFTOVER_SETTLE_SECONDS)
+        self.assertEqual(len(calls), 4)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        # Mid-exec for ever: it gives up at its bound.
+        calls.clear()
+        processes.signal_exited_tree(child, signal.SIGTERM)
+        clock.advance(processes.child.LEFTOVER_SETTLE_LIMIT * 2)
+        while clock.getDelayedCalls():
+            clock.advance(processes.child.LEFTOVER_SETTLE_SECONDS)
+        looks = (
+            processes.child.LEFTOVER_SETTLE_LIMIT
+            / processes.child.LEFTOVER_SETTLE_SECONDS
+        )
+        self.assertLessEqual(len(calls), looks + 2)
+
     def test_exit_after_pipes_closed_leaves_no_timer(self) -> None:
         """A child whose pipes had all closed when it was reaped arms no drain timer."""
         child, clock, _, _ = self.make()
