@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.access.tracing import trace_headers
 from sandboxd.errors import (
     ApiError,
@@ -170,6 +171,28 @@ class Rpc:
             self.door_passed = passed
         else:
             self.passed = passed
+
+    def hold(self) -> None:
+        """
+        Note the admitted call as a stream that lasts as long as its client
+        keeps it, so that a policy reload that takes its identity, scope
+        or endpoint away ends it (:meth:`_revoked`).
+        """
+        assert self.passed is not None
+        held = held_connections.hold(
+            self.context, self.passed.identity, self.passed.endpoint, self._revoked
+        )
+        self.on_over(lambda: held_connections.release(self.context, held))
+
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A reload no longer lets the stream's caller in: answered with the
+        refusal, then what it ran ends as when its client cancels (the
+        protocol ties a process to its stream).
+        """
+        callbacks = list(self._on_gone)
+        self.fail(error)
+        run_each(callbacks, "sandboxd: kep cleanup failed")
 
     def server_request(
         self,
@@ -338,6 +361,8 @@ def serve(
             # is chosen (a terminal's only for one the caller may drive).
             rpc.admit("kep", spend=False)
             rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
+            if call.method.server_streaming:
+                rpc.hold()
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:
             rpc.fail(e)
