@@ -77,6 +77,7 @@ from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
 from sandboxd.terminals.session import OutputLost, PtySession, SpawnRequest
+from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import dimension
 from sandboxd.web.portdoor import Pauser, governed_request, run_each
@@ -954,10 +955,17 @@ def audit_refusal(context: Any, refusal: Refusal) -> None:
     )
 
 
-def grpc_factory(context: Any) -> GrpcFactory:
-    """The door's gRPC listener: the process service on the reactor."""
+def grpc_factory(context: Any, limits: ConnectionLimits | None = None) -> GrpcFactory:
+    """
+    The door's gRPC listener: the process service on the reactor, a
+    request message's time bounded as the HTTP door bounds a body
+    (``--head-deadline``, ``--body-min-rate``).
+    """
+    limits = limits or ConnectionLimits()
     return GrpcFactory(
         context.reactor,
         methods(context),
+        read_grace=limits.head_deadline,
+        read_min_rate=limits.body_min_rate,
         on_refusal=lambda refusal: audit_refusal(context, refusal),
     )
