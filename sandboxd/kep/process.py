@@ -687,7 +687,14 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     table = _terminals(rpc)
     rpc.on_gone(lambda: table.close(session.id))
     if spec.timeout is not None:
-        timer = rpc.context.reactor.callLater(spec.timeout, table.close, session.id)
+        timeout = spec.timeout
+
+        def ran_out() -> None:
+            # Named as a command's limit is: the policy's, or the call's.
+            rpc.fail(_timeout(rpc, timeout))
+            table.close(session.id)
+
+        timer = rpc.context.reactor.callLater(timeout, ran_out)
         session.when_ended().addBoth(
             lambda _: timer.cancel() if timer.active() else None
         )

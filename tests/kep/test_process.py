@@ -330,8 +330,56 @@ class PolicyTimeoutTests(ProcessCase):
         "endpoints": {
             "shell": {"limits": {"timeout_seconds": 2}},
             "process_start": {"limits": {"timeout_seconds": 2}},
+            "pty_create_session": {"limits": {"timeout_seconds": 2}},
         }
     }
+
+    @inlineCallbacks
+    def test_a_terminal_ended_by_the_policy_limit_says_so(self) -> Any:
+        """
+        A ``Start`` with a pty that the policy's limit ends is
+        RESOURCE_EXHAUSTED naming the limit, as a command's is, not an
+        ``exit`` that looks like the program ended by itself; its process
+        is gone.
+        """
+        pb, _ = stubs()
+
+        def job() -> Any:
+            stream = self.stub().Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "echo $$; sleep 10"]),
+                    pty=pb.PTY(cols=80, rows=24),
+                ),
+                timeout=20,
+            )
+            out = b""
+            try:
+                for response in stream:
+                    out += response.stdout
+                    if response.WhichOneof("event") == "exit":
+                        return out, None
+            except grpc.RpcError as e:
+                return out, status_of(e)
+            return out, None
+
+        started = time.monotonic()
+        out, error = yield self.blocking(job)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertIsNotNone(error, "the terminal's stream ended with an exit")
+        name, message, trailers = error
+        self.assertEqual(
+            (name, trailers["x-sandboxd-code"]), ("RESOURCE_EXHAUSTED", "timeout")
+        )
+        self.assertEqual(
+            trailers["x-sandboxd-rule"], "policy:endpoints.pty_create_session"
+        )
+        self.assertIn("the policy's timeout_seconds (2 seconds)", message)
+        shell = int(out.split()[0])
+        for _ in range(50):
+            if not alive(shell):
+                break
+            yield self.sleep(0.1)
+        self.assertFalse(alive(shell))
 
     @inlineCallbacks
     def test_the_policy_limit_is_named_not_the_callers(self) -> Any:
