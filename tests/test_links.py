@@ -317,7 +317,8 @@ class LinkRoutesTests(DaemonTestCase):
         """
         A policy reload that narrows the minter narrows its links at once
         (403 where the minter is refused too); one that removes the minter
-        kills its links, and the links they made, with a 401 saying why.
+        kills its links, and the links they made, with a 401 saying why,
+        for good: one that gives the minter back does not bring them back.
         """
         path = os.path.join(self.base_dir, "policy.json")
         with open(path, "w") as f:
@@ -360,7 +361,14 @@ class LinkRoutesTests(DaemonTestCase):
         for token in (link, child.json()["token"]):
             info = yield self.request("GET", "/system/info", token=token)
             self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
-            self.assertIn("no longer in the policy", info.json()["error"])
+            self.assertIn("was taken out of the policy", info.json()["error"])
+        # Giving the identity back does not bring its links back.
+        reload(POLICY["auth"]["tokens"][1])
+        info = yield self.request("GET", "/system/info", token=READER)
+        self.assertEqual(info.status, 200, info.body)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
 
     @inlineCallbacks
     def test_refused_calls_spend_no_use(self) -> None:
@@ -666,7 +674,7 @@ class LinkRestartTests(DaemonTestCase):
         """
         A link kept across a restart (a key file and a state dir) is refused
         when the daemon comes back with a policy that no longer has its
-        minter.
+        minter, and stays refused when a later start gives the minter back.
         """
         key = os.path.join(self.base_dir, "link.key")
         with open(key, "wb") as f:
@@ -685,7 +693,13 @@ class LinkRestartTests(DaemonTestCase):
         without = {
             "auth": {"tokens": POLICY["auth"]["tokens"][:1], "link_key_file": key}
         }
-        yield self.start(policy=without, state_dir=state)
+        yield self.start(stop_at_end=False, policy=without, state_dir=state)
         reply = yield self.request("GET", "/system/info", token=link)
         self.assertEqual((reply.status, reply.json()["code"]), (401, "link_invalid"))
-        self.assertIn("no longer in the policy", reply.json()["error"])
+        self.assertIn("was taken out of the policy", reply.json()["error"])
+        # Its minter given back at the next start: the link stays ended.
+        yield self.daemon.stop()
+        yield self.start(policy=policy, state_dir=state)
+        reply = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual((reply.status, reply.json()["code"]), (401, "link_invalid"))
+        self.assertIn("giving the identity back does not", reply.json()["error"])

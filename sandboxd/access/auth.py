@@ -31,11 +31,14 @@ class Identity:
 
     :ivar on_behalf_of: for a capability link (``link:ID``), the identity
         that minted it; the audit names both.
+    :ivar expires: for a link, when it expires (Unix time): a connection
+        it opened is ended then.
     """
 
     id: str
     scopes: frozenset[str]
     on_behalf_of: str | None = None
+    expires: float | None = attrs.field(default=None, eq=False)
 
     def has_scope(self, scope: str) -> bool:
         """

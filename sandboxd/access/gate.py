@@ -518,18 +518,23 @@ def still_allowed(
     """
     Whether a connection admitted earlier as ``identity`` to ``endpoint``
     (a terminal's socket, an event stream) may stay open under the policy
-    in force now, asked after a reload: a connection lasts as long as its
-    client keeps it, so without this a leaked identity taken out of the
-    policy kept the shell it had open.
+    in force now, asked after a reload and when a link ends (revoked or
+    expired): a connection lasts as long as its client keeps it, so
+    without this a leaked identity taken out of the policy, or a revoked
+    link, kept the shell it had open.
 
     :returns: the identity as the policy defines it now (a link narrowed
         to its minter's scopes now) and None; or None and the error that
-        ends the connection: the endpoint switched off, the identity (or a
-        link's minter) gone, or a scope no longer held.
+        ends the connection: the endpoint switched off, the link revoked
+        or expired, the identity (or a link's minter) gone, or a scope no
+        longer held.
     """
     rule = context.policy.rules[endpoint.id]
     if not rule.enabled:
         return None, _disabled(endpoint, rule)
+    ended = context.links.ended(identity)
+    if ended is not None:
+        return None, ended
     tokens = context.policy.tokens
     current: Identity | None
     if identity.on_behalf_of is not None and identity.id.startswith("link:"):
@@ -541,6 +546,7 @@ def still_allowed(
                 identity.id,
                 within(identity.scopes, minter),
                 on_behalf_of=identity.on_behalf_of,
+                expires=identity.expires,
             )
         )
         who = identity.on_behalf_of

@@ -94,8 +94,7 @@ def end_revoked(context: Any) -> None:
         assert error is not None
         release(context, held)
         log.info(
-            "sandboxd: {endpoint} connection of {identity} closed by the policy "
-            "reload: {why}",
+            "sandboxd: {endpoint} connection of {identity} closed: {why}",
             endpoint=held.endpoint.id,
             identity=held.identity.id,
             why=error.message,

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from sandboxd.access.auth import IMPLIED_SCOPES, Identity, TokenStore
@@ -165,6 +166,8 @@ class Link:
     created_at: float
     used: int = 0
     revoked: bool = False
+    #: Revoked because its minter was taken out of the policy.
+    minter_removed: bool = False
 
     @property
     def id(self) -> str:
@@ -184,6 +187,7 @@ class Link:
             "created_at": self.created_at,
             "used": self.used,
             "revoked": self.revoked,
+            "minter_removed": self.minter_removed,
         }
 
     @classmethod
@@ -205,6 +209,7 @@ class Link:
             float(data["created_at"]),
             used=int(data["used"]),
             revoked=bool(data["revoked"]),
+            minter_removed=bool(data.get("minter_removed", False)),
         )
 
     def as_json(self) -> dict[str, object]:
@@ -273,6 +278,10 @@ class LinkTable:
         self.state_path = state_path
         #: Why the last :meth:`save` failed (None: it did not).
         self.save_error: OSError | None = None
+        #: Told when a link is minted or ended (revoked, its minter gone):
+        #: the daemon asks the connections links hold open again and
+        #: watches the next expiry.
+        self.listeners: list[Callable[[], None]] = []
         self._key_id = hashlib.sha256(b"sandboxd-links\0" + key).hexdigest()[:32]
         if state_path is not None:
             self._load()
@@ -466,6 +475,7 @@ class LinkTable:
             # Not kept, it could not be revoked after a restart.
             del self.links[claims.jti]
             raise self._unkept("so no link was made")
+        self.changed()
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
 
@@ -537,7 +547,7 @@ class LinkTable:
             raise link_refused("the link has expired", expired=True)
         link = self.links.get(claims.jti)
         if link is not None and link.revoked:
-            raise link_refused("the link was revoked")
+            raise link_refused(revoked_message(link))
         if claims.aud != audience:
             raise link_refused("the link is for another audience")
         if claims.uses is not None:
@@ -556,7 +566,9 @@ class LinkTable:
                     "longer in the policy, so its links no longer work"
                 )
             scopes = within(scopes, minter)
-        identity = Identity(f"link:{claims.jti}", scopes, on_behalf_of=claims.sub)
+        identity = Identity(
+            f"link:{claims.jti}", scopes, on_behalf_of=claims.sub, expires=claims.exp
+        )
         if consume and spend:
             self.spend(identity)
         return identity
@@ -577,7 +589,7 @@ class LinkTable:
         if link is None:
             return  # an uncounted link from before a restart: nothing to count
         if link.revoked:
-            raise link_refused("the link was revoked")
+            raise link_refused(revoked_message(link))
         if link.claims.exp <= self._clock():
             raise link_refused("the link has expired", expired=True)
         uses = link.claims.uses
@@ -623,12 +635,134 @@ class LinkTable:
         ):
             raise not_found(f"no such link: {link_id}")
         link.revoked = True
+        self.changed()
         if not self.save():
             raise self._unkept(
                 "so the link is revoked only until a restart, after which it "
                 "would work again; revoke it again once the state can be written"
             )
         return link
+
+    def ended(self, identity: Identity) -> ApiError | None:
+        """
+        Why a connection ``identity`` opened must end now, when it is a
+        link that was revoked (its minter taken out of the policy
+        included) or has expired; None while it lives, and for a token.
+        """
+        if identity.on_behalf_of is None or not identity.id.startswith("link:"):
+            return None
+        link = self.links.get(identity.id.removeprefix("link:"))
+        if link is not None and link.revoked:
+            return link_refused(revoked_message(link))
+        if identity.expires is not None and identity.expires <= self._clock():
+            return link_refused("the link has expired", expired=True)
+        return None
+
+    def next_expiry(self, after: float) -> float | None:
+        """When the next live link expires after ``after`` (None: none does)."""
+        return min(
+            (
+                link.claims.exp
+                for link in self.links.values()
+                if not link.revoked and link.claims.exp > after
+            ),
+            default=None,
+        )
+
+    def changed(self) -> None:
+        """Tell the listeners that links were minted or ended."""
+        for listener in list(self.listeners):
+            listener()
+
+    def end_orphans(self, tokens: TokenStore) -> list[Link]:
+        """
+        Revoke, for good, every link whose minter is not in the policy
+        ``tokens`` belong to (asked at start and at each reload): a link
+        already fails while its minter is out, but giving the identity
+        back (an old policy file restored) would otherwise bring its links
+        back, a leaked identity's included.  The links ended, saved when
+        there are any (a revocation that cannot be kept is logged: it is
+        made again at the next start while the minter stays out).
+        """
+        ended = []
+        for link in self.links.values():
+            if not link.revoked and tokens.current(link.claims.sub) is None:
+                link.revoked = link.minter_removed = True
+                ended.append(link)
+        if ended and self.state_path is not None and not self.save():
+            log.warn(
+                "sandboxd: the links of identities no longer in the policy are "
+                "ended, but that could not be written to {path}: {error}",
+                path=self.state_path,
+                error=str(self.save_error),
+            )
+        return ended
+
+
+class ExpiryWatch:
+    """
+    Asks the connections links hold open (``recheck``) again whenever a
+    link is minted or ended, and once each link expires: a link presented
+    for every request stops working at its expiry by itself, but a
+    terminal socket or an event stream it opened lasts as long as its
+    client keeps it.
+    """
+
+    #: After an expiry, how long before asking (the link is past it then).
+    SLACK_SECONDS = 0.05
+
+    def __init__(
+        self, clock: IReactorTime, table: LinkTable, recheck: Callable[[], None]
+    ) -> None:
+        self.clock = clock
+        self.table = table
+        self.recheck = recheck
+        self._timer: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """Follow the table."""
+        self.table.listeners.append(self._changed)
+        self._arm()
+
+    def stop(self) -> None:
+        """Stop following it."""
+        if self._changed in self.table.listeners:
+            self.table.listeners.remove(self._changed)
+        self._cancel()
+
+    def _changed(self) -> None:
+        self.recheck()
+        self._arm()
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.recheck()
+        self._arm()
+
+    def _cancel(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _arm(self) -> None:
+        self._cancel()
+        now = self.clock.seconds()
+        due = self.table.next_expiry(now)
+        if due is not None:
+            self._timer = self.clock.callLater(
+                due - now + self.SLACK_SECONDS, self._fire
+            )
+
+
+def revoked_message(link: Link) -> str:
+    """Why a revoked link is refused."""
+    if link.minter_removed:
+        return (
+            f"the link ended when the identity that made it ({link.claims.sub!r}) "
+            "was taken out of the policy; giving the identity back does not "
+            "bring its links back"
+        )
+    return "the link was revoked"
 
 
 def is_link(token: bytes | str | None) -> bool:

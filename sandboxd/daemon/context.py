@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 
 from sandboxd.access.audit import AuditLog
 from sandboxd.access.links import LinkTable
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from sandboxd.lsp.service import LspService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
+
+
+log = Logger(namespace="sandboxd.daemon.context")
 
 
 class Reactor(Protocol):
@@ -160,6 +164,18 @@ class Context:
             lambda: self.reactor.seconds(),
             self.state_dir,
         )
+        self._end_orphaned_links()
+
+    def _end_orphaned_links(self) -> None:
+        """End for good the links of identities the policy no longer has."""
+        ended = self.links.end_orphans(self.policy.tokens)
+        if ended:
+            log.info(
+                "sandboxd: {count} link(s) ended: their minters ({minters}) are "
+                "not in the policy",
+                count=len(ended),
+                minters=", ".join(sorted({link.claims.sub for link in ended})),
+            )
 
     @property
     def base_dir(self) -> str:
@@ -174,3 +190,4 @@ class Context:
         """Swap in a new compiled policy (reload); buckets start afresh."""
         self.policy = policy
         self.rates.forget()
+        self._end_orphaned_links()

@@ -34,6 +34,7 @@ from sandboxd._version import __version__
 from sandboxd.access import guard
 from sandboxd.access.audit import AuditLog
 from sandboxd.access.held import end_revoked as end_revoked_held
+from sandboxd.access.links import ExpiryWatch
 from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
@@ -295,6 +296,10 @@ class DaemonService(MultiService):
         #: Hands the free heap back now and then (:meth:`_sweep_heap`).
         self.heap_sweep = LoopingCall(self._sweep_heap)
         self.heap_sweep.clock = as_clock(context.reactor)
+        #: Ends what a link held open when it is revoked or expires.
+        self.link_watch = ExpiryWatch(
+            as_clock(context.reactor), context.links, self._end_disallowed
+        )
 
     def privilegedStartService(self) -> None:
         """
@@ -360,6 +365,7 @@ class DaemonService(MultiService):
         self._sweep_scratch()
         self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, self._settle)
         self.heap_sweep.start(HEAP_TRIM_QUIET_SECONDS, now=False)
+        self.link_watch.start()
 
     def _sweep_scratch(self) -> None:
         """
@@ -608,19 +614,30 @@ class DaemonService(MultiService):
         if self.context.agents is not None:
             self.context.agents.policy_reloaded()
         # Connections admitted under the old policy that it no longer lets in.
-        if self.context.terminals is not None:
-            self.context.terminals.factory.policy_reloaded(before)
-        end_revoked(self.context)
-        end_revoked_held(self.context)
+        self._end_disallowed(before)
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
         return True
 
+    def _end_disallowed(self, before: Any = None) -> None:
+        """
+        End every connection that lasts as long as its client keeps it
+        (terminal sockets, event streams, the doors' held streams) whose
+        caller the policy no longer lets in, or whose link has ended; after
+        a reload, ``before`` (the replaced policy's identities) also ends
+        the terminals of an identity taken out.
+        """
+        if self.context.terminals is not None:
+            self.context.terminals.factory.policy_reloaded(before)
+        end_revoked(self.context)
+        end_revoked_held(self.context)
+
     def stopService(self) -> Deferred[Any]:
         """Stop listening, end every child, flush the audit log; bounded."""
         self.running = False
         self.context.draining = True
+        self.link_watch.stop()
         CHILD_PRIORITY.restore()
         if self._trim is not None and self._trim.active():
             self._trim.cancel()

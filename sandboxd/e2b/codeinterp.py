@@ -276,7 +276,8 @@ class NdjsonStream:
         self._beat = self.clock.callLater(E2B_CODE_KEEPALIVE_SECONDS, self._keepalive)
         self._unsubscribe = x.log.subscribe(self._on_event)
         call.on_close(self._gone)
-        self._pump()
+        if call.hold(self._revoked):
+            self._pump()
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         if not lines or self.call.closed:
@@ -321,6 +322,30 @@ class NdjsonStream:
         self._unsubscribe()
         if self._beat.active():
             self._beat.cancel()
+        if not self.call.closed:
+            self.call.request.finish()
+        self.call.done()
+
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A policy reload no longer lets the caller in: an error line says
+        why, and the execution is interrupted, as when its client leaves.
+        """
+        if self.over:
+            return
+        self._write(
+            [
+                {
+                    "type": "error",
+                    "name": "PermissionError",
+                    "value": error.message,
+                    "traceback": "",
+                }
+            ]
+        )
+        if self.call.error is None:
+            self.call.error = error
+        self._gone()
         if not self.call.closed:
             self.call.request.finish()
         self.call.done()

@@ -215,6 +215,8 @@ class Stream:
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
         self._arm()
+        # A reload that takes the call's scope or identity away ends it.
+        call.hold(self.end)
 
     def _client_gone(self) -> None:
         """The client left: stop the timers and let go of what was followed."""
@@ -250,8 +252,14 @@ class Stream:
         self._deadline = self.clock.callLater(seconds, expire)
 
     def on_end(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the stream is over (ended, or the client left)."""
-        self._end_hooks.append(callback)
+        """
+        Call ``callback`` once the stream is over (ended, or the client
+        left); at once when it is over already.
+        """
+        if self.ended:
+            callback()
+        else:
+            self._end_hooks.append(callback)
 
     def _write(self, data: bytes) -> None:
         if self.call.closed or self.ended:
@@ -436,6 +444,7 @@ class LiveInput:
         if self.feeder is None:
             self.door.admit_endpoint(self.call, message)
             self.feeder = self.call.procedure.run(self.call, message)
+            self.call.hold(self._fail)
         else:
             self.feeder.message(message)
 

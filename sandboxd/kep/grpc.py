@@ -79,6 +79,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sandboxd.policy.defaults import (
+    BODY_MIN_RATE_BYTES,
     CAP_WARNING_INTERVAL_SECONDS,
     HEADER_DEADLINE_SECONDS,
     KEP_DEADLINE_SLACK_SECONDS,
@@ -789,7 +790,9 @@ class _Connection(Protocol):
             return
         call = Call(self, stream_id, method, headers, self.peer, deadline)
         self._calls[stream_id] = call
-        self._reading[stream_id] = _Request()
+        request = self._reading[stream_id] = _Request(started=call.started)
+        if not ended:
+            self._arm_read_check(stream_id, request)
         if deadline is not None:
             call._timer = self._reactor.callLater(deadline, call._deadline_passed)
         if ended:
@@ -860,7 +863,51 @@ class _Connection(Protocol):
         if request is not None:
             self.buffered -= len(request.body)
             self.factory.buffered -= len(request.body)
+            if request.timer is not None and request.timer.active():
+                request.timer.cancel()
+            request.timer = None
         return request
+
+    def _read_check(self, stream_id: int) -> None:
+        """
+        Whether a request still being read has come fast enough: whole
+        within the factory's ``read_grace``, or averaging ``read_min_rate``
+        bytes a second after it, as the HTTP door bounds a body.  Without
+        it, a client that sends part of a message (or a whole one and no
+        end) held the call, its stream and its bytes for as long as it
+        liked.  Looked at again when the bytes in would fall short.
+        """
+        request = self._reading.get(stream_id)
+        call = self._calls.get(stream_id)
+        if request is None or call is None or call.finished:
+            return
+        request.timer = None
+        factory = self.factory
+        elapsed = time.monotonic() - request.started
+        owed = (elapsed - factory.read_grace) * factory.read_min_rate
+        if len(request.body) < owed:
+            self._refuse(
+                call,
+                Status.DEADLINE_EXCEEDED,
+                f"the request message of {call.method.path} came too slowly: "
+                f"{len(request.body)} bytes and no end in {elapsed:.0f} s (it must "
+                f"be whole within {factory.read_grace:g} s, or average "
+                f"{factory.read_min_rate:g} bytes a second after them)",
+            )
+            return
+        self._arm_read_check(stream_id, request)
+
+    def _arm_read_check(self, stream_id: int, request: _Request) -> None:
+        """Look at the request again when its bytes so far stop being enough."""
+        factory = self.factory
+        due = (
+            request.started
+            + factory.read_grace
+            + len(request.body) / factory.read_min_rate
+        )
+        request.timer = self._reactor.callLater(
+            max(0.0, due - time.monotonic()) + 0.01, self._read_check, stream_id
+        )
 
     def _request_ended(self, stream_id: int) -> None:
         request = self._take(stream_id)
@@ -1186,6 +1233,10 @@ class _Connection(Protocol):
 class _Request:
     body: bytearray = attrs.field(factory=bytearray)
     length: int | None = None
+    #: ``time.monotonic()`` when its headers arrived.
+    started: float = 0.0
+    #: Ends the call when the request comes too slowly (see ``_read_check``).
+    timer: IDelayedCall | None = None
 
 
 @attrs.frozen
@@ -1252,6 +1303,8 @@ class GrpcFactory(Factory):
         max_unread_bytes: int = KEP_MAX_UNREAD_CONTROL_BYTES,
         max_buffered_bytes: int = KEP_MAX_BUFFERED_REQUEST_BYTES,
         max_buffered_bytes_total: int = KEP_MAX_BUFFERED_REQUEST_BYTES_TOTAL,
+        read_grace: float = HEADER_DEADLINE_SECONDS,
+        read_min_rate: float = BODY_MIN_RATE_BYTES,
         on_refusal: Callable[[Refusal], None] | None = None,
         check_head: HeadCheck | None = None,
     ) -> None:
@@ -1274,6 +1327,10 @@ class GrpcFactory(Factory):
         )
         self.max_buffered_bytes = max_buffered_bytes
         self.max_buffered_bytes_total = max_buffered_bytes_total
+        #: A request message must be whole within ``read_grace`` seconds,
+        #: or average ``read_min_rate`` bytes a second after them.
+        self.read_grace = read_grace
+        self.read_min_rate = read_min_rate
         #: Request bytes held, all connections together.
         self.buffered = 0
         self.on_refusal = on_refusal

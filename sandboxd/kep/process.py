@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.access.tracing import trace_headers
 from sandboxd.errors import (
     ApiError,
@@ -76,6 +77,7 @@ from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
 from sandboxd.terminals.session import OutputLost, PtySession, SpawnRequest
+from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import dimension
 from sandboxd.web.portdoor import Pauser, governed_request, run_each
@@ -170,6 +172,28 @@ class Rpc:
             self.door_passed = passed
         else:
             self.passed = passed
+
+    def hold(self) -> None:
+        """
+        Note the admitted call as a stream that lasts as long as its client
+        keeps it, so that a policy reload that takes its identity, scope
+        or endpoint away ends it (:meth:`_revoked`).
+        """
+        assert self.passed is not None
+        held = held_connections.hold(
+            self.context, self.passed.identity, self.passed.endpoint, self._revoked
+        )
+        self.on_over(lambda: held_connections.release(self.context, held))
+
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A reload no longer lets the stream's caller in: answered with the
+        refusal, then what it ran ends as when its client cancels (the
+        protocol ties a process to its stream).
+        """
+        callbacks = list(self._on_gone)
+        self.fail(error)
+        run_each(callbacks, "sandboxd: kep cleanup failed")
 
     def server_request(
         self,
@@ -338,6 +362,8 @@ def serve(
             # is chosen (a terminal's only for one the caller may drive).
             rpc.admit("kep", spend=False)
             rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
+            if call.method.server_streaming:
+                rpc.hold()
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:
             rpc.fail(e)
@@ -661,7 +687,14 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
     table = _terminals(rpc)
     rpc.on_gone(lambda: table.close(session.id))
     if spec.timeout is not None:
-        timer = rpc.context.reactor.callLater(spec.timeout, table.close, session.id)
+        timeout = spec.timeout
+
+        def ran_out() -> None:
+            # Named as a command's limit is: the policy's, or the call's.
+            rpc.fail(_timeout(rpc, timeout))
+            table.close(session.id)
+
+        timer = rpc.context.reactor.callLater(timeout, ran_out)
         session.when_ended().addBoth(
             lambda _: timer.cancel() if timer.active() else None
         )
@@ -929,10 +962,17 @@ def audit_refusal(context: Any, refusal: Refusal) -> None:
     )
 
 
-def grpc_factory(context: Any) -> GrpcFactory:
-    """The door's gRPC listener: the process service on the reactor."""
+def grpc_factory(context: Any, limits: ConnectionLimits | None = None) -> GrpcFactory:
+    """
+    The door's gRPC listener: the process service on the reactor, a
+    request message's time bounded as the HTTP door bounds a body
+    (``--head-deadline``, ``--body-min-rate``).
+    """
+    limits = limits or ConnectionLimits()
     return GrpcFactory(
         context.reactor,
         methods(context),
+        read_grace=limits.head_deadline,
+        read_min_rate=limits.body_min_rate,
         on_refusal=lambda refusal: audit_refusal(context, refusal),
     )

@@ -55,6 +55,7 @@ class KepService(PolicyListener):
         self.grpc_port: Any = None
         self.root = os.path.abspath(root or context.policy.base_dir)
         self.door = KepRestDoor(context, self.root, limits)
+        self.limits = limits
         self._grpc_factory: Any = None
 
     def startService(self) -> None:
@@ -78,7 +79,7 @@ class KepService(PolicyListener):
             from sandboxd.kep.process import grpc_factory
 
             # A new factory each time: a stopped one refuses every connection.
-            factory = self._grpc_factory = grpc_factory(self.context)
+            factory = self._grpc_factory = grpc_factory(self.context, self.limits)
             factory.check_head = access.grpc_head_check(self.context)
         if factory is None:
             listening: Deferred[Any] = rest.listen(site)

@@ -515,8 +515,7 @@ class PtyServerFactory(WebSocketServerFactory):
                 )
             assert error is not None
             log.info(
-                "sandboxd: terminal socket of {identity} closed by the policy "
-                "reload: {why}",
+                "sandboxd: terminal socket of {identity} closed: {why}",
                 identity=identity.id,
                 why=error.message,
             )

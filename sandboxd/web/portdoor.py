@@ -40,6 +40,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.access.tracing import trace_headers
 from sandboxd.api.fields import Field
 from sandboxd.errors import (
@@ -433,6 +434,9 @@ class Call:
     #: every :meth:`server_request` of the call.
     audit_fields: dict[str, Any] = attrs.Factory(dict)
     _on_close: list[Callable[[], None]] = attrs.Factory(list)
+    #: While the call streams: its entry among the connections a policy
+    #: reload asks again (:meth:`hold`).
+    _held: held_connections.Held | None = None
 
     @property
     def context(self) -> Any:
@@ -486,6 +490,26 @@ class Call:
         peer = self.request.getClientAddress()
         return str(getattr(peer, "host", "") or "")
 
+    def hold(self, end: Callable[[ApiError], None]) -> bool:
+        """
+        Note that the call has become a stream that lasts as long as its
+        client keeps it (a process's output, a watch, live input), so that
+        a policy reload asks it again and ends it (``end``, told why) when the
+        identity, its scopes or the endpoint are gone; until the call is
+        done.  A reload that came between the call's admission and now is
+        asked at once: False, and ``end`` called, when it refuses.
+        """
+        assert self.passed is not None
+        passed = self.passed
+        _, error = gate.still_allowed(self.context, passed.identity, passed.endpoint)
+        if error is not None:
+            end(error)
+            return False
+        self._held = held_connections.hold(
+            self.context, passed.identity, passed.endpoint, end
+        )
+        return True
+
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once when the client goes away before the end."""
         if self.closed:
@@ -509,6 +533,7 @@ class Call:
             return
         self.finished = True
         context = self.context
+        held_connections.release(context, self._held)
         passed = self.passed
         for held in (self.door_passed, passed):
             if held is not None:

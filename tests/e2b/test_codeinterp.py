@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
+import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -53,10 +56,6 @@ class InterpreterCase(E2BCase):
             raise SkipTest("e2b-code-interpreter is not installed") from None
         return super().setUp()
 
-
-class CodeInterpreterTests(InterpreterCase):
-    """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
-
     def code_sandbox(self, token: str | None = None, traffic: str | None = None) -> Any:
         """``e2b_code_interpreter.Sandbox`` in debug mode, pointed at the door."""
         from e2b.connection_config import ConnectionConfig
@@ -78,6 +77,10 @@ class CodeInterpreterTests(InterpreterCase):
             traffic_access_token=traffic,
             connection_config=config,
         )
+
+
+class CodeInterpreterTests(InterpreterCase):
+    """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
 
     @inlineCallbacks
     def test_state_png_and_error(self) -> Any:
@@ -423,3 +426,53 @@ class SeedSdkTests(E2BCase):
         ctx = yield self.sdk(sbx.create_code_context)
         fresh = yield self.sdk(sbx.run_code, "'y' in globals()", context=ctx)
         self.assertEqual(fresh.text, "False")
+
+
+class ReloadTests(InterpreterCase):
+    """A policy reload ends a run_code whose caller it no longer lets in."""
+
+    autostart = False
+    environ = {"AGENT": "agent-token", "KEEPER": "keeper-token"}
+
+    def write_policy(self, path: str, *ids: str) -> None:
+        tokens = [{"id": i, "token_env": i.upper(), "scopes": ["*"]} for i in ids]
+        policy = {
+            **KERNEL_START,
+            "groups": {"e2b": True, "code": True},
+            "auth": {"tokens": tokens},
+        }
+        with open(path, "w") as f:
+            json.dump(policy, f)
+
+    @inlineCallbacks
+    def test_a_removed_tokens_run_code_ends(self) -> Any:
+        """
+        Taking a token out of the policy ends its running ``run_code`` at
+        the reload: the SDK's execution holds an error saying why, and the
+        code was interrupted.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+        self.write_policy(path, "agent", "keeper")
+        yield self.start(policy=None, policy_file=path)
+        sbx = self.code_sandbox(token="agent-token")
+        yield self.sdk(sbx.run_code, "import time")
+        marker = os.path.join(self.base_dir, "finished")
+        up = threading.Event()
+        running = self.sdk(
+            sbx.run_code,
+            f"print('up', flush=True); time.sleep(8); open({marker!r}, 'w').close()",
+            on_stdout=lambda _: up.set(),
+        )
+        for _ in range(200):
+            if up.is_set():
+                break
+            yield self.sdk(time.sleep, 0.05)
+        self.write_policy(path, "keeper")
+        self.assertTrue(self.daemon.daemon.reload())
+        started = time.monotonic()
+        execution = yield running
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertIsNotNone(execution.error, execution)
+        self.assertIn("agent", execution.error.value)
+        yield self.sdk(time.sleep, 8)
+        self.assertFalse(os.path.exists(marker))

@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import socket
+import threading
 import time
 from typing import Any
 
@@ -468,3 +469,62 @@ class ExposureTests(E2BCase):
                 self.assertIn(str(port), str(e))
             else:
                 self.fail("the start did not fail")
+
+
+def _write_tokens(path: str, tokens: list[dict[str, Any]], **groups: bool) -> None:
+    with open(path, "w") as f:
+        json.dump({"groups": {"e2b": True, **groups}, "auth": {"tokens": tokens}}, f)
+
+
+#: Two tokens a stream reload test gives out; the first is taken away.
+AGENT = {"id": "agent", "token_env": "AGENT", "scopes": ["*"]}
+KEEPER = {"id": "keeper", "token_env": "KEEPER", "scopes": ["*"]}
+
+
+class StreamReloadTests(E2BCase):
+    """A policy reload ends the streams of a caller it no longer lets in."""
+
+    autostart = False
+    environ = {"AGENT": "agent-token", "KEEPER": "keeper-token"}
+
+    @inlineCallbacks
+    def test_a_removed_tokens_command_stream_ends(self) -> Any:
+        """
+        Taking a token out of the policy ends the SDK's wait on its
+        command at the reload, with an error saying why; another token's
+        wait goes on to the command's end.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+        _write_tokens(path, [AGENT, KEEPER])
+        yield self.start(policy=None, policy_file=path)
+        up = {"agent-token": threading.Event(), "keeper-token": threading.Event()}
+
+        def job(token: str) -> Any:
+            handle = self.sandbox(token=token).commands.run(
+                "echo up; sleep 6; echo done", background=True
+            )
+            up[token].set()
+            started = time.monotonic()
+            out: list[str] = []
+            try:
+                handle.wait(on_stdout=out.append)
+                return "".join(out), None, time.monotonic() - started
+            except Exception as e:
+                return "".join(out), e, time.monotonic() - started
+
+        ended = self.sdk(job, "agent-token")
+        went_on = self.sdk(job, "keeper-token")
+        for _ in range(200):
+            if all(event.is_set() for event in up.values()):
+                break
+            yield self.sdk(time.sleep, 0.05)
+        _write_tokens(path, [KEEPER])
+        self.assertTrue(self.daemon.daemon.reload())
+        out, error, waited = yield ended
+        self.assertIsNotNone(error, f"the removed token's stream ran on: {out!r}")
+        self.assertIn("agent", str(error))
+        self.assertNotIn("done", out)
+        self.assertLess(waited, 5)
+        out, error, _ = yield went_on
+        self.assertIsNone(error)
+        self.assertEqual(out, "up\ndone\n")

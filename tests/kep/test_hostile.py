@@ -748,6 +748,62 @@ class GrpcWireTests(GrpcCase):
         self.assertLess(self.buffered(), 4 * 1024 * 1024)
 
 
+class GrpcSlowRequestTests(GrpcCase):
+    """A request message that never ends holds nothing past the body bounds."""
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("head_deadline", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    def message(self) -> bytes:
+        return framed(
+            pb()
+            .ExecuteRequest(config=pb().ProcessConfig(command=["/bin/echo", "hi"]))
+            .SerializeToString()
+        )
+
+    @inlineCallbacks
+    def test_part_of_a_message_then_nothing(self) -> Any:
+        """
+        Part of a message and nothing more (nor a whole one and no end):
+        DEADLINE_EXCEEDED once the grace is over and the bytes fall below
+        the minimum rate, saying so; other clients are served meanwhile.
+        """
+        whole = self.message()
+
+        def call(data: bytes) -> tuple[dict[bytes, bytes], float]:
+            client = self.h2()
+            started = time.monotonic()
+            sid = client.request(EXECUTE, data, end=False)
+            client.read(lambda c: c.ended(sid), seconds=15)
+            return client.fields(sid), time.monotonic() - started
+
+        for data in (whole[:-3], whole):
+            fields, took = yield self.blocking(call, data)
+            self.assertEqual(fields.get(b"grpc-status"), b"4", fields)
+            self.assertIn(b"came too slowly", fields.get(b"grpc-message", b""))
+            self.assertLess(took, 5)
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+    @inlineCallbacks
+    def test_a_message_sent_in_parts_within_the_grace(self) -> Any:
+        """A message whose parts come within the grace runs."""
+        whole = self.message()
+
+        def call() -> dict[bytes, bytes]:
+            client = self.h2()
+            sid = client.request(EXECUTE, whole[:4], end=False)
+            time.sleep(0.5)
+            client.h2.send_data(sid, whole[4:], end_stream=True)
+            client.flush()
+            client.read(lambda c: c.ended(sid))
+            return client.fields(sid)
+
+        fields = yield self.blocking(call)
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+
 class GrpcEchoTests(GrpcCase):
     """
     Refusals that quote what the caller sent: a long ``cwd`` or variable

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -328,8 +330,56 @@ class PolicyTimeoutTests(ProcessCase):
         "endpoints": {
             "shell": {"limits": {"timeout_seconds": 2}},
             "process_start": {"limits": {"timeout_seconds": 2}},
+            "pty_create_session": {"limits": {"timeout_seconds": 2}},
         }
     }
+
+    @inlineCallbacks
+    def test_a_terminal_ended_by_the_policy_limit_says_so(self) -> Any:
+        """
+        A ``Start`` with a pty that the policy's limit ends is
+        RESOURCE_EXHAUSTED naming the limit, as a command's is, not an
+        ``exit`` that looks like the program ended by itself; its process
+        is gone.
+        """
+        pb, _ = stubs()
+
+        def job() -> Any:
+            stream = self.stub().Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "echo $$; sleep 10"]),
+                    pty=pb.PTY(cols=80, rows=24),
+                ),
+                timeout=20,
+            )
+            out = b""
+            try:
+                for response in stream:
+                    out += response.stdout
+                    if response.WhichOneof("event") == "exit":
+                        return out, None
+            except grpc.RpcError as e:
+                return out, status_of(e)
+            return out, None
+
+        started = time.monotonic()
+        out, error = yield self.blocking(job)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertIsNotNone(error, "the terminal's stream ended with an exit")
+        name, message, trailers = error
+        self.assertEqual(
+            (name, trailers["x-sandboxd-code"]), ("RESOURCE_EXHAUSTED", "timeout")
+        )
+        self.assertEqual(
+            trailers["x-sandboxd-rule"], "policy:endpoints.pty_create_session"
+        )
+        self.assertIn("the policy's timeout_seconds (2 seconds)", message)
+        shell = int(out.split()[0])
+        for _ in range(50):
+            if not alive(shell):
+                break
+            yield self.sleep(0.1)
+        self.assertFalse(alive(shell))
 
     @inlineCallbacks
     def test_the_policy_limit_is_named_not_the_callers(self) -> Any:
@@ -821,3 +871,73 @@ class TransportRefusalTests(ProcessCase):
                 ("/process.v1.ProcessService/Execute", "kep", 400, "malformed_request"),
             ],
         )
+
+
+class ReloadTests(ProcessCase):
+    """A policy reload ends the streams of a caller it no longer lets in."""
+
+    def write_policy(self, tokens: list[dict[str, Any]]) -> str:
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump({"groups": {"kep": True}, "auth": {"tokens": tokens}}, f)
+        return path
+
+    @inlineCallbacks
+    def test_a_removed_tokens_start_stream_ends(self) -> Any:
+        """
+        Taking a token out of the policy ends its open ``Start`` stream at
+        the reload, UNAUTHENTICATED and saying why, and its command with
+        it; another token's stream goes on to its end.
+        """
+        agent = {"id": "agent", "token_sha256": DIGEST, "scopes": ["*"]}
+        keeper = {
+            "id": "keeper",
+            "token_sha256": hashlib.sha256(b"keeper-token").hexdigest(),
+            "scopes": ["*"],
+        }
+        path = self.write_policy([agent, keeper])
+        yield self.start(policy=None, policy_file=path)
+        pb, _ = stubs()
+        up = {"agent": threading.Event(), "keeper": threading.Event()}
+
+        def job(token: str, who: str) -> Any:
+            stream = self.stub(token).Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "echo $$; sleep 6; echo done"])
+                ),
+                timeout=30,
+            )
+            out = b""
+            try:
+                for response in stream:
+                    out += response.stdout
+                    if out.endswith(b"\n"):
+                        up[who].set()
+            except grpc.RpcError as e:
+                return out, status_of(e)
+            return out, None
+
+        ended = self.blocking(job, TOKEN, "agent")
+        went_on = self.blocking(job, "keeper-token", "keeper")
+        for _ in range(100):
+            if up["agent"].is_set() and up["keeper"].is_set():
+                break
+            yield self.sleep(0.05)
+        self.write_policy([keeper])
+        self.assertTrue(self.daemon.daemon.reload())
+        out, error = yield ended
+        self.assertIsNotNone(error, "the removed token's stream ran to its end")
+        name, details, trailers = error
+        self.assertEqual(name, "UNAUTHENTICATED")
+        self.assertEqual(trailers["x-sandboxd-code"], "unauthorized")
+        self.assertIn("'agent' is no longer in the policy", details)
+        self.assertNotIn(b"done", out)
+        shell = int(out.split()[0])
+        for _ in range(50):
+            if not alive(shell):
+                break
+            yield self.sleep(0.1)
+        self.assertFalse(alive(shell))
+        out, error = yield went_on
+        self.assertIsNone(error)
+        self.assertTrue(out.endswith(b"done\n"), out)

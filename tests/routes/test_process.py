@@ -892,6 +892,33 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(text, "".join(f"line{i}\n" for i in range(30)))
 
     @inlineCallbacks
+    def test_follow_ends_when_its_link_is_revoked(self) -> Any:
+        """
+        Output followed with a capability link ends, with an ``error``
+        event saying why, when the link is revoked: the stream lasts as
+        long as its client keeps it, the link's power must not.
+        """
+        started = yield self.start_process("while true; do echo tick; sleep 0.1; done")
+        minted = yield self.request(
+            "POST", "/auth/links", {"audience": "console", "scopes": ["process:read"]}
+        )
+        self.assertEqual(minted.status, 201, minted.body)
+        link = minted.json()
+        _, reader = yield self.stream(
+            "GET",
+            f"/process/{started['pid']}/output?follow=true",
+            headers={"Authorization": f"Bearer {link['token']}"},
+        )
+        yield reader.wait_for(lambda r: len(r.events) >= 2)
+        gone = yield self.request("DELETE", f"/auth/links/{link['link_id']}")
+        self.assertEqual(gone.status, 200, gone.body)
+        events = yield reader.done
+        self.assertEqual(events[-1]["event"], "error")
+        self.assertEqual(
+            events[-1]["data"], {"error": "the link was revoked", "type": "AuthError"}
+        )
+
+    @inlineCallbacks
     def test_follow_finished_process_ends_with_exit(self) -> Any:
         """Following a finished process replays what is kept and ends with its exit."""
         started = yield self.start_process("echo done")

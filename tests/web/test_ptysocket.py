@@ -186,6 +186,51 @@ class LinkAttachTests(TerminalCase):
             (code, reason), (1008, f"Unknown session: {theirs['session_id']}")
         )
 
+    @inlineCallbacks
+    def linked(self, ttl: int = 600) -> Any:
+        """The agent's terminal, a console link of the agent's, and its socket."""
+        mine = yield self.create(token=AGENT)
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "ttl_seconds": ttl},
+            token=AGENT,
+        )
+        client: TestClient = yield connect(
+            self.daemon.port,
+            None,
+            path=f"/pty/sessions/{mine['session_id']}/ws",
+            access_token=minted.json()["token"],
+        )
+        self.addCleanup(self.hang_up, client)
+        client.type("echo linked-$((2*3))\n")
+        yield client.wait_output("linked-6")
+        return mine["session_id"], minted.json()["link_id"], client
+
+    @inlineCallbacks
+    def test_revoking_the_link_closes_its_socket(self) -> Any:
+        """
+        Revoking a link closes the terminal socket it opened, 1008 saying
+        why (the link is no credential from then on, and must not keep a
+        shell it had open); the terminal itself, its minter's, lives on.
+        """
+        sid, link_id, client = yield self.linked()
+        gone = yield self.request("DELETE", f"/auth/links/{link_id}", token=AGENT)
+        self.assertEqual(gone.status, 200, gone.body)
+        code, reason = yield client.closed
+        self.assertEqual((code, reason), (1008, "the link was revoked"))
+        listed = yield self.request("GET", "/pty/sessions", token=AGENT)
+        self.assertIn(sid, listed.body.decode())
+
+    @inlineCallbacks
+    def test_an_expired_link_closes_its_socket(self) -> Any:
+        """A link's socket is closed when the link expires, saying so."""
+        started = reactor.seconds()
+        _, _, client = yield self.linked(ttl=2)
+        code, reason = yield client.closed
+        self.assertEqual((code, reason), (1008, "the link has expired"))
+        self.assertGreaterEqual(reactor.seconds() - started, 1.9)
+
 
 SECOND = "second-pty-token"
 
