@@ -423,6 +423,73 @@ class CommandPolicyTests(DaemonTestCase):
         self.assertEqual(reply.json()["rule"], "policy:groups.commands")
 
 
+class ListRunnableTests(DaemonTestCase):
+    """``GET /commands`` lists what the caller may run, nothing more."""
+
+    autostart = False
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "runner",
+                    "token_env": "RUNNER_TOKEN",
+                    "scopes": ["commands:list", "commands:run:hello"],
+                },
+                {
+                    "id": "lister",
+                    "token_env": "LISTER_TOKEN",
+                    "scopes": ["commands:list", "system:write"],
+                },
+                {
+                    "id": "all",
+                    "token_env": "ALL_TOKEN",
+                    "scopes": ["commands:list", "commands:run"],
+                },
+            ]
+        }
+    }
+    environ = {
+        "RUNNER_TOKEN": "runner-token",
+        "LISTER_TOKEN": "lister-token",
+        "ALL_TOKEN": "all-token",
+    }
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(registry=make_registry())
+
+    @inlineCallbacks
+    def test_only_runnable_listed(self) -> Any:
+        """
+        A token holding ``commands:run:hello`` lists hello alone, one with
+        no ``commands:run`` lists none, and one with ``commands:run`` all
+        but the command whose own scope it lacks: each listed command runs
+        (was: every command was listed, and most answered 403).
+        """
+        expected = {
+            "runner-token": ["hello"],
+            "lister-token": [],
+            "all-token": [
+                "add",
+                "boom",
+                "deferred",
+                "hello",
+                "later",
+                "ratio",
+                "stats",
+            ],
+        }
+        for token, names in expected.items():
+            reply = yield self.request("GET", "/commands", token=token)
+            self.assertEqual(reply.status, 200, reply.body)
+            listed = [c["name"] for c in reply.json()["commands"]]
+            self.assertEqual(listed, names, token)
+        reply = yield self.request("POST", "/commands/hello", token="runner-token")
+        self.assertEqual(reply.json(), {"result": "Hello, World!"})
+        reply = yield self.request("POST", "/commands/stats", token="runner-token")
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
+
+
 class FormBodyTests(DaemonTestCase):
     """A form-encoded body never becomes arguments (SPEC §3 step 5)."""
 

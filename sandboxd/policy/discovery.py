@@ -15,7 +15,7 @@ import attrs
 
 from sandboxd._version import __version__
 from sandboxd.access.auth import Identity
-from sandboxd.access.gate import lacking_scope
+from sandboxd.access.gate import lacking_scope, runs_some_commands
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.policy import Policy
@@ -83,20 +83,6 @@ def read_only_everywhere(rule: EffectiveRule) -> bool:
         if not covered:
             return False
     return True
-
-
-def runs_some_commands(endpoint_id: str, lacking: str, identity: Identity) -> bool:
-    """
-    Whether an identity without ``commands:run`` may still run some
-    commands (it holds ``commands:run:NAME``): ``run_command`` is then
-    allowed to it, in discovery and in a check that names no command
-    alike (the seed SDK's ``check()`` cannot name one).
-    """
-    return (
-        endpoint_id == "run_command"
-        and lacking == "commands:run"
-        and any(s.startswith("commands:run:") for s in identity.scopes)
-    )
 
 
 def describe(

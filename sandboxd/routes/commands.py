@@ -13,6 +13,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.python.failure import Failure
 
+from sandboxd.access.gate import may_run_command
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import (
     RESOURCE_RETRY_SECONDS,
@@ -191,16 +192,19 @@ def runs_on_reactor(func: Any) -> bool:
 
 def list_commands(request: ServerRequest) -> dict[str, Any]:
     """
-    ``GET /commands``: visible commands whose own scopes the caller holds
-    (listing is ``commands:list``'s business, running ``commands:run``'s,
-    as on the seed).
+    ``GET /commands``: the visible commands the caller may run (listing is
+    ``commands:list``'s business; a command listed is one whose call the
+    caller's ``commands:run`` or ``commands:run:NAME`` and the command's
+    own scopes let through, so a list is never an offer the call refuses).
     """
-    registry = request.context.registry
+    context = request.context
+    rule = context.policy.rules["run_command"]
     return {
         "commands": [
             cmd.as_json()
-            for cmd in sorted(registry, key=lambda c: c.name)
-            if not cmd.hidden and request.identity.missing(cmd.scopes) is None
+            for cmd in sorted(context.registry, key=lambda c: c.name)
+            if not cmd.hidden
+            and may_run_command(request.identity, rule, cmd.name, cmd.scopes)
         ]
     }
 
