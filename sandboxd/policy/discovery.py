@@ -19,7 +19,13 @@ from sandboxd.access.gate import lacking_scope, runs_some_commands
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.policy import Policy
-from sandboxd.policy.paths import absolute, decide, matches
+from sandboxd.policy.paths import (
+    EXTENSION_ENDPOINTS,
+    absolute,
+    check_extension,
+    decide,
+    matches,
+)
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -266,6 +272,19 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
             rule=first.rule,
             reason=f"the path {first.path!r} is refused ({first.code})",
         )
+    if out["allowed"] and endpoint_id in EXTENSION_ENDPOINTS:
+        # After the path decision, with the very check the call makes.
+        for path in paths:
+            try:
+                check_extension(rule, path)
+            except ApiError as e:
+                out.update(
+                    allowed=False,
+                    code=e.code,
+                    rule=e.extra.get("rule"),
+                    reason=e.message,
+                )
+                break
     return out
 
 
