@@ -20,6 +20,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     forbidden,
+    internal,
     limit_exceeded,
     limit_rule,
     no_thread,
@@ -251,10 +252,38 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
             limit="timeout_seconds",
         ) from None
     except Exception as e:
+        if inspect.iscoroutinefunction(cmd.func) and awaited_asyncio(e):
+            raise internal(
+                f"command {name!r} awaited asyncio ({e}): sandboxd runs a "
+                "coroutine command on its Twisted reactor, where no asyncio "
+                "event loop runs; await Deferreds there "
+                "(twisted.internet.task.deferLater, treq), or make the command "
+                "a plain function that calls asyncio.run(...), which runs on "
+                "a thread of its own",
+                type(e).__name__,
+            ) from e
         raise unexpected(e) from e
     # A datetime, a set, a Path: sent as text, as agent-sandbox-server
     # sends them, rather than failing the call after the command ran.
     return {"result": with_text(result)}
+
+
+def awaited_asyncio(error: BaseException) -> bool:
+    """
+    Whether a coroutine command failed for awaiting asyncio: with no
+    asyncio loop running (the daemon's reactor is not one), asyncio's
+    awaitables raise these RuntimeErrors, and sniffio's (httpx, anyio)
+    ``AsyncLibraryNotFoundError``.  Told apart so that the answer says
+    why, not only ``no running event loop``.
+    """
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    return (
+        "event loop" in text
+        or "await wasn't used with future" in text
+        or type(error).__name__ == "AsyncLibraryNotFoundError"
+    )
 
 
 def _start(
