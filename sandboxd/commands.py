@@ -131,6 +131,51 @@ def infer_args(func: Callable[..., Any]) -> tuple[CommandArg, ...]:
     return tuple(out)
 
 
+def signature_mismatch(
+    name: str, func: Callable[..., Any], args: Iterable[CommandArg]
+) -> str | None:
+    """
+    Why declared ``args`` cannot call ``func``, or None: an argument the
+    function does not take by keyword, or a parameter it needs that no
+    argument declares.  Either would fail every call that reaches it with
+    a TypeError, so registration refuses it instead.
+    """
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return None  # a builtin without a signature: nothing to compare
+    declared = [a.name for a in args]
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    by_keyword = (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    for arg in declared:
+        param = params.get(arg)
+        if param is not None and param.kind in by_keyword:
+            continue
+        if param is None and any_keyword:
+            continue
+        takes = ", ".join(p.name for p in params.values() if p.kind in by_keyword)
+        return (
+            f"command {name!r} declares the argument {arg!r}, which "
+            f"{func.__name__}() does not take by keyword (it takes: "
+            f"{takes or 'no arguments'})"
+        )
+    for param in params.values():
+        needed = param.default is inspect.Parameter.empty and param.kind not in (
+            param.VAR_POSITIONAL,
+            param.VAR_KEYWORD,
+        )
+        if needed and param.name not in declared:
+            return (
+                f"command {name!r}: {func.__name__}() needs the argument "
+                f"{param.name!r}, which its args= do not declare (declared: "
+                f"{', '.join(declared) or 'none'})"
+            )
+    return None
+
+
 @attrs.frozen
 class Command:
     """A registered command."""
@@ -217,7 +262,13 @@ class CommandRegistry:
         scopes: Iterable[str] = (),
         args: Iterable[CommandArg] | None = None,
     ) -> Command:
-        """Add a command; raises RuntimeError once frozen, ValueError on a clash."""
+        """
+        Add a command.
+
+        :raises RuntimeError: once frozen.
+        :raises ValueError: on a name already taken, or declared ``args``
+            the function cannot be called with (:func:`signature_mismatch`).
+        """
         if self._frozen:
             raise RuntimeError(
                 "the command registry is frozen: register commands at import time"
@@ -225,6 +276,11 @@ class CommandRegistry:
         name = name or func.__name__
         if name in self._commands:
             raise ValueError(f"command {name!r} is already registered")
+        if args is not None:
+            args = tuple(args)
+            mismatch = signature_mismatch(name, func, args)
+            if mismatch is not None:
+                raise ValueError(mismatch)
         cmd = Command(
             name=name,
             func=func,

@@ -4,6 +4,7 @@ Template commands and custom routes (SPEC §7.2, §10) through a real daemon.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -99,6 +100,56 @@ class RegistryTests(SynchronousTestCase):
         """CommandArg refuses types outside string/integer/float/boolean."""
         with self.assertRaises(ValueError):
             CommandArg("x", "list")
+
+    def test_args_must_fit_the_function(self) -> None:
+        """
+        Declared args the function cannot be called with are refused at
+        registration, naming the command and the mismatch (was: loaded,
+        then every call was 500 TypeError): an argument it does not take
+        by keyword, a parameter it needs that none declares.  Arguments
+        its ``**kwargs`` takes, and parameters with defaults left
+        undeclared, are fine.
+        """
+        registry = CommandRegistry()
+
+        def mismatch(n: str) -> str:
+            return n
+
+        def positional(n: str, /) -> str:
+            return n
+
+        def two(a: str, b: str) -> str:
+            return a + b
+
+        def loose(a: str, b: str = "", **extra: Any) -> str:
+            return a
+
+        for func, args, message in (
+            (
+                mismatch,
+                [CommandArg("m")],
+                "command 'bad' declares the argument 'm', which mismatch() does"
+                " not take by keyword (it takes: n)",
+            ),
+            (
+                positional,
+                [CommandArg("n")],
+                "command 'bad' declares the argument 'n', which positional() does"
+                " not take by keyword (it takes: no arguments)",
+            ),
+            (
+                two,
+                [CommandArg("a")],
+                "command 'bad': two() needs the argument 'b', which its args= do"
+                " not declare (declared: a)",
+            ),
+        ):
+            with self.assertRaises(ValueError) as raised:
+                registry.register(func, "bad", args=args)
+            self.assertEqual(str(raised.exception), message)
+        self.assertNotIn("bad", registry)
+        registry.register(loose, "loose", args=[CommandArg("a"), CommandArg("z")])
+        self.assertIn("loose", registry)
 
     def test_frozen(self) -> None:
         """Registering after the freeze raises."""
@@ -421,6 +472,128 @@ class CommandPolicyTests(DaemonTestCase):
         reply = yield self.request("GET", "/public/status")
         self.assertEqual(reply.status, 404)
         self.assertEqual(reply.json()["rule"], "policy:groups.commands")
+
+
+class ListRunnableTests(DaemonTestCase):
+    """``GET /commands`` lists what the caller may run, nothing more."""
+
+    autostart = False
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "runner",
+                    "token_env": "RUNNER_TOKEN",
+                    "scopes": ["commands:list", "commands:run:hello"],
+                },
+                {
+                    "id": "lister",
+                    "token_env": "LISTER_TOKEN",
+                    "scopes": ["commands:list", "system:write"],
+                },
+                {
+                    "id": "all",
+                    "token_env": "ALL_TOKEN",
+                    "scopes": ["commands:list", "commands:run"],
+                },
+            ]
+        }
+    }
+    environ = {
+        "RUNNER_TOKEN": "runner-token",
+        "LISTER_TOKEN": "lister-token",
+        "ALL_TOKEN": "all-token",
+    }
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(registry=make_registry())
+
+    @inlineCallbacks
+    def test_only_runnable_listed(self) -> Any:
+        """
+        A token holding ``commands:run:hello`` lists hello alone, one with
+        no ``commands:run`` lists none, and one with ``commands:run`` all
+        but the command whose own scope it lacks: each listed command runs
+        (was: every command was listed, and most answered 403).
+        """
+        expected = {
+            "runner-token": ["hello"],
+            "lister-token": [],
+            "all-token": [
+                "add",
+                "boom",
+                "deferred",
+                "hello",
+                "later",
+                "ratio",
+                "stats",
+            ],
+        }
+        for token, names in expected.items():
+            reply = yield self.request("GET", "/commands", token=token)
+            self.assertEqual(reply.status, 200, reply.body)
+            listed = [c["name"] for c in reply.json()["commands"]]
+            self.assertEqual(listed, names, token)
+        reply = yield self.request("POST", "/commands/hello", token="runner-token")
+        self.assertEqual(reply.json(), {"result": "Hello, World!"})
+        reply = yield self.request("POST", "/commands/stats", token="runner-token")
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
+
+
+class AsyncioCommandTests(DaemonTestCase):
+    """A coroutine command runs on the reactor, which is no asyncio loop."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        registry = CommandRegistry()
+
+        @registry.command("aslow")
+        async def aslow(seconds: float = 0.01) -> str:
+            await asyncio.sleep(seconds)
+            return "slept"
+
+        @registry.command("twisted_sleep")
+        async def twisted_sleep() -> str:
+            await deferLater(reactor, 0.01, lambda: None)
+            return "slept"
+
+        @registry.command("asyncio_on_a_thread")
+        def asyncio_on_a_thread() -> str:
+            async def nap() -> str:
+                await asyncio.sleep(0.01)
+                return "slept"
+
+            return asyncio.run(nap())
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_asyncio_awaited_is_explained(self) -> Any:
+        """
+        A coroutine command awaiting asyncio answers 500 naming the command
+        and saying why and what to do instead (was: 500 "no running event
+        loop" alone); awaiting Deferreds works, and so does a plain function
+        running its asyncio code with ``asyncio.run``, as the answer says.
+        """
+        reply = yield self.request("POST", "/commands/aslow")
+        self.assertEqual(reply.status, 500, reply.body)
+        body = reply.json()
+        self.assertEqual((body["code"], body["type"]), ("internal", "RuntimeError"))
+        self.assertTrue(
+            body["error"].startswith(
+                "command 'aslow' awaited asyncio (no running event loop): sandboxd"
+                " runs a coroutine command on its Twisted reactor"
+            ),
+            body["error"],
+        )
+        self.assertIn("asyncio.run(...)", body["error"])
+        reply = yield self.request("POST", "/commands/twisted_sleep")
+        self.assertEqual(reply.json(), {"result": "slept"})
+        reply = yield self.request("POST", "/commands/asyncio_on_a_thread")
+        self.assertEqual(reply.json(), {"result": "slept"})
 
 
 class FormBodyTests(DaemonTestCase):

@@ -501,15 +501,51 @@ def release(context: Context, passed: Passed) -> None:
         context.concurrency.release(passed.endpoint.id)
 
 
+def runs_some_commands(endpoint_id: str, lacking: str, identity: Identity) -> bool:
+    """
+    Whether an identity without ``commands:run`` may still run some
+    commands (it holds ``commands:run:NAME``): ``run_command`` is then
+    allowed to it, in discovery, in MCP's ``tools/list`` and in a check
+    that names no command alike (the seed SDK's ``check()`` cannot name
+    one), since a call naming its command passes the gate.
+    """
+    return (
+        endpoint_id == "run_command"
+        and lacking == "commands:run"
+        and any(s.startswith("commands:run:") for s in identity.scopes)
+    )
+
+
+def may_run_command(
+    identity: Identity, rule: EffectiveRule, name: str, scopes: Iterable[str]
+) -> bool:
+    """
+    Whether ``identity`` may run the template command ``name`` (its own
+    ``scopes``) under ``run_command``'s ``rule``: the checks a call makes,
+    the gate's (``commands:run``, or ``commands:run:NAME`` for this one)
+    and the command's own, so that what ``GET /commands`` lists and what
+    MCP offers is what a call would run.
+    """
+    if not rule.enabled:
+        return False
+    if lacking_scope(identity, rule, {"name": name}) is not None:
+        return False
+    return identity.missing(scopes) is None
+
+
 def may_use(context: Context, identity: Identity, endpoint: Endpoint) -> bool:
     """
     Whether ``identity`` may call ``endpoint`` now: enabled, and every scope
-    held (what MCP's ``tools/list`` and discovery's ``allowed`` show).
+    held (what MCP's ``tools/list`` and discovery's ``allowed`` show);
+    ``run_command`` when it may run at least one command.
     """
     rule = context.policy.rules[endpoint.id]
     if not rule.enabled:
         return False
-    return not endpoint.auth_required or lacking_scope(identity, rule, {}) is None
+    if not endpoint.auth_required:
+        return True
+    lacking = lacking_scope(identity, rule, {})
+    return lacking is None or runs_some_commands(endpoint.id, lacking, identity)
 
 
 def still_allowed(
@@ -692,9 +728,11 @@ __all__ = [
     "identify",
     "is_loopback",
     "lacking_scope",
+    "may_run_command",
     "may_use",
     "redact_record",
     "release",
+    "runs_some_commands",
     "same_origin",
     "spend_use",
     "still_allowed",

@@ -156,8 +156,8 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
     def _write(files: list[tuple[str, memoryview]]) -> list[dict[str, Any]]:
         for target, data in files:
             # Every refusal before the first write: a refused upload writes nothing.
-            file_routes.check_extension(request, target)
             guard.check(target, "write")
+            file_routes.check_extension(request, target)
             if len(data) > cap:
                 raise payload_too_large(cap, f"{target}: the file", rule=rule)
         written = []

@@ -500,8 +500,8 @@ def write(call: Call, _: Any) -> Deferred[Any]:
     cap = file_routes.max_bytes(request)
     rule = call.rule.source("limits.max_bytes") or "default:limits.max_bytes"
     content = call.request.content
-    file_routes.check_extension(request, path)
     guard.check(path, "write")
+    file_routes.check_extension(request, path)
 
     def job() -> int:
         body, release = multipart.body_buffer(content)

@@ -110,19 +110,44 @@ class Methods:
             ),
         }
 
-    def _descriptor(self, name: str) -> dict[str, Any]:
+    def _descriptor(self, name: str, identity: Identity) -> dict[str, Any]:
         """
         A tool as listed: a tool whose commands the policy confines says
         so, so that a model reads where they may write before a refusal
-        tells it.
+        tells it; ``run_command`` listed to a token that may run only some
+        commands (``commands:run:NAME``) names them, as a model cannot
+        guess them.
         """
         descriptor = self.toolbox.tools[name].descriptor
+        if name == "run_command":
+            return self._run_command_descriptor(descriptor, identity)
         rule = self.context.policy.rules.get(name)
         if rule is None or name not in CONFINED:
             return descriptor  # it starts no command (a file tool, a read)
         note = confinement_note(rule)
         if note is None:
             return descriptor
+        return {**descriptor, "description": f"{descriptor['description']} {note}"}
+
+    def _run_command_descriptor(
+        self, descriptor: dict[str, Any], identity: Identity
+    ) -> dict[str, Any]:
+        rule = self.context.policy.rules["run_command"]
+        if gate.lacking_scope(identity, rule, {}) is None:
+            return descriptor  # every command its own scopes allow
+        # Hidden commands stay unnamed here too, as in GET /commands.
+        names = [
+            cmd.name
+            for cmd in sorted(self.context.registry, key=lambda c: c.name)
+            if not cmd.hidden
+            and gate.may_run_command(identity, rule, cmd.name, cmd.scopes)
+        ]
+        note = (
+            f"This token may run only these commands: {', '.join(names)}."
+            if names
+            else "This token may run only the commands its scopes name "
+            "(commands:run:NAME)."
+        )
         return {**descriptor, "description": f"{descriptor['description']} {note}"}
 
     def visible(self, identity: Identity) -> list[str]:
@@ -174,7 +199,7 @@ class Methods:
                 )
             names = self.visible(session.identity)
             session.listed = frozenset(names)
-            tools = [self._descriptor(n) for n in names]
+            tools = [self._descriptor(n, session.identity) for n in names]
             return result(rid, {"tools": tools})
         if method == "tools/call":
             return self._call(session, rid, params, caller, notify)

@@ -15,11 +15,17 @@ import attrs
 
 from sandboxd._version import __version__
 from sandboxd.access.auth import Identity
-from sandboxd.access.gate import lacking_scope
+from sandboxd.access.gate import lacking_scope, runs_some_commands
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.policy import Policy
-from sandboxd.policy.paths import absolute, decide, matches
+from sandboxd.policy.paths import (
+    EXTENSION_ENDPOINTS,
+    absolute,
+    check_extension,
+    decide,
+    matches,
+)
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -83,20 +89,6 @@ def read_only_everywhere(rule: EffectiveRule) -> bool:
         if not covered:
             return False
     return True
-
-
-def runs_some_commands(endpoint_id: str, lacking: str, identity: Identity) -> bool:
-    """
-    Whether an identity without ``commands:run`` may still run some
-    commands (it holds ``commands:run:NAME``): ``run_command`` is then
-    allowed to it, in discovery and in a check that names no command
-    alike (the seed SDK's ``check()`` cannot name one).
-    """
-    return (
-        endpoint_id == "run_command"
-        and lacking == "commands:run"
-        and any(s.startswith("commands:run:") for s in identity.scopes)
-    )
 
 
 def describe(
@@ -280,6 +272,19 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
             rule=first.rule,
             reason=f"the path {first.path!r} is refused ({first.code})",
         )
+    if out["allowed"] and endpoint_id in EXTENSION_ENDPOINTS:
+        # After the path decision, with the very check the call makes.
+        for path in paths:
+            try:
+                check_extension(rule, path)
+            except ApiError as e:
+                out.update(
+                    allowed=False,
+                    code=e.code,
+                    rule=e.extra.get("rule"),
+                    reason=e.message,
+                )
+                break
     return out
 
 

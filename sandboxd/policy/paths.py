@@ -17,7 +17,7 @@ import re
 
 import attrs
 
-from sandboxd.errors import Code
+from sandboxd.errors import ApiError, Code, forbidden
 from sandboxd.policy.defaults import PATH_DECISIONS_KEPT
 from sandboxd.policy.rules import EffectiveRule
 
@@ -243,3 +243,53 @@ def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
         if op == "delete" and target == rule.base_dir:
             return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
     return PathDecision(path, True, target=target)
+
+
+#: The endpoints whose call writes a file it names, and so meets the
+#: rule's ``params.allow_extensions`` and ``deny_extensions`` (after the
+#: path decision, as agent-sandbox-server checks them): the base64 and
+#: raw uploads, resumable uploads and edits.  ``/capabilities/check``
+#: asks :func:`check_extension` of these, the handlers call it.
+EXTENSION_ENDPOINTS = frozenset(
+    {
+        "upload",
+        "files_upload_stream",
+        "files_write_raw",
+        "files_uploads_create",
+        "files_edit",
+    }
+)
+
+
+def check_extension(rule: EffectiveRule, path: str) -> None:
+    """
+    ``params.deny_extensions`` then ``allow_extensions`` on the file name
+    of ``path`` (any case; an entry with or without its dot): policy
+    alone, so a check answers it without touching the disk.
+
+    :raises ApiError: 403 ``extension_not_allowed`` naming the rule.
+    """
+    params = rule.params
+    name = path.rsplit("/", 1)[-1].lower()
+
+    def has(exts: tuple[str, ...]) -> bool:
+        return any(
+            name.endswith(e.lower() if e.startswith(".") else "." + e.lower())
+            for e in exts
+        )
+
+    refused: ApiError | None = None
+    if params.deny_extensions and has(params.deny_extensions):
+        refused = forbidden(
+            f"this file extension is not allowed: {path}",
+            Code.EXTENSION_NOT_ALLOWED,
+            rule=rule.source("params.deny_extensions"),
+        )
+    elif params.allow_extensions is not None and not has(params.allow_extensions):
+        refused = forbidden(
+            f"this file extension is not allowed: {path}",
+            Code.EXTENSION_NOT_ALLOWED,
+            rule=rule.source("params.allow_extensions"),
+        )
+    if refused is not None:
+        raise refused

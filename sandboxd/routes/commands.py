@@ -13,12 +13,14 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.python.failure import Failure
 
+from sandboxd.access.gate import may_run_command
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import (
     RESOURCE_RETRY_SECONDS,
     ApiError,
     Code,
     forbidden,
+    internal,
     limit_exceeded,
     limit_rule,
     no_thread,
@@ -191,16 +193,19 @@ def runs_on_reactor(func: Any) -> bool:
 
 def list_commands(request: ServerRequest) -> dict[str, Any]:
     """
-    ``GET /commands``: visible commands whose own scopes the caller holds
-    (listing is ``commands:list``'s business, running ``commands:run``'s,
-    as on the seed).
+    ``GET /commands``: the visible commands the caller may run (listing is
+    ``commands:list``'s business; a command listed is one whose call the
+    caller's ``commands:run`` or ``commands:run:NAME`` and the command's
+    own scopes let through, so a list is never an offer the call refuses).
     """
-    registry = request.context.registry
+    context = request.context
+    rule = context.policy.rules["run_command"]
     return {
         "commands": [
             cmd.as_json()
-            for cmd in sorted(registry, key=lambda c: c.name)
-            if not cmd.hidden and request.identity.missing(cmd.scopes) is None
+            for cmd in sorted(context.registry, key=lambda c: c.name)
+            if not cmd.hidden
+            and may_run_command(request.identity, rule, cmd.name, cmd.scopes)
         ]
     }
 
@@ -247,10 +252,38 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
             limit="timeout_seconds",
         ) from None
     except Exception as e:
+        if inspect.iscoroutinefunction(cmd.func) and awaited_asyncio(e):
+            raise internal(
+                f"command {name!r} awaited asyncio ({e}): sandboxd runs a "
+                "coroutine command on its Twisted reactor, where no asyncio "
+                "event loop runs; await Deferreds there "
+                "(twisted.internet.task.deferLater, treq), or make the command "
+                "a plain function that calls asyncio.run(...), which runs on "
+                "a thread of its own",
+                type(e).__name__,
+            ) from e
         raise unexpected(e) from e
     # A datetime, a set, a Path: sent as text, as agent-sandbox-server
     # sends them, rather than failing the call after the command ran.
     return {"result": with_text(result)}
+
+
+def awaited_asyncio(error: BaseException) -> bool:
+    """
+    Whether a coroutine command failed for awaiting asyncio: with no
+    asyncio loop running (the daemon's reactor is not one), asyncio's
+    awaitables raise these RuntimeErrors, and sniffio's (httpx, anyio)
+    ``AsyncLibraryNotFoundError``.  Told apart so that the answer says
+    why, not only ``no running event loop``.
+    """
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    return (
+        "event loop" in text
+        or "await wasn't used with future" in text
+        or type(error).__name__ == "AsyncLibraryNotFoundError"
+    )
 
 
 def _start(

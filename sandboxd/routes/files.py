@@ -30,7 +30,6 @@ from sandboxd.errors import (
     bad_request,
     file_exists,
     file_not_found,
-    forbidden,
     limit_setting,
     not_found,
     payload_too_large,
@@ -66,6 +65,7 @@ from sandboxd.policy.defaults import (
     WATCH_WINDOW_SECONDS,
     identity_cap,
 )
+from sandboxd.policy.paths import check_extension as policy_extension_check
 from sandboxd.policy.rules import smallest
 from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import (
@@ -122,28 +122,13 @@ def file_too_large(request: ServerRequest, size: int) -> ApiError:
 
 
 def check_extension(request: ServerRequest, path: str) -> None:
-    """``params.allow_extensions`` / ``deny_extensions`` on the file name."""
-    params = request.rule.params
-    name = path.rsplit("/", 1)[-1].lower()
-
-    def has(exts: tuple[str, ...]) -> bool:
-        return any(
-            name.endswith(e.lower() if e.startswith(".") else "." + e.lower())
-            for e in exts
-        )
-
-    if params.deny_extensions and has(params.deny_extensions):
-        raise forbidden(
-            f"this file extension is not allowed: {path}",
-            Code.EXTENSION_NOT_ALLOWED,
-            rule=request.rule.source("params.deny_extensions"),
-        )
-    if params.allow_extensions is not None and not has(params.allow_extensions):
-        raise forbidden(
-            f"this file extension is not allowed: {path}",
-            Code.EXTENSION_NOT_ALLOWED,
-            rule=request.rule.source("params.allow_extensions"),
-        )
+    """
+    ``params.allow_extensions`` / ``deny_extensions`` on the file name
+    (:func:`sandboxd.policy.paths.check_extension`, which
+    ``/capabilities/check`` asks too); a handler asks it after the path
+    decision, so that both answer one code for a path both refuse.
+    """
+    policy_extension_check(request.rule, path)
 
 
 def overwrite_allowed(request: ServerRequest, wanted: bool) -> bool:
@@ -465,9 +450,12 @@ def atomic_writer(
     refusal (guard, extension, overwrite, If-Match, mode) before a byte is
     written; its temporary file is created beside the target.
     """
+    guard = PathGuard.for_request(request)
+    decision = guard.decide(path, "write")
+    if not decision.allowed:
+        raise refusal(decision)
     check_extension(request, path)
     allowed = overwrite_allowed(request, overwrite)
-    guard = PathGuard.for_request(request)
     loc = guard.locate(path, "write", follow=True, make_parents=True)
     try:
         return AtomicWrite(

@@ -23,6 +23,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from sandboxd.commands import CommandRegistry
 from sandboxd.mcp import door as door_module
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
@@ -815,6 +816,61 @@ class PolicyTests(McpTestCase):
         self.assertTrue(reloaded)
         self.assertIn("files_stat", before)
         self.assertNotIn("files_stat", after)
+
+
+class OneCommandTests(McpTestCase):
+    """A token that may run some commands only (``commands:run:NAME``)."""
+
+    autostart = False
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "runner",
+                    "token_env": "RUNNER_TOKEN",
+                    "scopes": ["commands:list", "commands:run:hello"],
+                }
+            ]
+        }
+    }
+    environ = {"RUNNER_TOKEN": "runner-token"}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        registry = CommandRegistry()
+
+        @registry.command("hello")
+        def hello(name: str = "World") -> str:
+            return f"Hello, {name}!"
+
+        @registry.command("other")
+        def other() -> str:
+            return "other"
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_run_command_listed_with_its_commands(self) -> Any:
+        """
+        ``tools/list`` offers ``run_command`` to a token holding only
+        ``commands:run:hello``, naming the one command it may run, and the
+        call it offers runs (was: left out of the list although the call
+        ran, so a model never learnt it could run its command).
+        """
+
+        async def body(client: Any) -> Any:
+            listed = await client.list_tools()
+            called = await client.call_tool("run_command", {"name": "hello"})
+            return listed, called
+
+        listed, called = yield self.with_client(body, token="runner-token")
+        tools = {t.name: t for t in listed.tools}
+        self.assertIn("run_command", tools)
+        description = tools["run_command"].description
+        self.assertIn("This token may run only these commands: hello.", description)
+        self.assertNotIn("other", description)
+        self.assertFalse(called.is_error, called)
+        self.assertEqual(called.structured_content, {"result": "Hello, World!"})
 
 
 class LimitTests(McpTestCase):

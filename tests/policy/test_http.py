@@ -6,6 +6,7 @@ limits, discovery and audit, against a real daemon.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 from twisted.internet import reactor
@@ -366,6 +367,77 @@ class CheckAgreesWithTheCallTests(DaemonTestCase):
         self.assertEqual(check["param"], "signal")
         check = yield self.agree("process_signal", "POST", path, {"signal": "SIGTERM"})
         self.assertTrue(check["allowed"])
+
+
+_EXTENSION_RULE = {
+    "paths": {"deny": ["**/*.key"]},
+    "params": {"deny_extensions": [".sh"], "allow_extensions": [".txt", ".key"]},
+}
+
+
+class CheckExtensionTests(DaemonTestCase):
+    """
+    ``/capabilities/check`` decides ``allow_extensions`` and
+    ``deny_extensions`` as the write calls do, after the path decision.
+    """
+
+    policy = {
+        "endpoints": {
+            "files_write_raw": _EXTENSION_RULE,
+            "upload": _EXTENSION_RULE,
+            "files_uploads_create": _EXTENSION_RULE,
+        }
+    }
+
+    def call(self, endpoint: str, path: str) -> Any:
+        """The real call of ``endpoint`` writing ``path``."""
+        if endpoint == "files_write_raw":
+            return self.request("POST", f"/files/raw?path={path}", raw_body=b"data")
+        if endpoint == "upload":
+            return self.request(
+                "POST", "/upload", {"path": path, "content_base64": "ZGF0YQ=="}
+            )
+        return self.request("POST", "/files/uploads", {"path": path, "size": 4})
+
+    @inlineCallbacks
+    def test_check_agrees_with_the_call(self) -> Any:
+        """
+        A name the deny list or the allow list refuses is
+        ``extension_not_allowed`` with the call's rule (was: check said
+        allowed); a path both a path rule and an extension rule refuse is
+        the path's refusal in the check and in every call (was:
+        ``path_denied`` in the check, ``extension_not_allowed`` in the
+        raw write); nothing is written when refused.
+        """
+        expected = {
+            "x.sh": "extension_not_allowed",
+            "new.py": "extension_not_allowed",
+            "a.key": "path_denied",
+            "ok.txt": None,
+        }
+        for endpoint in ("files_write_raw", "upload", "files_uploads_create"):
+            for path, code in expected.items():
+                reply = yield self.request(
+                    "POST",
+                    "/capabilities/check",
+                    {"endpoint": endpoint, "path": path},
+                )
+                check = reply.json()
+                real = yield self.call(endpoint, path)
+                where = (endpoint, path, real.body)
+                self.assertEqual(check["allowed"], code is None, where)
+                self.assertEqual(real.status < 300, code is None, where)
+                if code is None:
+                    continue
+                self.assertEqual(
+                    (check["code"], check["rule"]),
+                    (code, real.json()["rule"]),
+                    where,
+                )
+                self.assertEqual(real.json()["code"], code, where)
+                self.assertFalse(
+                    os.path.exists(os.path.join(self.base_dir, path)), where
+                )
 
 
 class OpenAPITests(DaemonTestCase):

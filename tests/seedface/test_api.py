@@ -38,7 +38,9 @@ class RegistryTests(SynchronousTestCase):
         """register(name, fn) and @command() both land in sandboxd's registry."""
         registry = api.CommandRegistry()
         registry.register(
-            "add", lambda a, b: a + b, args=[api.CommandArg("a", "integer")]
+            "add",
+            lambda a, b: a + b,
+            args=[api.CommandArg("a", "integer"), api.CommandArg("b", "integer")],
         )
 
         @registry.command()

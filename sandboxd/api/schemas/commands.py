@@ -47,7 +47,9 @@ SCHEMAS: dict[str, Schema] = {
                 500,
                 "internal",
                 "the command raised (type is its exception's name), or its result"
-                " is not JSON: a number that is infinite or NaN (type ValueError)",
+                " is not JSON: a number that is infinite or NaN (type ValueError);"
+                " a coroutine command that awaited asyncio is told so (the daemon"
+                " runs no asyncio event loop)",
             ),
         ),
         notes="Arguments are coerced to the declared types: string, integer, "
