@@ -102,6 +102,37 @@ class PolicyFileTests(SynchronousTestCase):
                 cli.check_config(options, out), 0, f"{path}: {out.getvalue()}"
             )
 
+    def test_ssh_kept_from_every_file_endpoint(self) -> None:
+        """
+        A shipped policy that keeps ``.ssh`` out keeps it out of every file
+        endpoint: ``download`` and ``upload`` (the seed's names, which an
+        MCP client uses most) as well as the ``files_*`` ones.
+        """
+        from sandboxd.policy import load_policy
+        from sandboxd.policy.paths import decide
+        from sandboxd.routes import default_table
+
+        paths = [
+            os.path.join(ETC, "policy.json"),
+            os.path.join(ETC, "container", "policy.json"),
+            os.path.join(ETC, "systemd", "policy.json"),
+            os.path.join(ETC, "examples", "multi-token.json"),
+        ]
+        table = default_table()
+        file_ops = [e for e in table if e.group == "file_ops"]
+        self.assertIn("download", [e.id for e in file_ops])
+        for path in paths:
+            with open(path) as f:
+                doc = json.load(f)
+            doc.pop("auth", None)
+            doc.pop("base_dir", None)
+            doc.pop("default_user", None)
+            policy = load_policy(table, explicit=doc, base_dir="/tmp", environ={})
+            for endpoint in file_ops:
+                rule = policy.rules[endpoint.id]
+                decision = decide(rule, "/tmp/.ssh/id_rsa", "read")
+                self.assertFalse(decision.allowed, f"{path}: {endpoint.id}")
+
     def test_presets_examples_name_their_preset(self) -> None:
         """Each preset example really selects its preset."""
         for name in ("default", "transfer-only", "read-only", "hardened", "locked"):
