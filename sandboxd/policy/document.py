@@ -349,7 +349,13 @@ def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
             )
         return f"{where}: the pattern {selector!r} matches no endpoint"
     if selector not in table:
-        raise _unknown(where, "endpoint", selector, table.ids())
+        hint = suggest(selector, table.ids()) or (
+            # No built-in id is near it: most likely a custom route whose
+            # --commands file this start (or check-config) was not given.
+            "; a custom route's id is known only when the file that registers"
+            " it is loaded (--commands FILE)"
+        )
+        raise PolicyError(f"{where}: unknown endpoint {selector!r}{hint}")
     return None
 
 

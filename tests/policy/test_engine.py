@@ -749,3 +749,67 @@ class KeptDecisionTests(SynchronousTestCase):
             decide_path(open_rule, f"/tmp/{n}")
         self.assertLessEqual(len(open_rule.decisions), PATH_DECISIONS_KEPT)
         self.assertFalse(decide_path(closed, "secret/a").allowed)
+
+
+class LocatedErrorTests(SynchronousTestCase):
+    """An error names the policy source it came from, then the place in it."""
+
+    def test_file_and_variables(self) -> None:
+        """A policy file, ABX_SERVER_POLICY and ABX_SERVER_POLICY_FILE are named."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write('{"endpoints": {"shell": {"limts": {}}}}')
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(builtin_table(), path=path, base_dir="/tmp", environ={})
+        self.assertTrue(
+            str(cm.exception).startswith(f"{path}: endpoints.shell: unknown rule key"),
+            cm.exception,
+        )
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                base_dir="/tmp",
+                environ={"ABX_SERVER_POLICY_FILE": path},
+            )
+        self.assertTrue(
+            str(cm.exception).startswith(
+                f"{path} (ABX_SERVER_POLICY_FILE): endpoints.shell:"
+            ),
+            cm.exception,
+        )
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                base_dir="/tmp",
+                environ={"ABX_SERVER_POLICY": '{"endpoints": {"shel": {}}}'},
+            )
+        self.assertEqual(
+            str(cm.exception),
+            "ABX_SERVER_POLICY: endpoints.shel: unknown endpoint 'shel'; "
+            "did you mean 'shell'?",
+        )
+
+    def test_environment_errors_keep_their_name(self) -> None:
+        """An error about another variable is not blamed on the policy file."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write("{}")
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                path=path,
+                base_dir="/tmp",
+                environ={"ABX_SERVER_ENABLED_GROUPS": "browsr"},
+            )
+        self.assertTrue(str(cm.exception).startswith("ABX_SERVER_ENABLED_GROUPS:"))
+
+    def test_unknown_custom_route_hints_commands(self) -> None:
+        """An id near no endpoint may be a custom route from a --commands file."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"endpoints": {"myapp_crash": {"scopes": ["myapp:ops"]}}})
+        self.assertEqual(
+            str(cm.exception),
+            "endpoints.myapp_crash: unknown endpoint 'myapp_crash'; a custom "
+            "route's id is known only when the file that registers it is loaded "
+            "(--commands FILE)",
+        )
