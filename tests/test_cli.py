@@ -728,6 +728,18 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(self.run_check(policy)[0], 0)
         self.assertEqual(self.run_check(policy, "--strict")[0], 1)
 
+    def test_non_finite_number(self) -> None:
+        """NaN as a limit is invalid, named by file and key; --strict too."""
+        policy = {"endpoints": {"shell": {"limits": {"timeout_seconds": float("nan")}}}}
+        for args in ((), ("--strict",)):
+            code, out = self.run_check(policy, *args)
+            self.assertEqual(code, 1)
+            self.assertRegex(
+                out,
+                r"invalid: \S+\.json: endpoints\.shell\.limits\.timeout_seconds: "
+                "expected a finite number, got nan",
+            )
+
     def test_explain_allowed_exits_0(self) -> None:
         """--explain exits 0 for an allowed call, 1 for a refused one."""
         code, out = self.run_check({}, "--explain", "files_stat", "--path", "/tmp/x")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import json
+import math
 import os
 import re
 import urllib.parse
@@ -199,6 +200,13 @@ def valid_scope(scope: str, known: Iterable[str]) -> bool:
     return namespace not in BUILTIN_NAMESPACES
 
 
+def _shown(value: Any) -> str:
+    """A number as an error shows it (a huge integer not digit by digit)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer too large to be a number of seconds"
+    return repr(value)
+
+
 def _coerce(where: str, type_text: str, value: Any) -> Any:
     """Check one section value against its declared type, normalising it."""
     optional = type_text.endswith("| None")
@@ -222,7 +230,17 @@ def _coerce(where: str, type_text: str, value: Any) -> Any:
     if base == "float":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{where}: expected a non-negative number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        # NaN passes ``value < 0`` and ``min()`` keeps whichever side it is
+        # on, so an unchecked NaN or infinity would reach a timer (which
+        # refuses it after the child started) and discovery (whose JSON
+        # cannot carry it).
+        if not math.isfinite(number):
+            raise PolicyError(f"{where}: expected a finite number, got {_shown(value)}")
+        return number
     if base == "bool":
         if not isinstance(value, bool):
             raise PolicyError(f"{where}: expected true or false, got {value!r}")
@@ -619,7 +637,9 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     tokens = _tokens(doc.get("auth", {}), known_scopes)
     allow_anonymous, anonymous_scopes = _anonymous(doc.get("auth", {}), known_scopes)
     revision = doc.get("revision")
-    if revision is not None and not isinstance(revision, str | int | float):
+    if (revision is not None and not isinstance(revision, str | int | float)) or (
+        isinstance(revision, float) and not math.isfinite(revision)
+    ):
         raise PolicyError("revision: expected a string")
     agents = doc.get("agents", {})
     if not isinstance(agents, dict):

@@ -751,6 +751,80 @@ class KeptDecisionTests(SynchronousTestCase):
         self.assertFalse(decide_path(closed, "secret/a").allowed)
 
 
+def load_text(case: SynchronousTestCase, text: str, suffix: str = ".json") -> Any:
+    """The compiled policy of a policy file holding ``text``."""
+    path = case.mktemp() + suffix
+    with open(path, "w") as f:
+        f.write(text)
+    return load_policy(builtin_table(), path=path, base_dir="/tmp", environ={})
+
+
+class NonFiniteNumberTests(SynchronousTestCase):
+    """
+    A number of the policy is a finite number: NaN and infinity (which
+    Python's JSON and YAML readers accept) would reach timers and
+    discovery, which cannot use them.
+    """
+
+    def assertRefused(self, text: str, place: str, suffix: str = ".json") -> None:
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, text, suffix)
+        message = str(cm.exception)
+        self.assertIn(f"{suffix}: {place}: expected a finite number", message)
+
+    def test_json_constants_and_overflow(self) -> None:
+        """NaN, Infinity, -Infinity and 1e400 in JSON are refused at their place."""
+        for number in ("NaN", "Infinity", "1e400"):
+            self.assertRefused(
+                '{"endpoints": {"shell": {"limits": {"timeout_seconds": N}}}}'.replace(
+                    "N", number
+                ),
+                "endpoints.shell.limits.timeout_seconds",
+            )
+            self.assertRefused(
+                '{"defaults": {"limits": {"max_duration_seconds": N}}}'.replace(
+                    "N", number
+                ),
+                "defaults.limits.max_duration_seconds",
+            )
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, '{"defaults": {"limits": {"timeout_seconds": -Infinity}}}')
+        self.assertIn("defaults.limits.timeout_seconds", str(cm.exception))
+
+    def test_yaml_constants(self) -> None:
+        """YAML's .nan and .inf are refused the same way."""
+        for number in (".nan", ".inf"):
+            self.assertRefused(
+                "server:\n  endpoints:\n    shell:\n      limits:\n"
+                f"        idle_timeout_seconds: {number}\n",
+                "endpoints.shell.limits.idle_timeout_seconds",
+                ".yaml",
+            )
+
+    def test_integer_too_large(self) -> None:
+        """An integer too large to be a float is refused, not an OverflowError."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"endpoints": {"shell": {"limits": {"timeout_seconds": 10**400}}}})
+        self.assertIn("endpoints.shell.limits.timeout_seconds", str(cm.exception))
+
+    def test_size_too_large(self) -> None:
+        """A size with more digits than a float holds is refused, not an OverflowError."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"defaults": {"limits": {"max_bytes": "9" * 400 + "MB"}}})
+        self.assertIn("defaults.limits.max_bytes", str(cm.exception))
+
+    def test_revision(self) -> None:
+        """A NaN revision is not a label."""
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, '{"revision": NaN}')
+        self.assertIn("revision: expected a string", str(cm.exception))
+
+    def test_finite_numbers_kept(self) -> None:
+        """Finite numbers (large ones too) still load."""
+        p = decide({"endpoints": {"shell": {"limits": {"timeout_seconds": 1e12}}}})
+        self.assertEqual(p.rule("shell").limits.timeout_seconds, 1e12)
+
+
 class LocatedErrorTests(SynchronousTestCase):
     """An error names the policy source it came from, then the place in it."""
 

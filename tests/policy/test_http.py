@@ -391,3 +391,28 @@ class OpenAPITests(DaemonTestCase):
         operation = after.json()["paths"]["/files/stat"]["get"]
         self.assertFalse(operation["x-sandboxd-enabled"])
         self.assertEqual(after.header("content-type"), "application/json")
+
+
+class NonFiniteReloadTests(DaemonTestCase):
+    """A reload refuses a policy whose numbers are not finite; the old one stays."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_nan_refused_on_reload(self) -> Any:
+        """NaN in the file on reload is refused; discovery keeps answering."""
+        import os
+
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            f.write('{"revision": "r1"}')
+        yield self.start(policy=None, policy_file=path)
+        with open(path, "w") as f:
+            f.write(
+                '{"revision": "r2", "endpoints": {"shell":'
+                ' {"limits": {"timeout_seconds": NaN}}}}'
+            )
+        self.assertFalse(self.daemon.daemon.reload())
+        caps = yield self.request("GET", "/capabilities")
+        self.assertEqual(caps.status, 200)
+        self.assertEqual(caps.json()["policy"]["revision"], "r1")
