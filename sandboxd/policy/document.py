@@ -452,6 +452,8 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
         raise PolicyError("auth.tokens: must be a list")
     out: list[TokenSpec] = []
     seen: set[str] = set()
+    #: (source key, value) -> the id of the entry that gave it first.
+    sources_seen: dict[tuple[str, str], str] = {}
     for i, entry in enumerate(raw):
         where = f"auth.tokens[{i}]"
         if not isinstance(entry, dict):
@@ -475,6 +477,10 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
         sha = entry.get("token_sha256")
         if sha is not None and not _SHA256.match(sha):
             raise PolicyError(f"{where}.token_sha256: expected 64 hex digits")
+        source = (sources[0], sha.lower() if sha else entry[sources[0]])
+        if source in sources_seen:
+            raise same_token(f"{where}.{sources[0]}", sources_seen[source], ident)
+        sources_seen[source] = ident
         scopes = _scope_list(f"{where}.scopes", entry.get("scopes", []), known_scopes)
         out.append(
             TokenSpec(
@@ -486,6 +492,19 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
             )
         )
     return tuple(out)
+
+
+def same_token(where: str, first: str, second: str) -> PolicyError:
+    """
+    The error for two token entries with one secret: the token would log
+    in as whichever entry comes first, so the other identity (its scopes,
+    its audit name) could never be used and a reordering would change who
+    the token is.
+    """
+    return PolicyError(
+        f"{where}: the tokens {first!r} and {second!r} are the same secret; "
+        "a token logs in as one identity, so give each entry its own token"
+    )
 
 
 def _string_list(where: str, value: Any) -> tuple[str, ...]:

@@ -825,6 +825,58 @@ class NonFiniteNumberTests(SynchronousTestCase):
         self.assertEqual(p.rule("shell").limits.timeout_seconds, 1e12)
 
 
+class SameTokenTests(SynchronousTestCase):
+    """One secret, one identity: which one must not depend on the list's order."""
+
+    def test_same_source(self) -> None:
+        """Two entries with one hash, variable or file are refused, naming both ids."""
+        digest = "ab" * 32
+        for key, a, b in (
+            ("token_sha256", digest, digest.upper()),
+            ("token_env", "T", "T"),
+            ("token_file", "/run/t", "/run/t"),
+        ):
+            policy = {
+                "auth": {
+                    "tokens": [
+                        {"id": "a", key: a, "scopes": ["files:read"]},
+                        {"id": "b", key: b, "scopes": ["*"]},
+                    ]
+                }
+            }
+            with self.assertRaises(PolicyError) as cm:
+                decide(policy, env={"T": "x"})
+            self.assertIn(f"auth.tokens[1].{key}:", str(cm.exception))
+            self.assertIn("'a' and 'b' are the same secret", str(cm.exception))
+
+    def test_same_value(self) -> None:
+        """Two variables (or a variable and a hash) holding one secret are refused."""
+        import hashlib
+
+        policy = {
+            "auth": {
+                "tokens": [
+                    {"id": "a", "token_env": "A", "scopes": ["files:read"]},
+                    {"id": "b", "token_env": "B", "scopes": ["*"]},
+                    {
+                        "id": "c",
+                        "token_sha256": hashlib.sha256(b"s").hexdigest(),
+                        "scopes": ["*"],
+                    },
+                ]
+            }
+        }
+        with self.assertRaises(PolicyError) as cm:
+            decide(policy, env={"A": "same", "B": "same"})
+        self.assertIn("'a' and 'b' are the same secret", str(cm.exception))
+        with self.assertRaises(PolicyError) as cm:
+            decide(policy, env={"A": "s", "B": "other"})
+        self.assertIn("'a' and 'c' are the same secret", str(cm.exception))
+        self.assertEqual(
+            len(decide(policy, env={"A": "one", "B": "two"}).tokens.entries), 3
+        )
+
+
 class LocatedErrorTests(SynchronousTestCase):
     """An error names the policy source it came from, then the place in it."""
 
