@@ -740,6 +740,22 @@ class CheckConfigTests(SynchronousTestCase):
                 "expected a finite number, got nan",
             )
 
+    def test_strict_near_misses(self) -> None:
+        """A near-miss scope and a repeated selector are warnings, errors with --strict."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write(
+                '{"endpoints": {"files_list": {"scopes": ["file:read"]},'
+                ' "shell": {"enabled": false}, "shell": {"enabled": true}}}'
+            )
+        for args, code in (((), 0), (("--strict",), 1)):
+            options = cli.CheckConfigOptions()
+            options.parseOptions(["--policy", path, "--base-dir", "/tmp", *args])
+            out = io.StringIO()
+            self.assertEqual(cli.check_config(options, out), code)
+            self.assertIn("did you mean 'files:read'?", out.getvalue())
+            self.assertIn("the key 'shell' is written more than once", out.getvalue())
+
     def test_explain_allowed_exits_0(self) -> None:
         """--explain exits 0 for an allowed call, 1 for a refused one."""
         code, out = self.run_check({}, "--explain", "files_stat", "--path", "/tmp/x")

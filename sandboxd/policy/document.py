@@ -207,6 +207,54 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one letter added, dropped, changed or swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) < len(b):
+        return a[i:] == b[i + 1 :]
+    return a[i + 1 :] == b[i + 1 :] or (
+        a[i + 2 :] == b[i + 2 :] and a[i : i + 2] == b[i : i + 2][::-1]
+    )
+
+
+def near_miss_scopes(
+    places: Iterable[tuple[str, Iterable[str]]], known: Iterable[str]
+) -> list[str]:
+    """
+    Warnings for scopes in a namespace one letter away from a built-in one
+    (``file:read``, ``proces:run``).  Such a scope is valid, as any
+    template's own namespace is, but no token holding the built-in scope
+    meets it, so the endpoint silently becomes callable by ``*`` alone.
+    """
+    known = sorted(known)
+    out = []
+    for where, scopes in places:
+        for scope in scopes:
+            namespace, colon, name = scope.partition(":")
+            if not colon or scope in known or namespace in BUILTIN_NAMESPACES:
+                continue
+            for builtin in BUILTIN_NAMESPACES:
+                if _one_edit(namespace, builtin):
+                    meant = f"{builtin}:{name}"
+                    hint = (
+                        f"; did you mean {meant!r}?"
+                        if meant in known or name == "*"
+                        else suggest(meant, known)
+                    )
+                    out.append(
+                        f"{where}: the scope {scope!r} is not built in (its "
+                        f"namespace {namespace!r} is none of sandboxd's){hint}"
+                    )
+                    break
+    return out
+
+
 def _coerce(where: str, type_text: str, value: Any) -> Any:
     """Check one section value against its declared type, normalising it."""
     optional = type_text.endswith("| None")
@@ -667,6 +715,14 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         if key != "catalog":
             raise _unknown("agents", "key", key, ["catalog"])
     git = _git_settings(doc.get("git", {}))
+    scope_places: list[tuple[str, Iterable[str]]] = [
+        ("defaults.scopes", defaults.get("scopes", ())),
+        *((f"endpoints.{k}.scopes", r.get("scopes", ())) for k, r in endpoints.items()),
+        *((f"auth.tokens[{i}].scopes", t.scopes) for i, t in enumerate(tokens)),
+        ("auth.anonymous_scopes", anonymous_scopes or ()),
+    ]
+    warnings += near_miss_scopes(scope_places, known_scopes)
+    warnings += duplicate_keys(doc)
     return PolicyDocument(
         preset=preset,
         base_dir=base_dir,
@@ -712,6 +768,50 @@ def _cgroups(value: Any) -> CgroupLimits:
         raise PolicyError(str(e)) from None
 
 
+class _Repeated(dict[str, Any]):
+    """A JSON object some of whose keys were written more than once."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """
+    A JSON object as ``json`` builds it (the last of a repeated key wins),
+    remembering which keys were repeated: a selector written twice is
+    almost always an edit that meant to change the first one.
+    """
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    marked = _Repeated(out)
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for key, _ in pairs:
+        if key in seen:
+            repeated[key] = None
+        seen.add(key)
+    marked.repeated = tuple(repeated)
+    return marked
+
+
+def duplicate_keys(doc: Any, where: str = "policy") -> list[str]:
+    """Warnings for every key written twice in one object of the document."""
+    out = []
+    if isinstance(doc, _Repeated):
+        out += [
+            f"{where}: the key {key!r} is written more than once; only the last counts"
+            for key in doc.repeated
+        ]
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            place = key if where == "policy" else f"{where}.{key}"
+            out += duplicate_keys(value, place)
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            out += duplicate_keys(value, f"{where}[{i}]")
+    return out
+
+
 def parse_text(text: str, name: str) -> Any:
     """
     Parse a policy file's text: JSON, or YAML for ``.yaml``/``.yml``.
@@ -733,7 +833,7 @@ def parse_text(text: str, name: str) -> Any:
             return data["server"]
         return data
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise PolicyError(f"{name}: not valid JSON: {e}") from None
 

@@ -877,6 +877,68 @@ class SameTokenTests(SynchronousTestCase):
         )
 
 
+class NearMissTests(SynchronousTestCase):
+    """Valid documents that probably do not say what was meant earn a warning."""
+
+    def test_namespace_one_letter_off(self) -> None:
+        """file:read and proces:run suggest files:read and process:run."""
+        p = decide(
+            {
+                "endpoints": {
+                    "files_list": {"scopes": ["file:read"]},
+                    "shell": {"scopes": ["proces:run"]},
+                },
+                "auth": {
+                    "tokens": [{"id": "a", "token_env": "A", "scopes": ["fiels:*"]}]
+                },
+            },
+            env={"A": "a"},
+        )
+        self.assertIn(
+            "endpoints.files_list.scopes: the scope 'file:read' is not built in "
+            "(its namespace 'file' is none of sandboxd's); did you mean 'files:read'?",
+            p.warnings,
+        )
+        self.assertTrue(
+            any("'proces:run'" in w and "'process:run'" in w for w in p.warnings)
+        )
+        self.assertTrue(
+            any(
+                w.startswith("auth.tokens[0].scopes: the scope 'fiels:*'")
+                for w in p.warnings
+            )
+        )
+
+    def test_own_namespaces_quiet(self) -> None:
+        """A template's own namespaces are not near misses."""
+        p = decide(
+            {
+                "endpoints": {
+                    "shell": {"scopes": ["myapp:deploy", "myfiles:read", "ops"]}
+                }
+            }
+        )
+        self.assertFalse([w for w in p.warnings if "not built in" in w], p.warnings)
+
+    def test_repeated_json_keys(self) -> None:
+        """A key written twice in one JSON object is named with its place."""
+        p = load_text(
+            self,
+            '{"endpoints": {"shell": {"enabled": false}, "shell": {"enabled": true},'
+            ' "files_list": {"limits": {"max_entries": 1, "max_entries": 2}}},'
+            ' "revision": "a", "revision": "b"}',
+        )
+        self.assertEqual(
+            [w for w in p.warnings if "more than once" in w],
+            [
+                "policy: the key 'revision' is written more than once; only the last counts",
+                "endpoints: the key 'shell' is written more than once; only the last counts",
+                "endpoints.files_list.limits: the key 'max_entries' is written more "
+                "than once; only the last counts",
+            ],
+        )
+
+
 class LocatedErrorTests(SynchronousTestCase):
     """An error names the policy source it came from, then the place in it."""
 
