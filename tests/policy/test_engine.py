@@ -1001,3 +1001,36 @@ class LocatedErrorTests(SynchronousTestCase):
             "route's id is known only when the file that registers it is loaded "
             "(--commands FILE)",
         )
+
+
+class CredentialFreeRouteTests(SynchronousTestCase):
+    """Scopes for a route that asks no credential are applied or reported."""
+
+    def test_builtin_stays_open_and_warns(self) -> None:
+        """health keeps answering anyone; a policy naming scopes for it is told."""
+        p = decide({"endpoints": {"health": {"scopes": ["core:read"]}}})
+        self.assertEqual(p.rule("health").scopes, ())
+        self.assertIn(
+            "policy:endpoints.health.scopes: not applied: 'health' answers every "
+            "caller without a credential",
+            p.warnings,
+        )
+
+    def test_custom_route_claims_no_group_scope(self) -> None:
+        """
+        A custom route registered with auth_required=False has no scope of
+        its own, so check-config and the start warn that anyone may call it.
+        """
+        table = builtin_table()
+        table.register(
+            "POST", "/open", lambda r: None, auth_required=False, name="open_route"
+        )
+        p = load_policy(table, explicit={}, base_dir="/tmp", environ={})
+        self.assertEqual(p.rule("open_route").scopes, ())
+        self.assertTrue(
+            any(
+                "'open_route' requires no scope: anyone who can reach the port" in w
+                for w in p.warnings
+            ),
+            p.warnings,
+        )
