@@ -509,6 +509,9 @@ class RouteTable:
         :param path: a template; ``{param}`` matches one segment.
         :param name: the endpoint id (default ``"<METHOD> <path>"``), which
             policies use to address it.
+        :param auth_required: False lets anyone who reaches the port call
+            the route, until a policy (or ``scopes``) names scopes for it:
+            then it asks for a credential holding them, as any route does.
         """
         method = method.upper()
         group = CapabilityGroup(group)
@@ -521,7 +524,10 @@ class RouteTable:
                 group=group,
                 scopes=tuple(scopes)
                 if scopes is not None
-                else default_scopes(group, method),
+                # A route that asks for no credential claims no scope: its
+                # group's default would be shown by discovery and never
+                # checked.  A policy that names scopes for it gates it.
+                else (default_scopes(group, method) if auth_required else ()),
                 summary=summary or (handler.__doc__ or "").strip().split("\n")[0],
                 streaming=streaming,
                 auth_required=auth_required,

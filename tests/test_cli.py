@@ -728,6 +728,34 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(self.run_check(policy)[0], 0)
         self.assertEqual(self.run_check(policy, "--strict")[0], 1)
 
+    def test_non_finite_number(self) -> None:
+        """NaN as a limit is invalid, named by file and key; --strict too."""
+        policy = {"endpoints": {"shell": {"limits": {"timeout_seconds": float("nan")}}}}
+        for args in ((), ("--strict",)):
+            code, out = self.run_check(policy, *args)
+            self.assertEqual(code, 1)
+            self.assertRegex(
+                out,
+                r"invalid: \S+\.json: endpoints\.shell\.limits\.timeout_seconds: "
+                "expected a finite number, got nan",
+            )
+
+    def test_strict_near_misses(self) -> None:
+        """A near-miss scope and a repeated selector are warnings, errors with --strict."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write(
+                '{"endpoints": {"files_list": {"scopes": ["file:read"]},'
+                ' "shell": {"enabled": false}, "shell": {"enabled": true}}}'
+            )
+        for args, code in (((), 0), (("--strict",), 1)):
+            options = cli.CheckConfigOptions()
+            options.parseOptions(["--policy", path, "--base-dir", "/tmp", *args])
+            out = io.StringIO()
+            self.assertEqual(cli.check_config(options, out), code)
+            self.assertIn("did you mean 'files:read'?", out.getvalue())
+            self.assertIn("the key 'shell' is written more than once", out.getvalue())
+
     def test_explain_allowed_exits_0(self) -> None:
         """--explain exits 0 for an allowed call, 1 for a refused one."""
         code, out = self.run_check({}, "--explain", "files_stat", "--path", "/tmp/x")

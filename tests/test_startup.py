@@ -698,3 +698,25 @@ class HeapSweepTests(SynchronousTestCase):
         daemon.stopService()
         reactor.advance(10 * HEAP_TRIM_QUIET_SECONDS)
         self.assertEqual(len(calls), 2)
+
+
+class PolicyStartTests(SynchronousTestCase):
+    """A policy that does not validate stops the start with one located line."""
+
+    def test_non_finite_limit(self) -> None:
+        """
+        ``sandboxd serve`` with NaN as a limit exits non-zero with one line
+        naming the policy file and the key, before anything is served.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        policy = os.path.join(base, "policy.json")
+        with open(policy, "w") as f:
+            f.write('{"endpoints": {"shell": {"limits": {"timeout_seconds": NaN}}}}')
+        result = run(on_ports(serve_argv(base, "--policy", policy)))
+        self.assertNotEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(
+            result.stderr.strip(),
+            f"sandboxd: {policy}: endpoints.shell.limits.timeout_seconds: "
+            "expected a finite number, got nan",
+        )

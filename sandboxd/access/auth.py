@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from sandboxd.errors import ambiguous_credentials, unauthorized
-from sandboxd.policy.document import PolicyError, TokenSpec
+from sandboxd.policy.document import PolicyError, TokenSpec, same_token
 
 #: Scopes every identity holds (SPEC §17: ``core:read``, which opening an
 #: MCP session needs, grants nothing but discovery).
@@ -169,11 +169,21 @@ class TokenStore:
             store.entries.append(
                 (_digest(legacy.encode("utf-8")), Identity("legacy", frozenset({"*"})))
             )
+        owners: dict[bytes, str] = {}
+
+        def add(digest: bytes, identity: Identity) -> None:
+            # Two sources (a variable and a file, or a hash) can hold one
+            # secret that the document alone cannot see is shared.
+            if digest in owners:
+                raise same_token("auth.tokens", owners[digest], identity.id)
+            owners[digest] = identity.id
+            store.entries.append((digest, identity))
+
         for spec in specs:
             identity = Identity(spec.id, frozenset(spec.scopes))
             value = ""
             if spec.token_sha256:
-                store.entries.append((bytes.fromhex(spec.token_sha256), identity))
+                add(bytes.fromhex(spec.token_sha256), identity)
                 continue
             if spec.token_env:
                 secret_env.add(spec.token_env)
@@ -192,7 +202,7 @@ class TokenStore:
                         f"{where}: the token file {spec.token_file!r} is empty"
                     )
             if value:
-                store.entries.append((_digest(value.encode("utf-8")), identity))
+                add(_digest(value.encode("utf-8")), identity)
         store.secret_env = frozenset(secret_env)
         if (legacy and specs) and not any(
             s.token_env == "ABX_SERVER_TOKEN"

@@ -290,6 +290,16 @@ def identify(
     return authenticate_token(context.policy.tokens, shown)
 
 
+def needs_credential(endpoint: Endpoint, rule: EffectiveRule) -> bool:
+    """
+    Whether a call must identify itself: every route but those registered
+    with ``auth_required=False``, and those too once their rule names
+    scopes (SPEC §10: a custom route is gated by the policy like any
+    other, so a policy that gives it scopes is not silently ignored).
+    """
+    return endpoint.auth_required or bool(rule.scopes)
+
+
 def lacking_scope(
     identity: Identity, rule: EffectiveRule, path_params: Mapping[str, str]
 ) -> str | None:
@@ -388,7 +398,7 @@ def admit(
     """
     params = path_params or {}
     rule = context.policy.rules[endpoint.id]
-    needs_auth = endpoint.auth_required and not public
+    needs_auth = needs_credential(endpoint, rule) and not public
     try:
         identity = (
             identify(
@@ -476,7 +486,8 @@ def check_head(
     """
     rule = context.policy.rules[endpoint.id]
     identity = NOBODY
-    if endpoint.auth_required:
+    needs_auth = needs_credential(endpoint, rule)
+    if needs_auth:
         identity = identify(
             context,
             headers,
@@ -486,7 +497,7 @@ def check_head(
         )
     if not rule.enabled:
         raise _disabled(endpoint, rule)
-    if endpoint.auth_required:
+    if needs_auth:
         lacking = lacking_scope(identity, rule, {})
         if lacking is not None:
             raise missing_scope(
@@ -542,7 +553,7 @@ def may_use(context: Context, identity: Identity, endpoint: Endpoint) -> bool:
     rule = context.policy.rules[endpoint.id]
     if not rule.enabled:
         return False
-    if not endpoint.auth_required:
+    if not needs_credential(endpoint, rule):
         return True
     lacking = lacking_scope(identity, rule, {})
     return lacking is None or runs_some_commands(endpoint.id, lacking, identity)
@@ -591,7 +602,7 @@ def still_allowed(
         who = identity.id
     if current is None:
         return None, identity_removed(who)
-    if endpoint.auth_required:
+    if needs_credential(endpoint, rule):
         scope = lacking_scope(current, rule, {})
         if scope is not None:
             return None, forbidden(

@@ -215,7 +215,9 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
         op["description"] = schema.notes
     if not rule.enabled:
         op["x-sandboxd-reason"] = rule.reason
-    if endpoint.auth_required:
+    # As the gate decides it: a route registered without auth that the
+    # policy gives scopes asks for a credential too.
+    if endpoint.auth_required or rule.scopes:
         op["security"] = [{"accessToken": []}, {"bearer": []}]
     else:
         op["security"] = []

@@ -118,7 +118,10 @@ def load_policy(
     """
     env = os.environ if environ is None else environ
     data, source, file = find_policy(explicit, path, env)
-    doc = validate(data, table, source)
+    try:
+        doc = validate(data, table, source)
+    except PolicyError as e:
+        raise located(e, source, path, env) from None
     chosen = preset or doc.preset
     if chosen is not None and chosen not in PRESETS:
         raise PolicyError(
@@ -127,16 +130,19 @@ def load_policy(
     boundary = resolve_base_dir(base_dir, doc, env)
     own = own_files(file, doc, env, daemon_files)
     anchors = Anchors()
-    rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
-    tokens = auth.TokenStore.build(
-        doc.tokens,
-        env,
-        fail_closed=fail_closed,
-        allow_anonymous=doc.allow_anonymous,
-        anonymous_scopes=doc.anonymous_scopes,
-    )
-    check_unauthenticated_as(rules, doc, tokens)
-    confinement.check(rules)
+    try:
+        rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
+        tokens = auth.TokenStore.build(
+            doc.tokens,
+            env,
+            fail_closed=fail_closed,
+            allow_anonymous=doc.allow_anonymous,
+            anonymous_scopes=doc.anonymous_scopes,
+        )
+        check_unauthenticated_as(rules, doc, tokens)
+        confinement.check(rules)
+    except PolicyError as e:
+        raise located(e, source, path, env) from None
     return Policy(
         document=doc,
         rules=rules,
@@ -152,6 +158,26 @@ def load_policy(
         configured=chosen is not None
         or (isinstance(data, Mapping) and bool(set(data) - {"version"})),
     )
+
+
+def located(
+    error: PolicyError, source: str, path: str | None, environ: Mapping[str, str]
+) -> PolicyError:
+    """
+    ``error`` naming the policy source it came from (the file, or the
+    variable that held or named it) before the place in the document: an
+    operator with a policy file, an inline variable and a system file
+    should not have to guess which one is wrong.  An error about the
+    environment or the command line (``ABX_...``, ``--...``) already names
+    its source, and a policy given as an argument has no other name.
+    """
+    message = str(error)
+    if source in ("none", "argument") or message.startswith(("ABX_", "--", source)):
+        return error
+    label = source
+    if path is None and source == environ.get("ABX_SERVER_POLICY_FILE"):
+        label = f"{source} (ABX_SERVER_POLICY_FILE)"
+    return PolicyError(f"{label}: {message}")
 
 
 def check_unauthenticated_as(

@@ -15,7 +15,7 @@ import attrs
 
 from sandboxd._version import __version__
 from sandboxd.access.auth import Identity
-from sandboxd.access.gate import lacking_scope, runs_some_commands
+from sandboxd.access.gate import lacking_scope, needs_credential, runs_some_commands
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.policy import Policy
@@ -96,7 +96,7 @@ def describe(
 ) -> dict[str, Any]:
     """One endpoint as ``/capabilities`` shows it to ``identity``."""
     lacking = lacking_scope(identity, rule, {})
-    allowed = rule.enabled and (not endpoint.auth_required or lacking is None)
+    allowed = rule.enabled and (not needs_credential(endpoint, rule) or lacking is None)
     if lacking and runs_some_commands(endpoint.id, lacking, identity):
         allowed, lacking = rule.enabled, None
     reason = (
@@ -249,7 +249,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
             and runs_some_commands(endpoint_id, lacking, identity)
         ):
             lacking = None
-        if endpoint.auth_required and lacking:
+        if needs_credential(endpoint, rule) and lacking:
             out.update(
                 allowed=False,
                 code=Code.MISSING_SCOPE,

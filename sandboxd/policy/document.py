@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import json
+import math
 import os
 import re
 import urllib.parse
@@ -199,6 +200,61 @@ def valid_scope(scope: str, known: Iterable[str]) -> bool:
     return namespace not in BUILTIN_NAMESPACES
 
 
+def _shown(value: Any) -> str:
+    """A number as an error shows it (a huge integer not digit by digit)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer too large to be a number of seconds"
+    return repr(value)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one letter added, dropped, changed or swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) < len(b):
+        return a[i:] == b[i + 1 :]
+    return a[i + 1 :] == b[i + 1 :] or (
+        a[i + 2 :] == b[i + 2 :] and a[i : i + 2] == b[i : i + 2][::-1]
+    )
+
+
+def near_miss_scopes(
+    places: Iterable[tuple[str, Iterable[str]]], known: Iterable[str]
+) -> list[str]:
+    """
+    Warnings for scopes in a namespace one letter away from a built-in one
+    (``file:read``, ``proces:run``).  Such a scope is valid, as any
+    template's own namespace is, but no token holding the built-in scope
+    meets it, so the endpoint silently becomes callable by ``*`` alone.
+    """
+    known = sorted(known)
+    out = []
+    for where, scopes in places:
+        for scope in scopes:
+            namespace, colon, name = scope.partition(":")
+            if not colon or scope in known or namespace in BUILTIN_NAMESPACES:
+                continue
+            for builtin in BUILTIN_NAMESPACES:
+                if _one_edit(namespace, builtin):
+                    meant = f"{builtin}:{name}"
+                    hint = (
+                        f"; did you mean {meant!r}?"
+                        if meant in known or name == "*"
+                        else suggest(meant, known)
+                    )
+                    out.append(
+                        f"{where}: the scope {scope!r} is not built in (its "
+                        f"namespace {namespace!r} is none of sandboxd's){hint}"
+                    )
+                    break
+    return out
+
+
 def _coerce(where: str, type_text: str, value: Any) -> Any:
     """Check one section value against its declared type, normalising it."""
     optional = type_text.endswith("| None")
@@ -222,7 +278,17 @@ def _coerce(where: str, type_text: str, value: Any) -> Any:
     if base == "float":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{where}: expected a non-negative number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        # NaN passes ``value < 0`` and ``min()`` keeps whichever side it is
+        # on, so an unchecked NaN or infinity would reach a timer (which
+        # refuses it after the child started) and discovery (whose JSON
+        # cannot carry it).
+        if not math.isfinite(number):
+            raise PolicyError(f"{where}: expected a finite number, got {_shown(value)}")
+        return number
     if base == "bool":
         if not isinstance(value, bool):
             raise PolicyError(f"{where}: expected true or false, got {value!r}")
@@ -349,7 +415,13 @@ def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
             )
         return f"{where}: the pattern {selector!r} matches no endpoint"
     if selector not in table:
-        raise _unknown(where, "endpoint", selector, table.ids())
+        hint = suggest(selector, table.ids()) or (
+            # No built-in id is near it: most likely a custom route whose
+            # --commands file this start (or check-config) was not given.
+            "; a custom route's id is known only when the file that registers"
+            " it is loaded (--commands FILE)"
+        )
+        raise PolicyError(f"{where}: unknown endpoint {selector!r}{hint}")
     return None
 
 
@@ -428,6 +500,8 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
         raise PolicyError("auth.tokens: must be a list")
     out: list[TokenSpec] = []
     seen: set[str] = set()
+    #: (source key, value) -> the id of the entry that gave it first.
+    sources_seen: dict[tuple[str, str], str] = {}
     for i, entry in enumerate(raw):
         where = f"auth.tokens[{i}]"
         if not isinstance(entry, dict):
@@ -451,6 +525,10 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
         sha = entry.get("token_sha256")
         if sha is not None and not _SHA256.match(sha):
             raise PolicyError(f"{where}.token_sha256: expected 64 hex digits")
+        source = (sources[0], sha.lower() if sha else entry[sources[0]])
+        if source in sources_seen:
+            raise same_token(f"{where}.{sources[0]}", sources_seen[source], ident)
+        sources_seen[source] = ident
         scopes = _scope_list(f"{where}.scopes", entry.get("scopes", []), known_scopes)
         out.append(
             TokenSpec(
@@ -462,6 +540,19 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
             )
         )
     return tuple(out)
+
+
+def same_token(where: str, first: str, second: str) -> PolicyError:
+    """
+    The error for two token entries with one secret: the token would log
+    in as whichever entry comes first, so the other identity (its scopes,
+    its audit name) could never be used and a reordering would change who
+    the token is.
+    """
+    return PolicyError(
+        f"{where}: the tokens {first!r} and {second!r} are the same secret; "
+        "a token logs in as one identity, so give each entry its own token"
+    )
 
 
 def _string_list(where: str, value: Any) -> tuple[str, ...]:
@@ -613,7 +704,9 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     tokens = _tokens(doc.get("auth", {}), known_scopes)
     allow_anonymous, anonymous_scopes = _anonymous(doc.get("auth", {}), known_scopes)
     revision = doc.get("revision")
-    if revision is not None and not isinstance(revision, str | int | float):
+    if (revision is not None and not isinstance(revision, str | int | float)) or (
+        isinstance(revision, float) and not math.isfinite(revision)
+    ):
         raise PolicyError("revision: expected a string")
     agents = doc.get("agents", {})
     if not isinstance(agents, dict):
@@ -622,6 +715,14 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         if key != "catalog":
             raise _unknown("agents", "key", key, ["catalog"])
     git = _git_settings(doc.get("git", {}))
+    scope_places: list[tuple[str, Iterable[str]]] = [
+        ("defaults.scopes", defaults.get("scopes", ())),
+        *((f"endpoints.{k}.scopes", r.get("scopes", ())) for k, r in endpoints.items()),
+        *((f"auth.tokens[{i}].scopes", t.scopes) for i, t in enumerate(tokens)),
+        ("auth.anonymous_scopes", anonymous_scopes or ()),
+    ]
+    warnings += near_miss_scopes(scope_places, known_scopes)
+    warnings += duplicate_keys(doc)
     return PolicyDocument(
         preset=preset,
         base_dir=base_dir,
@@ -667,6 +768,50 @@ def _cgroups(value: Any) -> CgroupLimits:
         raise PolicyError(str(e)) from None
 
 
+class _Repeated(dict[str, Any]):
+    """A JSON object some of whose keys were written more than once."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """
+    A JSON object as ``json`` builds it (the last of a repeated key wins),
+    remembering which keys were repeated: a selector written twice is
+    almost always an edit that meant to change the first one.
+    """
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    marked = _Repeated(out)
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for key, _ in pairs:
+        if key in seen:
+            repeated[key] = None
+        seen.add(key)
+    marked.repeated = tuple(repeated)
+    return marked
+
+
+def duplicate_keys(doc: Any, where: str = "policy") -> list[str]:
+    """Warnings for every key written twice in one object of the document."""
+    out = []
+    if isinstance(doc, _Repeated):
+        out += [
+            f"{where}: the key {key!r} is written more than once; only the last counts"
+            for key in doc.repeated
+        ]
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            place = key if where == "policy" else f"{where}.{key}"
+            out += duplicate_keys(value, place)
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            out += duplicate_keys(value, f"{where}[{i}]")
+    return out
+
+
 def parse_text(text: str, name: str) -> Any:
     """
     Parse a policy file's text: JSON, or YAML for ``.yaml``/``.yml``.
@@ -688,7 +833,7 @@ def parse_text(text: str, name: str) -> Any:
             return data["server"]
         return data
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise PolicyError(f"{name}: not valid JSON: {e}") from None
 

@@ -328,11 +328,17 @@ def effective_rule(
     reason = None if enabled else str(Code.ENDPOINT_DISABLED)
     if not endpoint.implemented:
         enabled, enabled_by, reason = False, NOT_IMPLEMENTED, "not_implemented"
+    scopes = tuple(leaves.get("scopes", endpoint.scopes))
+    if not endpoint.auth_required and not endpoint.custom:
+        # A built-in route that answers without a credential (the liveness
+        # probe, the console's static page) stays so whatever the policy
+        # says; lint warns about a policy that names scopes for it.
+        scopes = ()
     return EffectiveRule(
         endpoint_id=endpoint.id,
         enabled=bool(enabled),
         enabled_by=enabled_by,
-        scopes=tuple(leaves.get("scopes", endpoint.scopes)),
+        scopes=scopes,
         audit=leaves.get("audit", builtin.DEFAULT_AUDIT),
         limits=limits,
         paths=_section(PathRule, {}, leaves, "paths"),

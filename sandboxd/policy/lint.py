@@ -57,6 +57,27 @@ def open_custom_routes(
     return out
 
 
+def ignored_scopes(table: RouteTable, rules: Mapping[str, EffectiveRule]) -> list[str]:
+    """
+    A built-in route that answers without a credential (``health``, the
+    console's static page) for which the policy names scopes: they are not
+    applied (a liveness probe has no token), and saying so beats letting
+    the policy's author believe the route is locked.
+    """
+    out = []
+    for endpoint in table:
+        rule = rules.get(endpoint.id)
+        if endpoint.auth_required or endpoint.custom or rule is None:
+            continue
+        origin = rule.source("scopes")
+        if origin is not None and origin.endswith(f"endpoints.{endpoint.id}"):
+            out.append(
+                f"{origin}.scopes: not applied: {endpoint.id!r} answers every "
+                "caller without a credential"
+            )
+    return out
+
+
 def narrowed_tokens(doc: PolicyDocument) -> list[str]:
     """A token that holds the old scope of an endpoint but not its new one."""
     out = []
@@ -86,6 +107,7 @@ def warnings(
     """Every warning above, in a stable order."""
     return tuple(
         open_custom_routes(table, rules)
+        + ignored_scopes(table, rules)
         + narrowed_tokens(doc)
         + anonymous_everything(doc)
         + confinement.unconfined(table, rules)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -36,5 +37,10 @@ def parse_size(value: object) -> int:
     if isinstance(value, str):
         m = _SIZE.match(value)
         if m and m.group(2).upper() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+            size = float(m.group(1)) * _UNITS[m.group(2).upper()]
+            # Enough digits make the float infinite, which int() refuses
+            # with an OverflowError no caller expects.
+            if not math.isfinite(size):
+                raise ValueError(f"not a size: {value!r} is too large")
+            return int(size)
     raise ValueError(f"not a size: {value!r} (use bytes, or 512KB, 5MB, 1GiB)")

@@ -12,6 +12,7 @@ keeps the start and the end.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import secrets
 import select
@@ -295,6 +296,12 @@ class Child(ProcessProtocol):
         idle_timeout: float | None = None,
         grace: float = KILL_GRACE_SECONDS,
     ) -> None:
+        for name, bound in (("timeout", timeout), ("idle_timeout", idle_timeout)):
+            # Refused here, before anything is spawned: the timer would
+            # refuse it only once the child runs, leaving it untimed and
+            # untracked behind an error answer.
+            if bound is not None and not (math.isfinite(bound) and bound >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {bound!r}")
         self.clock = clock
         self.on_output = on_output
         #: The table of the daemon that spawned it (set by ``spawn``).

@@ -749,3 +749,288 @@ class KeptDecisionTests(SynchronousTestCase):
             decide_path(open_rule, f"/tmp/{n}")
         self.assertLessEqual(len(open_rule.decisions), PATH_DECISIONS_KEPT)
         self.assertFalse(decide_path(closed, "secret/a").allowed)
+
+
+def load_text(case: SynchronousTestCase, text: str, suffix: str = ".json") -> Any:
+    """The compiled policy of a policy file holding ``text``."""
+    path = case.mktemp() + suffix
+    with open(path, "w") as f:
+        f.write(text)
+    return load_policy(builtin_table(), path=path, base_dir="/tmp", environ={})
+
+
+class NonFiniteNumberTests(SynchronousTestCase):
+    """
+    A number of the policy is a finite number: NaN and infinity (which
+    Python's JSON and YAML readers accept) would reach timers and
+    discovery, which cannot use them.
+    """
+
+    def assertRefused(self, text: str, place: str, suffix: str = ".json") -> None:
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, text, suffix)
+        message = str(cm.exception)
+        self.assertIn(f"{suffix}: {place}: expected a finite number", message)
+
+    def test_json_constants_and_overflow(self) -> None:
+        """NaN, Infinity, -Infinity and 1e400 in JSON are refused at their place."""
+        for number in ("NaN", "Infinity", "1e400"):
+            self.assertRefused(
+                '{"endpoints": {"shell": {"limits": {"timeout_seconds": N}}}}'.replace(
+                    "N", number
+                ),
+                "endpoints.shell.limits.timeout_seconds",
+            )
+            self.assertRefused(
+                '{"defaults": {"limits": {"max_duration_seconds": N}}}'.replace(
+                    "N", number
+                ),
+                "defaults.limits.max_duration_seconds",
+            )
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, '{"defaults": {"limits": {"timeout_seconds": -Infinity}}}')
+        self.assertIn("defaults.limits.timeout_seconds", str(cm.exception))
+
+    def test_yaml_constants(self) -> None:
+        """YAML's .nan and .inf are refused the same way."""
+        for number in (".nan", ".inf"):
+            self.assertRefused(
+                "server:\n  endpoints:\n    shell:\n      limits:\n"
+                f"        idle_timeout_seconds: {number}\n",
+                "endpoints.shell.limits.idle_timeout_seconds",
+                ".yaml",
+            )
+
+    def test_integer_too_large(self) -> None:
+        """An integer too large to be a float is refused, not an OverflowError."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"endpoints": {"shell": {"limits": {"timeout_seconds": 10**400}}}})
+        self.assertIn("endpoints.shell.limits.timeout_seconds", str(cm.exception))
+
+    def test_size_too_large(self) -> None:
+        """A size with more digits than a float holds is refused, not an OverflowError."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"defaults": {"limits": {"max_bytes": "9" * 400 + "MB"}}})
+        self.assertIn("defaults.limits.max_bytes", str(cm.exception))
+
+    def test_revision(self) -> None:
+        """A NaN revision is not a label."""
+        with self.assertRaises(PolicyError) as cm:
+            load_text(self, '{"revision": NaN}')
+        self.assertIn("revision: expected a string", str(cm.exception))
+
+    def test_finite_numbers_kept(self) -> None:
+        """Finite numbers (large ones too) still load."""
+        p = decide({"endpoints": {"shell": {"limits": {"timeout_seconds": 1e12}}}})
+        self.assertEqual(p.rule("shell").limits.timeout_seconds, 1e12)
+
+
+class SameTokenTests(SynchronousTestCase):
+    """One secret, one identity: which one must not depend on the list's order."""
+
+    def test_same_source(self) -> None:
+        """Two entries with one hash, variable or file are refused, naming both ids."""
+        digest = "ab" * 32
+        for key, a, b in (
+            ("token_sha256", digest, digest.upper()),
+            ("token_env", "T", "T"),
+            ("token_file", "/run/t", "/run/t"),
+        ):
+            policy = {
+                "auth": {
+                    "tokens": [
+                        {"id": "a", key: a, "scopes": ["files:read"]},
+                        {"id": "b", key: b, "scopes": ["*"]},
+                    ]
+                }
+            }
+            with self.assertRaises(PolicyError) as cm:
+                decide(policy, env={"T": "x"})
+            self.assertIn(f"auth.tokens[1].{key}:", str(cm.exception))
+            self.assertIn("'a' and 'b' are the same secret", str(cm.exception))
+
+    def test_same_value(self) -> None:
+        """Two variables (or a variable and a hash) holding one secret are refused."""
+        import hashlib
+
+        policy = {
+            "auth": {
+                "tokens": [
+                    {"id": "a", "token_env": "A", "scopes": ["files:read"]},
+                    {"id": "b", "token_env": "B", "scopes": ["*"]},
+                    {
+                        "id": "c",
+                        "token_sha256": hashlib.sha256(b"s").hexdigest(),
+                        "scopes": ["*"],
+                    },
+                ]
+            }
+        }
+        with self.assertRaises(PolicyError) as cm:
+            decide(policy, env={"A": "same", "B": "same"})
+        self.assertIn("'a' and 'b' are the same secret", str(cm.exception))
+        with self.assertRaises(PolicyError) as cm:
+            decide(policy, env={"A": "s", "B": "other"})
+        self.assertIn("'a' and 'c' are the same secret", str(cm.exception))
+        self.assertEqual(
+            len(decide(policy, env={"A": "one", "B": "two"}).tokens.entries), 3
+        )
+
+
+class NearMissTests(SynchronousTestCase):
+    """Valid documents that probably do not say what was meant earn a warning."""
+
+    def test_namespace_one_letter_off(self) -> None:
+        """file:read and proces:run suggest files:read and process:run."""
+        p = decide(
+            {
+                "endpoints": {
+                    "files_list": {"scopes": ["file:read"]},
+                    "shell": {"scopes": ["proces:run"]},
+                },
+                "auth": {
+                    "tokens": [{"id": "a", "token_env": "A", "scopes": ["fiels:*"]}]
+                },
+            },
+            env={"A": "a"},
+        )
+        self.assertIn(
+            "endpoints.files_list.scopes: the scope 'file:read' is not built in "
+            "(its namespace 'file' is none of sandboxd's); did you mean 'files:read'?",
+            p.warnings,
+        )
+        self.assertTrue(
+            any("'proces:run'" in w and "'process:run'" in w for w in p.warnings)
+        )
+        self.assertTrue(
+            any(
+                w.startswith("auth.tokens[0].scopes: the scope 'fiels:*'")
+                for w in p.warnings
+            )
+        )
+
+    def test_own_namespaces_quiet(self) -> None:
+        """A template's own namespaces are not near misses."""
+        p = decide(
+            {
+                "endpoints": {
+                    "shell": {"scopes": ["myapp:deploy", "myfiles:read", "ops"]}
+                }
+            }
+        )
+        self.assertFalse([w for w in p.warnings if "not built in" in w], p.warnings)
+
+    def test_repeated_json_keys(self) -> None:
+        """A key written twice in one JSON object is named with its place."""
+        p = load_text(
+            self,
+            '{"endpoints": {"shell": {"enabled": false}, "shell": {"enabled": true},'
+            ' "files_list": {"limits": {"max_entries": 1, "max_entries": 2}}},'
+            ' "revision": "a", "revision": "b"}',
+        )
+        self.assertEqual(
+            [w for w in p.warnings if "more than once" in w],
+            [
+                "policy: the key 'revision' is written more than once; only the last counts",
+                "endpoints: the key 'shell' is written more than once; only the last counts",
+                "endpoints.files_list.limits: the key 'max_entries' is written more "
+                "than once; only the last counts",
+            ],
+        )
+
+
+class LocatedErrorTests(SynchronousTestCase):
+    """An error names the policy source it came from, then the place in it."""
+
+    def test_file_and_variables(self) -> None:
+        """A policy file, ABX_SERVER_POLICY and ABX_SERVER_POLICY_FILE are named."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write('{"endpoints": {"shell": {"limts": {}}}}')
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(builtin_table(), path=path, base_dir="/tmp", environ={})
+        self.assertTrue(
+            str(cm.exception).startswith(f"{path}: endpoints.shell: unknown rule key"),
+            cm.exception,
+        )
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                base_dir="/tmp",
+                environ={"ABX_SERVER_POLICY_FILE": path},
+            )
+        self.assertTrue(
+            str(cm.exception).startswith(
+                f"{path} (ABX_SERVER_POLICY_FILE): endpoints.shell:"
+            ),
+            cm.exception,
+        )
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                base_dir="/tmp",
+                environ={"ABX_SERVER_POLICY": '{"endpoints": {"shel": {}}}'},
+            )
+        self.assertEqual(
+            str(cm.exception),
+            "ABX_SERVER_POLICY: endpoints.shel: unknown endpoint 'shel'; "
+            "did you mean 'shell'?",
+        )
+
+    def test_environment_errors_keep_their_name(self) -> None:
+        """An error about another variable is not blamed on the policy file."""
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write("{}")
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(),
+                path=path,
+                base_dir="/tmp",
+                environ={"ABX_SERVER_ENABLED_GROUPS": "browsr"},
+            )
+        self.assertTrue(str(cm.exception).startswith("ABX_SERVER_ENABLED_GROUPS:"))
+
+    def test_unknown_custom_route_hints_commands(self) -> None:
+        """An id near no endpoint may be a custom route from a --commands file."""
+        with self.assertRaises(PolicyError) as cm:
+            decide({"endpoints": {"myapp_crash": {"scopes": ["myapp:ops"]}}})
+        self.assertEqual(
+            str(cm.exception),
+            "endpoints.myapp_crash: unknown endpoint 'myapp_crash'; a custom "
+            "route's id is known only when the file that registers it is loaded "
+            "(--commands FILE)",
+        )
+
+
+class CredentialFreeRouteTests(SynchronousTestCase):
+    """Scopes for a route that asks no credential are applied or reported."""
+
+    def test_builtin_stays_open_and_warns(self) -> None:
+        """health keeps answering anyone; a policy naming scopes for it is told."""
+        p = decide({"endpoints": {"health": {"scopes": ["core:read"]}}})
+        self.assertEqual(p.rule("health").scopes, ())
+        self.assertIn(
+            "policy:endpoints.health.scopes: not applied: 'health' answers every "
+            "caller without a credential",
+            p.warnings,
+        )
+
+    def test_custom_route_claims_no_group_scope(self) -> None:
+        """
+        A custom route registered with auth_required=False has no scope of
+        its own, so check-config and the start warn that anyone may call it.
+        """
+        table = builtin_table()
+        table.register(
+            "POST", "/open", lambda r: None, auth_required=False, name="open_route"
+        )
+        p = load_policy(table, explicit={}, base_dir="/tmp", environ={})
+        self.assertEqual(p.rule("open_route").scopes, ())
+        self.assertTrue(
+            any(
+                "'open_route' requires no scope: anyone who can reach the port" in w
+                for w in p.warnings
+            ),
+            p.warnings,
+        )

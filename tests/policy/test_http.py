@@ -16,6 +16,7 @@ from twisted.internet.task import deferLater
 from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import CapabilityGroup
 from sandboxd.routes import builtin_table
+from sandboxd.web.messages import ServerResponse
 from tests.helpers import DaemonTestCase
 
 READER = "reader-token"
@@ -463,3 +464,117 @@ class OpenAPITests(DaemonTestCase):
         operation = after.json()["paths"]["/files/stat"]["get"]
         self.assertFalse(operation["x-sandboxd-enabled"])
         self.assertEqual(after.header("content-type"), "application/json")
+
+
+class CredentialFreeRouteTests(DaemonTestCase):
+    """
+    A custom route registered with ``auth_required=False`` is gated by the
+    policy like any other: scopes the policy names for it are asked for,
+    and discovery says what the call will do.
+    """
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "open_route": {"scopes": ["myapp:admin"]},
+        },
+    }
+    environ = ENV
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        table = builtin_table()
+
+        @table.route(
+            "POST",
+            "/open/delete-everything",
+            group=CapabilityGroup.COMMANDS,
+            name="open_route",
+            auth_required=False,
+        )
+        def open_route(request: Any) -> ServerResponse:
+            return ServerResponse.ok({"ran": True, "identity": request.identity.id})
+
+        @table.route("GET", "/open/status", name="status", auth_required=False)
+        def status(request: Any) -> ServerResponse:
+            return ServerResponse.ok({"identity": request.identity.id})
+
+        return self.start(table=table)
+
+    @inlineCallbacks
+    def test_policy_scopes_asked_for(self) -> Any:
+        """No credential is 401, a token without the scope 403; the scope's holder runs it."""
+        reply = yield self.request("POST", "/open/delete-everything", {}, token=None)
+        self.assertEqual((reply.status, reply.json()["code"]), (401, "unauthorized"))
+        reply = yield self.request("POST", "/open/delete-everything", {}, token=READER)
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["scope"]),
+            (403, "missing_scope", "myapp:admin"),
+        )
+        reply = yield self.request("POST", "/open/delete-everything", {}, token=ADMIN)
+        self.assertEqual(
+            (reply.status, reply.json()), (200, {"ran": True, "identity": "admin"})
+        )
+
+    @inlineCallbacks
+    def test_discovery_tells_the_truth(self) -> Any:
+        """/capabilities and capabilities/check refuse whom the call refuses."""
+        caps = yield self.request("GET", "/capabilities", token=READER)
+        entry = caps.json()["endpoints"]["open_route"]
+        self.assertEqual(
+            (entry["allowed"], entry["reason"], entry["scopes"]),
+            (False, "missing_scope", ["myapp:admin"]),
+        )
+        check = yield self.request(
+            "POST", "/capabilities/check", {"endpoint": "open_route"}, token=READER
+        )
+        self.assertEqual(
+            (check.json()["allowed"], check.json()["code"]), (False, "missing_scope")
+        )
+        spec = yield self.request("GET", "/openapi.json", token=ADMIN)
+        operation = spec.json()["paths"]["/open/delete-everything"]["post"]
+        self.assertNotEqual(operation["security"], [])
+
+    @inlineCallbacks
+    def test_route_without_scopes_stays_open(self) -> Any:
+        """
+        With no scopes from the policy, the route answers anyone, claims no
+        scope in discovery, and the policy's warnings say so.
+        """
+        reply = yield self.request("GET", "/open/status", token=None)
+        self.assertEqual((reply.status, reply.json()), (200, {"identity": "anonymous"}))
+        caps = yield self.request("GET", "/capabilities", token=READER)
+        entry = caps.json()["endpoints"]["status"]
+        self.assertEqual((entry["allowed"], entry["scopes"]), (True, []))
+        self.assertTrue(
+            any(
+                "'status' requires no scope: anyone who can reach the port" in w
+                for w in self.daemon.context.policy.warnings
+            )
+        )
+
+
+class NonFiniteReloadTests(DaemonTestCase):
+    """A reload refuses a policy whose numbers are not finite; the old one stays."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_nan_refused_on_reload(self) -> Any:
+        """NaN in the file on reload is refused; discovery keeps answering."""
+        import os
+
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            f.write('{"revision": "r1"}')
+        yield self.start(policy=None, policy_file=path)
+        with open(path, "w") as f:
+            f.write(
+                '{"revision": "r2", "endpoints": {"shell":'
+                ' {"limits": {"timeout_seconds": NaN}}}}'
+            )
+        self.assertFalse(self.daemon.daemon.reload())
+        caps = yield self.request("GET", "/capabilities")
+        self.assertEqual(caps.status, 200)
+        self.assertEqual(caps.json()["policy"]["revision"], "r1")

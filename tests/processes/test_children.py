@@ -6,6 +6,7 @@ one ProcessProtocol, tree kills, and :func:`run_collect` with real children.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import secrets
 import signal
@@ -1143,3 +1144,23 @@ class OutputPipeEndsTests(TestCase):
         self.assertEqual(_pipe_write_ends() - before, set())
         code = yield child.ended
         self.assertEqual((sorted(got), code), ([b"err\n", b"out\n"], 0))
+
+
+class BoundsTests(SynchronousTestCase):
+    """A child's timeouts are checked before anything is spawned."""
+
+    def test_non_finite_timeouts_refused(self) -> None:
+        """
+        NaN, infinity or a negative timeout is a ValueError at construction:
+        the timer would refuse it only once the child ran, leaving a process
+        that nothing times, lists or kills behind an error answer.
+        """
+        from sandboxd.processes.child import Child
+
+        for bad in (math.nan, math.inf, -1.0):
+            for name in ("timeout", "idle_timeout"):
+                with self.assertRaises(ValueError) as cm:
+                    Child(Clock(), lambda fd, data: None, **{name: bad})
+                self.assertIn(name, str(cm.exception))
+        child = Child(Clock(), lambda fd, data: None, timeout=0.0, idle_timeout=5)
+        self.assertEqual((child.timeout, child.idle_timeout), (0.0, 5))
