@@ -42,6 +42,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.access.audit import should_record
 from sandboxd.access.links import is_link, preview_audience
 from sandboxd.errors import (
@@ -311,6 +312,9 @@ class Exchange:
     #: the requests on its connection that repeat them byte for byte
     #: (:class:`~sandboxd.preview.channel.HeadMemo`), or None.
     derived: dict[Any, Any] | None = None
+    #: Its entry among the connections a reload asks again, while the
+    #: app's answer is awaited or streams (:meth:`track` to :meth:`_release`).
+    held: held_connections.Held | None = None
 
     def __init__(
         self,
@@ -837,8 +841,8 @@ class Exchange:
         self.pending = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        if self.gone or self.answered_early:
-            return
+        if self.gone or self.answered_early or self.finished:
+            return  # (answered already: a reload's refusal)
         assert self.target is not None
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
         if self.timed_out or failure.check(CancelledError):
@@ -1064,10 +1068,51 @@ class Exchange:
     # -- the end --------------------------------------------------------------
 
     def track(self) -> None:
-        """Count the exchange as in flight to its port (closed on unexpose)."""
-        if self.exposure is not None:
-            self.exposure.requests += 1
-            self.exposure.open.add(self)
+        """
+        Count the exchange as in flight to its port (closed on unexpose),
+        and hold it among the connections a policy reload asks again: an
+        answer may last as long as the app keeps writing (an event stream,
+        a long poll, a download), and a caller the policy no longer lets
+        in must stop receiving it, as its WebSockets do.  (An upgrade is
+        held by its splice once it is one.)
+        """
+        exposure = self.exposure
+        if exposure is not None:
+            exposure.requests += 1
+            exposure.open.add(self)
+        if self.identity is not None and not self.upgrade:
+            self.held = held_connections.hold(
+                self.context,
+                self.identity,
+                self.context.table.get("preview_proxy"),
+                self._revoked,
+                public=exposure is not None and exposure.public,
+            )
+
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A reload no longer lets the caller in: an answer the app has not
+        begun is the refusal instead; one already under way (an event
+        stream, a download) is cut short, so the browser sees it broken,
+        never complete, and meets the refusal when it asks again.
+        """
+        self.held = None
+        if self.gone or self.finished or self.answered_early:
+            return
+        log.info(
+            "preview: {method} {path} of {identity} ended by the policy reload",
+            method=self.method.decode("latin-1"),
+            path=self.raw_target.partition(b"?")[0].decode("latin-1"),
+            identity=self.identity.id if self.identity is not None else "",
+        )
+        if self.status == 0 and self.processed:
+            self.refusal = error
+            self._respond_error(error)
+            self._drop_upstream()
+            if self.body_producer is not None:
+                self.body_producer.stopProducing()
+            return
+        self.close()
 
     def close(self) -> None:
         """End it now: the port was unexposed, or the app's answer broke."""
@@ -1105,6 +1150,9 @@ class Exchange:
         return None
 
     def _release(self) -> None:
+        if self.held is not None:
+            held_connections.release(self.context, self.held)
+            self.held = None
         if self.exposure is not None:
             self.exposure.open.discard(self)
         if self.passed is not None:

@@ -19,7 +19,13 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, readBody
+from twisted.web.client import (
+    Agent,
+    FileBodyProducer,
+    HTTPConnectionPool,
+    ResponseDone,
+    readBody,
+)
 from twisted.web.http_headers import Headers
 
 from sandboxd.testing import BodyProducer
@@ -812,6 +818,52 @@ class WebSocketReloadTests(DoorCase):
         code, reason = yield deferToThread(close_frame)
         self.assertEqual(code, 1008)
         self.assertIn("no longer holds scope 'preview:use'", reason)
+
+
+class StreamReloadTests(DoorCase):
+    """A policy reload ends the plain answers it no longer lets through, not only WebSockets."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {"audit": "all", "limits": {"timeout_seconds": 30}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_identity_removed_ends_streams_and_long_polls(self) -> None:
+        """
+        A reload that takes the caller's identity out of the policy cuts
+        its event stream through the door (no more events, and the body
+        is broken, not complete) and answers its long poll still waiting
+        on the app with the refusal (401) at once; asking again is 401.
+        """
+        yield self.expose()
+        response = yield self.send(
+            "GET", "/sse", headers={"accept": "text/event-stream"}
+        )
+        self.assertEqual(response.code, 200)
+        events = Collect()
+        response.deliverBody(events)
+        polling = self.send("GET", "/slow")
+        while len(events.times) < 2:
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.daemon.daemon.settings.policy = {
+            **self.policy,
+            "auth": {"tokens": [POLICY["auth"]["tokens"][1]]},
+        }
+        self.assertTrue(self.daemon.daemon.reload())
+        reloaded = time.monotonic()
+        yield events.done
+        self.assertLess(time.monotonic() - reloaded, 5)
+        self.assertFalse(events.reason.check(ResponseDone), events.reason)
+        poll = yield polling
+        body = yield readBody(poll)
+        self.assertEqual(poll.code, 401, body)
+        self.assertLess(time.monotonic() - reloaded, 5)
+        self.assertEqual(json.loads(body)["code"], "unauthorized")
+        again, _ = yield self.fetch("GET", "/")
+        self.assertEqual(again.code, 401)
 
 
 class WebSocketLimitTests(DoorCase):
