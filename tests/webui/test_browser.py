@@ -291,6 +291,90 @@ class TerminalTests(ConsoleCase):
         self.assertEqual(seen["status"], "closed: the link no longer works")
 
 
+class TerminalInputTests(ConsoleCase):
+    """What is typed or pasted in a terminal arrives, or the console says it did not."""
+
+    @inlineCallbacks
+    def test_big_paste_and_typing_while_reconnecting(self) -> Any:
+        """
+        A 1.5 MB paste (over the daemon's 1 MiB bound on one message)
+        reaches the shell whole, byte for byte on disk, the socket never
+        dropped; keys typed while a cut socket reconnects are sent once it
+        is back, not lost.
+        """
+        url = yield self.link()
+        terminals = self.daemon.context.terminals
+        pasted = os.path.join(self.base_dir, "pasted.txt")
+        line = "0123456789abcdef" * 4 + "\n"
+        text = line * 23000
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.context.grant_permissions(
+                ["clipboard-read", "clipboard-write"], origin=self.daemon.url
+            )
+            seen["sockets"] = 0
+            page.on(
+                "websocket",
+                lambda ws: seen.update(sockets=seen["sockets"] + 1),
+            )
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.type(f"stty -echo; cat > {pasted}; stty echo\n")
+            deadline = time.monotonic() + 10
+            while not os.path.exists(pasted):
+                if time.monotonic() > deadline:
+                    raise AssertionError("cat never started")
+                page.wait_for_timeout(25)
+            page.evaluate("(t) => navigator.clipboard.writeText(t)", text)
+            page.keyboard.press("Control+Shift+V")
+            deadline = time.monotonic() + 60
+            while os.path.getsize(pasted) < len(text):
+                if time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(100)
+            page.keyboard.press("Control+D")
+            seen["sockets_after_paste"] = seen["sockets"]
+            seen["status_after_paste"] = page.get_attribute(
+                "[data-testid=terminal]", "data-status"
+            )
+            # Cut the socket from the daemon's side, then type while the
+            # console reconnects.
+            self.on_reactor(
+                lambda: [
+                    c.transport.abortConnection()
+                    for c in list(terminals.factory.clients)
+                ]
+            )
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=reconnecting]", timeout=5000
+            )
+            page.keyboard.type("echo typed-while-away-$((3*4))\n")
+            seen["typed_while"] = page.get_attribute(
+                "[data-testid=terminal]", "data-status"
+            )
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=connected]", timeout=10000
+            )
+            wait_screen(page, "typed-while-away-12")
+            seen["banner_hidden"] = page.evaluate(
+                "document.querySelector('[data-testid=banner]').hidden"
+            )
+
+        seen = yield self.browse(steps)
+        with open(pasted) as f:
+            arrived = f.read()
+        self.assertEqual(len(arrived), len(text))
+        self.assertEqual(arrived, text)
+        self.assertEqual(seen["sockets_after_paste"], 1)
+        self.assertEqual(seen["status_after_paste"], "connected")
+        self.assertEqual(seen["typed_while"], "reconnecting")
+        self.assertTrue(seen["banner_hidden"])
+        self.assertNoCspViolation(seen)
+
+
 class RestartTests(ConsoleCase):
     """The daemon restarts under an open console (no ``auth.link_key_file``)."""
 
