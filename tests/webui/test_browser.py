@@ -819,6 +819,138 @@ class FileSearchTests(ConsoleCase):
         )
 
 
+def tab_to(page: Any, testid: str, name: str | None = None, limit: int = 80) -> None:
+    """
+    Press Tab until the focused element is ``testid`` (and ``data-name``
+    ``name``): what a person without a mouse does to reach a control.
+    """
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(
+            "(() => { const e = document.activeElement;"
+            " return e ? [e.dataset.testid || '', e.dataset.name || ''] : ['', '']; })()"
+        )
+        if focused[0] == testid and (name is None or focused[1] == name):
+            return
+    raise AssertionError(f"{testid} {name or ''} is never reached with Tab")
+
+
+#: The focused element's test id, name or pid, ARIA state and outline.
+FOCUSED = (
+    "(() => { const e = document.activeElement, s = getComputedStyle(e);"
+    " return {testid: e.dataset.testid, name: e.dataset.name || e.dataset.pid || null,"
+    " selected: e.getAttribute('aria-selected'), role: e.closest('table')"
+    " ? e.closest('table').getAttribute('role') : null,"
+    " outline: s.outlineStyle + ' ' + s.outlineWidth}; })()"
+)
+
+
+class KeyboardTests(ConsoleCase):
+    """The console's rows work without a mouse."""
+
+    @inlineCallbacks
+    def test_files_search_and_processes_by_keyboard(self) -> Any:
+        """
+        With the keyboard only: Tab reaches the file rows (a visible focus
+        ring, a ``treegrid``), Right opens a folder in place, the arrows
+        move between rows, Enter on a file shows it, Space selects a row
+        for move and delete (``aria-selected``), Enter on a folder shows
+        only that folder; a search hit opens at its line with Enter; a
+        process row is followed with Enter.
+        """
+        started = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": "echo keyed-$((5*5))", "shell": "sh"},
+        )
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        url = yield self.link()
+        base = self.base_dir
+        os.makedirs(os.path.join(base, "sub"))
+        with open(os.path.join(base, "sub", "inner.txt"), "w") as f:
+            f.write("inside the folder\n")
+        with open(os.path.join(base, "note.txt"), "w") as f:
+            f.write("first\nsecond has the marker\n")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            tab_to(page, "nav-files")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
+            tab_to(page, "file-entry", "sub")
+            seen["first_row"] = page.evaluate(FOCUSED)
+            page.keyboard.press("ArrowRight")
+            page.wait_for_selector("[data-testid=file-entry][data-name='inner.txt']")
+            page.keyboard.press("ArrowDown")
+            seen["moved_to"] = page.evaluate(FOCUSED)["name"]
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["inner_text"] = page.text_content("[data-testid=file-text]")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press(" ")
+            wait_true(
+                page,
+                "(document.querySelector('[data-testid=file-text]') || {}).textContent"
+                " === 'first\\nsecond has the marker\\n'",
+            )
+            seen["selected"] = page.evaluate(FOCUSED)
+            page.keyboard.press("ArrowUp")
+            page.keyboard.press("ArrowUp")
+            page.keyboard.press("ArrowLeft")
+            wait_true(
+                page,
+                "!document.querySelector(\"[data-testid=file-entry][data-name='inner.txt']\")",
+            )
+            page.keyboard.press("Enter")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=files-path]').textContent.endsWith('/sub')",
+            )
+            seen["focus_in_folder"] = page.evaluate(FOCUSED)["name"]
+            page.screenshot(path=os.path.join(SHOTS, "files-keyboard.png"))
+            tab_to(page, "files-up")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
+            tab_to(page, "files-search")
+            page.keyboard.type("marker")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-match]")
+            tab_to(page, "file-match")
+            seen["hit_role"] = page.evaluate(FOCUSED)["role"]
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-text]")
+            page.wait_for_selector("[data-testid=file-line][data-line='2']")
+            seen["hit"] = page.evaluate(FOCUSED)["selected"]
+            tab_to(page, "nav-processes")
+            page.keyboard.press("Enter")
+            page.wait_for_selector(f"[data-testid=process-entry][data-pid='{pid}']")
+            tab_to(page, "process-entry")
+            seen["process_row"] = page.evaluate(FOCUSED)
+            page.keyboard.press("Enter")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=process-output]').textContent.includes('keyed-25')",
+            )
+            seen["title"] = page.text_content("[data-testid=process-output-title]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["first_row"]["role"], "treegrid")
+        self.assertEqual(seen["first_row"]["outline"][:5], "solid")
+        self.assertEqual(seen["moved_to"], "inner.txt")
+        self.assertEqual(seen["inner_text"], "inside the folder\n")
+        self.assertEqual(seen["selected"]["name"], "note.txt")
+        self.assertEqual(seen["selected"]["selected"], "true")
+        self.assertEqual(seen["focus_in_folder"], "inner.txt")
+        self.assertEqual(seen["hit_role"], "grid")
+        self.assertEqual(seen["hit"], "true")
+        self.assertEqual(seen["process_row"]["role"], "grid")
+        self.assertEqual(seen["process_row"]["outline"][:5], "solid")
+        self.assertTrue(seen["title"].startswith(f"{pid}:"))
+        self.assertNoCspViolation(seen)
+
+
 class FileSearchRefusedTests(ConsoleCase):
     """A link whose policy turns ``files_grep`` off: no search control."""
 
