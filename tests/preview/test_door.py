@@ -416,6 +416,36 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(response.code, 200)
 
     @inlineCallbacks
+    def test_path_mode_root_without_slash(self) -> None:
+        """
+        ``GET /p/PORT`` (and with a query) is 301 to ``/p/PORT/`` with the
+        query kept, before any credential is asked for; a POST there is
+        not redirected; ``/favicon.ico`` on the door's own host is 204, on
+        a host the door does not serve still 421.
+        """
+        yield self.expose()
+        door = f"127.0.0.1:{self.door_port}"
+        for target, location in (
+            (f"/p/{self.app_port}", f"/p/{self.app_port}/"),
+            (f"/p/{self.app_port}?a=1&b=%2F", f"/p/{self.app_port}/?a=1&b=%2F"),
+        ):
+            response, body = yield self.fetch("GET", target, token=None, host=door)
+            self.assertEqual(response.code, 301, body)
+            self.assertEqual(
+                response.headers.getRawHeaders(b"location"), [location.encode()]
+            )
+        response, _ = yield self.fetch(
+            "POST", f"/p/{self.app_port}", token=None, host=door
+        )
+        self.assertEqual(response.code, 401)
+        response, body = yield self.fetch("GET", "/favicon.ico", token=None, host=door)
+        self.assertEqual((response.code, body), (204, b""))
+        response, _ = yield self.fetch(
+            "GET", "/favicon.ico", token=None, host="elsewhere.example"
+        )
+        self.assertEqual(response.code, 421)
+
+    @inlineCallbacks
     def test_labelled_in_path_mode(self) -> None:
         """
         A labelled exposure opens at ``/p/PORT-LABEL/`` on the door's own
