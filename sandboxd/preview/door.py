@@ -1159,8 +1159,16 @@ class Exchange:
             return
         self.close()
 
-    def close(self) -> None:
-        """End it now: the port was unexposed, or the app's answer broke."""
+    def close(self, why: str | None = None) -> None:
+        """
+        End it now: the port was unexposed (``why``), or the app's answer
+        broke.  The connection is aborted: an answer cut short must look
+        broken to the browser, never complete.  An upgrade spliced is
+        its :class:`~sandboxd.preview.splice.Upgrade`'s to close (with a
+        close frame, which an abort here would lose).
+        """
+        if self.upgrade and self.status == 101:
+            return
         self._drop_upstream()
         transport: Any = (
             self.request.channel.transport if self.request.channel else None

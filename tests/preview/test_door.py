@@ -795,17 +795,40 @@ class WebSocketTests(DoorCase):
         gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
         self.assertEqual(gone.status, 200)
         yield collect.done
+        code, _ = yield deferToThread(close_frame_of, ws)
+        self.assertEqual(code, 1001)
 
-        def closed() -> bool:
-            import websocket
+    @inlineCallbacks
+    def test_unexpose_sends_a_close_frame(self) -> None:
+        """
+        An open WebSocket to a port being unexposed gets a close frame,
+        1001 (going away) and the reason, not a dropped connection (which
+        a browser reports as 1006 and a dev server's client retries).
+        """
+        yield self.expose()
+        ws = yield deferToThread(self.connect)
+        self.addCleanup(ws.close)
+        gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
+        self.assertEqual(gone.status, 200)
+        code, reason = yield deferToThread(close_frame_of, ws)
+        self.assertEqual(code, 1001)
+        self.assertEqual(reason, f"port {self.app_port} is no longer exposed")
 
-            try:
-                ws.recv()
-            except (websocket.WebSocketConnectionClosedException, OSError):
-                return True
-            return ws.recv() == ""
 
-        self.assertTrue((yield deferToThread(closed)))
+def close_frame_of(ws: Any) -> tuple[int | None, str]:
+    """The code and reason of the close frame ``ws`` gets next (None: closed without one)."""
+    import websocket
+
+    while True:
+        try:
+            frame = ws.recv_data_frame(True)[1]
+        except (websocket.WebSocketConnectionClosedException, OSError):
+            return None, ""
+        if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+            return (
+                int.from_bytes(frame.data[:2], "big"),
+                frame.data[2:].decode("utf-8"),
+            )
 
 
 class WebSocketReloadTests(DoorCase):
@@ -1078,6 +1101,45 @@ class ReloadTests(DoorCase):
         yield self.expose()
         response, _ = yield self.fetch("GET", "/")
         self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
+    def test_switched_off_closes_websockets_with_a_frame(self) -> None:
+        """
+        A reload that switches the preview group off closes an open
+        WebSocket through the door with 1001 and the reason; the group
+        switched on again lists no exposure (they were ended, and the
+        door says so in its log).
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+
+        def write(on: bool) -> None:
+            with open(path, "w") as f:
+                json.dump({**POLICY, "groups": {"preview": on}}, f)
+
+        write(True)
+        yield self.start_on_a_fixed_port(policy=None, policy_file=path)
+        yield self.expose()
+        ws = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(ws.close)
+        site = self.door.site
+        write(False)
+        self.assertTrue(self.daemon.daemon.reload())
+        code, reason = yield deferToThread(close_frame_of, ws)
+        self.assertEqual((code, reason), (1001, "the preview door closed"))
+        for _ in range(100):  # the door lets go of the connection too
+            if not site.connections:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(list(site.connections), [])
+        write(True)
+        self.assertTrue(self.daemon.daemon.reload())
+        for _ in range(100):
+            if self.door.port is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        listed = yield self.request("GET", "/preview/ports")
+        self.assertEqual(listed.status, 200, listed.body)
+        self.assertEqual([p for p in listed.json()["ports"] if p["exposed"]], [])
 
 
 class ExposureApiTests(DoorCase):
