@@ -42,6 +42,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from sandboxd.access import gate
+from sandboxd.access import held as held_connections
 from sandboxd.access.audit import should_record
 from sandboxd.access.links import is_link, preview_audience
 from sandboxd.errors import (
@@ -277,7 +278,10 @@ class Exchange:
     # only what it changes (twenty attributes stored per request were a
     # visible share of it).
     refusal: ApiError | None = None
-    redirect: tuple[bytes, bytes] | None = None
+    #: An answer of the door's own with no body, once decided: its status
+    #: and headers (the link's cookie redirect, the path mode's missing
+    #: slash, the favicon of the door's own host).
+    redirect: tuple[int, list[tuple[bytes, bytes]]] | None = None
     passed: gate.Passed | None = None
     identity: Identity | None = None
     target: Target | None = None
@@ -311,6 +315,9 @@ class Exchange:
     #: the requests on its connection that repeat them byte for byte
     #: (:class:`~sandboxd.preview.channel.HeadMemo`), or None.
     derived: dict[Any, Any] | None = None
+    #: Its entry among the connections a reload asks again, while the
+    #: app's answer is awaited or streams (:meth:`track` to :meth:`_release`).
+    held: held_connections.Held | None = None
 
     def __init__(
         self,
@@ -377,7 +384,7 @@ class Exchange:
         else:
             if self.redirect is not None:
                 self.processed = True
-                self._respond_redirect(*self.redirect)
+                self._respond_own(*self.redirect)
                 return
             self._send(self.addresses[0])
             self.processed = True
@@ -404,8 +411,24 @@ class Exchange:
             raise bad_request("the request target must be a path")
         target = self.service.routes.match(self.host, self.raw_target)
         if target is None:
+            if self._favicon():
+                # Path mode: every page makes the browser ask the door's
+                # own root for its icon; no app is there to answer, and a
+                # 421 is an error in the page's console on every load.
+                self.redirect = (204, [(b"cache-control", b"max-age=86400")])
+                return
             raise misdirected(gate.host_name(self.host))
         self.target = target
+        if target.prefix and self._slash_missing(target):
+            # ``/p/3000`` is the preview's root without its slash: the
+            # door's cookie (``Path=/p/3000/``) is not sent there, so the
+            # browser is sent to ``/p/3000/`` rather than told it has no
+            # credential.  (Nothing about the port is decided yet: the
+            # redirect says nothing an unexposed port would not.)
+            _, _, query = self.raw_target.partition(b"?")
+            location = target.prefix.encode() + b"/" + (b"?" + query if query else b"")
+            self.redirect = (301, [(b"location", location)])
+            return
         rule = self.context.policy.rules["preview_proxy"]
         self.service.check_port(target.port, rule)
         exposure = self.service.exposures.get(target.port)
@@ -427,6 +450,27 @@ class Exchange:
         self.track()
         if self.upgrade:
             self._check_room(rule)
+
+    def _favicon(self) -> bool:
+        """Whether this is a browser's ``GET /favicon.ico`` at the door's own host (path mode)."""
+        return (
+            self.method in (b"GET", b"HEAD")
+            and self.raw_target.partition(b"?")[0] == b"/favicon.ico"
+            and self.service.routes.path_hosts(gate.host_name(self.host))
+        )
+
+    def _slash_missing(self, target: Target) -> bool:
+        """
+        Whether a path mode GET names the preview's root without its
+        slash (``/p/3000`` or ``/p/3000?q``); a link in the query is left
+        to the link's own redirect, and an upgrade cannot follow one.
+        """
+        rest = self.raw_target[len(target.prefix) :]
+        if rest and not rest.startswith(b"?"):
+            return False
+        if self.method not in (b"GET", b"HEAD") or self.header(b"upgrade"):
+            return False
+        return h.query_value(rest[1:], h.LINK_PARAM) is None
 
     def _check_room(self, rule: EffectiveRule) -> None:
         """
@@ -543,7 +587,7 @@ class Exchange:
 
     def _cookie_redirect(
         self, link: bytes, target: Target, query: bytes
-    ) -> tuple[bytes, bytes]:
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
         """The 303 that trades ``?sbx_link=`` for the door's cookie."""
         text = link.decode("latin-1")
         claims_exp = self.context.links.links.get(self.identity_id_suffix())
@@ -559,7 +603,11 @@ class Exchange:
             (target.prefix + "/") if target.prefix else "/",
             self.service.secure,
         )
-        return location, cookie
+        return 303, [
+            (b"location", location),
+            (b"set-cookie", cookie),
+            (b"referrer-policy", b"no-referrer"),
+        ]
 
     def identity_id_suffix(self) -> str:
         """The link id of the caller, when it is a link."""
@@ -622,7 +670,7 @@ class Exchange:
             self._respond_error(self.refusal)
             return
         if self.redirect is not None:
-            self._respond_redirect(*self.redirect)
+            self._respond_own(*self.redirect)
             return
         if self.upgrade:
             from sandboxd.preview.splice import Upgrade
@@ -837,8 +885,8 @@ class Exchange:
         self.pending = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        if self.gone or self.answered_early:
-            return
+        if self.gone or self.answered_early or self.finished:
+            return  # (answered already: a reload's refusal)
         assert self.target is not None
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
         if self.timed_out or failure.check(CancelledError):
@@ -1048,15 +1096,16 @@ class Exchange:
         self.finished = True
         request.finish()
 
-    def _respond_redirect(self, location: bytes, cookie: bytes) -> None:
+    def _respond_own(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """An answer of the door's own with no body (see :attr:`redirect`)."""
         request = self.request
-        self.status = 303
-        request.setResponseCode(303)
-        request.setHeader(b"location", location)
-        request.setHeader(b"set-cookie", cookie)
+        self.status = status
+        request.setResponseCode(status)
         request.setHeader(b"cache-control", b"no-store")
-        request.setHeader(b"referrer-policy", b"no-referrer")
-        request.setHeader(b"content-length", b"0")
+        if status != 204:  # (a 204 never has a length, RFC 9110 §8.6)
+            request.setHeader(b"content-length", b"0")
+        for name, value in headers:
+            request.setHeader(name, value)
         self.finished = True
         self._release()
         request.finish()
@@ -1064,13 +1113,62 @@ class Exchange:
     # -- the end --------------------------------------------------------------
 
     def track(self) -> None:
-        """Count the exchange as in flight to its port (closed on unexpose)."""
-        if self.exposure is not None:
-            self.exposure.requests += 1
-            self.exposure.open.add(self)
+        """
+        Count the exchange as in flight to its port (closed on unexpose),
+        and hold it among the connections a policy reload asks again: an
+        answer may last as long as the app keeps writing (an event stream,
+        a long poll, a download), and a caller the policy no longer lets
+        in must stop receiving it, as its WebSockets do.  (An upgrade is
+        held by its splice once it is one.)
+        """
+        exposure = self.exposure
+        if exposure is not None:
+            exposure.requests += 1
+            exposure.open.add(self)
+        if self.identity is not None and not self.upgrade:
+            self.held = held_connections.hold(
+                self.context,
+                self.identity,
+                self.context.table.get("preview_proxy"),
+                self._revoked,
+                public=exposure is not None and exposure.public,
+            )
 
-    def close(self) -> None:
-        """End it now: the port was unexposed, or the app's answer broke."""
+    def _revoked(self, error: ApiError) -> None:
+        """
+        A reload no longer lets the caller in: an answer the app has not
+        begun is the refusal instead; one already under way (an event
+        stream, a download) is cut short, so the browser sees it broken,
+        never complete, and meets the refusal when it asks again.
+        """
+        self.held = None
+        if self.gone or self.finished or self.answered_early:
+            return
+        log.info(
+            "preview: {method} {path} of {identity} ended by the policy reload",
+            method=self.method.decode("latin-1"),
+            path=self.raw_target.partition(b"?")[0].decode("latin-1"),
+            identity=self.identity.id if self.identity is not None else "",
+        )
+        if self.status == 0 and self.processed:
+            self.refusal = error
+            self._respond_error(error)
+            self._drop_upstream()
+            if self.body_producer is not None:
+                self.body_producer.stopProducing()
+            return
+        self.close()
+
+    def close(self, why: str | None = None) -> None:
+        """
+        End it now: the port was unexposed (``why``), or the app's answer
+        broke.  The connection is aborted: an answer cut short must look
+        broken to the browser, never complete.  An upgrade spliced is
+        its :class:`~sandboxd.preview.splice.Upgrade`'s to close (with a
+        close frame, which an abort here would lose).
+        """
+        if self.upgrade and self.status == 101:
+            return
         self._drop_upstream()
         transport: Any = (
             self.request.channel.transport if self.request.channel else None
@@ -1105,6 +1203,9 @@ class Exchange:
         return None
 
     def _release(self) -> None:
+        if self.held is not None:
+            held_connections.release(self.context, self.held)
+            self.held = None
         if self.exposure is not None:
             self.exposure.open.discard(self)
         if self.passed is not None:

@@ -32,8 +32,8 @@ from sandboxd.policy.defaults import PREVIEW_PORTS
 class Closable(Protocol):
     """Something in flight to an exposed port (a request, a WebSocket)."""
 
-    def close(self) -> None:
-        """End it now (the port was unexposed)."""
+    def close(self, why: str | None = None) -> None:
+        """End it now (the port was unexposed, ``why`` in words)."""
 
 
 def parse_ranges(specs: Iterable[str]) -> tuple[tuple[int, int], ...]:
@@ -128,10 +128,10 @@ class Exposure:
             "open_websockets": self.websockets,
         }
 
-    def close_all(self) -> None:
-        """End everything in flight to the port."""
+    def close_all(self, why: str) -> None:
+        """End everything in flight to the port, told ``why`` (a WebSocket's close reason)."""
         for item in list(self.open):
-            item.close()
+            item.close(why)
         self.open.clear()
 
 
@@ -212,7 +212,7 @@ class ExposureTable:
                 continue
             if ends <= now:
                 del self.by_port[port]
-                exposure.close_all()
+                exposure.close_all(f"the preview of port {port} expired")
             elif due is None or ends < due:
                 due = ends
         self._due = due
@@ -235,12 +235,17 @@ class ExposureTable:
         """
         exposure = self.get(port)
         del self.by_port[port]
-        exposure.close_all()
+        exposure.close_all(f"port {port} is no longer exposed")
         return exposure
 
-    def close(self) -> None:
-        """End every exposure (the daemon stops)."""
+    def close(self) -> list[int]:
+        """
+        End every exposure (the door stops: the daemon stops, or a reload
+        switched the preview group off); the ports that were exposed.
+        """
+        ports = sorted(self.by_port)
         for exposure in self.by_port.values():
-            exposure.close_all()
+            exposure.close_all("the preview door closed")
         self.by_port.clear()
         self._due = None
+        return ports

@@ -177,8 +177,20 @@ class PreviewService(PolicyListener):
         self.door_port = getattr(port.getHost(), "port", None)
 
     def _close(self) -> Deferred[Any]:
-        """Stop listening; end every exposure and its connections."""
-        self.exposures.close()
+        """
+        Stop listening; end every exposure and its connections.  The
+        exposures are not kept for a door that listens again: switching
+        the group off is how an operator stops every preview at once (a
+        public one included), and an exposure coming back by itself when
+        the group is switched on again would undo that.
+        """
+        ended = self.exposures.close()
+        if ended and self.running:
+            log.info(
+                "preview: the door closed: the exposures of ports {ports} ended "
+                "(expose them again once it listens)",
+                ports=", ".join(map(str, ended)),
+            )
         if self.port is None:
             return succeed(None)
         port, self.port = self.port, None

@@ -41,6 +41,11 @@ from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h
 from sandboxd.web.sending import write_now
 
+#: WebSocket close code of an endpoint going away (RFC 6455 §7.4.1): the
+#: preview ended (unexposed, expired, the door closed), which is no
+#: refusal of the caller (that is 1008, a reload's).
+GOING_AWAY = 1001
+
 #: The exchange being upgraded (:class:`sandboxd.preview.door.Exchange`;
 #: named loosely, as the door imports this module).
 Exchange = Any
@@ -396,11 +401,22 @@ class Upgrade:
             self.app.transport.loseConnection()
         self._over()
 
-    def close(self) -> None:
-        """End it now (the port was unexposed, or the daemon stops)."""
+    def close(self, why: str | None = None) -> None:
+        """
+        End it now (the port was unexposed, its exposure expired, or the
+        door stops): a spliced WebSocket gets a close frame first, 1001
+        and ``why``, so that the page (a dev server's reloading client)
+        learns the preview ended rather than seeing a dropped connection
+        it would retry for ever.  As with :meth:`_revoked`, the frame may
+        land inside one of the app's, and the browser then fails the
+        socket, which ends it all the same.
+        """
         self._drop_app(abort=True)
         if self.browser is not None and self.browser.transport is not None:
-            self.browser.transport.abortConnection()  # type: ignore[attr-defined]
+            browser = self.browser.transport
+            frame = held_connections.close_frame(GOING_AWAY, why or "the preview ended")
+            write_now(browser, frame)  # out before a close of the door aborts it
+            browser.loseConnection()
         elif not self.closed:
             transport: Any = self.exchange.request.channel
             if transport is not None and transport.transport is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.threads import deferToThread
+from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from tests.chromium import SKIP_REASON, chromium_page
 from tests.preview.test_door import DoorCase, free_port
@@ -112,3 +113,64 @@ class PathModeBrowserTests(DoorCase):
         self.assertEqual([c["path"] for c in ours], [f"/p/{self.app_port}-web/"])
         self.assertEqual(seen["headers_status"], 200, seen["headers"])
         self.assertIn('"uri": "/headers"', seen["headers"])
+
+    @inlineCallbacks
+    def test_root_without_slash_and_no_console_errors(self) -> None:
+        """
+        After a link opened a preview in path mode, ``/p/PORT`` and
+        ``/p/PORT?x=1`` (no trailing slash: typed, bookmarked, or the
+        app's own link) land on the preview at ``/p/PORT/`` with the query
+        kept, not on a 401; the browser's own request for the door's
+        ``/favicon.ico`` is answered 204, no error in the page's console.
+        """
+        port = free_port()
+        yield self.start_on_a_fixed_port(port)
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        root = f"http://localhost:{port}/p/{self.app_port}"
+        link = minted.json()["token"]
+
+        def browse() -> dict[str, Any]:
+            seen: dict[str, Any] = {"console": []}
+            with chromium_page() as page:
+                # (The test app's page also opens ``/sse`` and ``/ws`` from
+                # the door's root, an app not written for path mode: those
+                # errors are the app's.)
+                page.on(
+                    "console",
+                    lambda m: (
+                        seen["console"].append(f"{m.text} {m.location}")
+                        if m.type == "error"
+                        else None
+                    ),
+                )
+                page.goto(f"{root}/?sbx_link={link}")
+                for url in (root, f"{root}?x=1"):
+                    answer = page.goto(url)
+                    seen[url] = (
+                        answer.status if answer else None,
+                        page.url,
+                        page.evaluate(
+                            "document.getElementById('title')?.textContent ?? null"
+                        ),
+                    )
+                for _ in range(40):  # the icon is asked for after the load
+                    if blockingCallFromThread(reactor, self.icons):
+                        break
+                    page.wait_for_timeout(50)
+            return seen
+
+        seen = yield deferToThread(browse)
+        self.assertEqual(seen[root], (200, f"{root}/", "preview app"))
+        self.assertEqual(seen[f"{root}?x=1"], (200, f"{root}/?x=1", "preview app"))
+        self.assertNotEqual(self.icons(), [])
+        self.assertEqual(set(self.icons()), {204})
+        self.assertEqual([m for m in seen["console"] if "favicon" in m], [])
+
+    def icons(self) -> list[int]:
+        """The statuses the door answered ``/favicon.ico`` with (its audit lines)."""
+        return [
+            r["status"]
+            for r in self.audit_lines()
+            if r.get("via") == "preview" and r.get("path") == "/favicon.ico"
+        ]

@@ -19,7 +19,13 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, readBody
+from twisted.web.client import (
+    Agent,
+    FileBodyProducer,
+    HTTPConnectionPool,
+    ResponseDone,
+    readBody,
+)
 from twisted.web.http_headers import Headers
 
 from sandboxd.testing import BodyProducer
@@ -410,6 +416,36 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(response.code, 200)
 
     @inlineCallbacks
+    def test_path_mode_root_without_slash(self) -> None:
+        """
+        ``GET /p/PORT`` (and with a query) is 301 to ``/p/PORT/`` with the
+        query kept, before any credential is asked for; a POST there is
+        not redirected; ``/favicon.ico`` on the door's own host is 204, on
+        a host the door does not serve still 421.
+        """
+        yield self.expose()
+        door = f"127.0.0.1:{self.door_port}"
+        for target, location in (
+            (f"/p/{self.app_port}", f"/p/{self.app_port}/"),
+            (f"/p/{self.app_port}?a=1&b=%2F", f"/p/{self.app_port}/?a=1&b=%2F"),
+        ):
+            response, body = yield self.fetch("GET", target, token=None, host=door)
+            self.assertEqual(response.code, 301, body)
+            self.assertEqual(
+                response.headers.getRawHeaders(b"location"), [location.encode()]
+            )
+        response, _ = yield self.fetch(
+            "POST", f"/p/{self.app_port}", token=None, host=door
+        )
+        self.assertEqual(response.code, 401)
+        response, body = yield self.fetch("GET", "/favicon.ico", token=None, host=door)
+        self.assertEqual((response.code, body), (204, b""))
+        response, _ = yield self.fetch(
+            "GET", "/favicon.ico", token=None, host="elsewhere.example"
+        )
+        self.assertEqual(response.code, 421)
+
+    @inlineCallbacks
     def test_labelled_in_path_mode(self) -> None:
         """
         A labelled exposure opens at ``/p/PORT-LABEL/`` on the door's own
@@ -759,17 +795,40 @@ class WebSocketTests(DoorCase):
         gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
         self.assertEqual(gone.status, 200)
         yield collect.done
+        code, _ = yield deferToThread(close_frame_of, ws)
+        self.assertEqual(code, 1001)
 
-        def closed() -> bool:
-            import websocket
+    @inlineCallbacks
+    def test_unexpose_sends_a_close_frame(self) -> None:
+        """
+        An open WebSocket to a port being unexposed gets a close frame,
+        1001 (going away) and the reason, not a dropped connection (which
+        a browser reports as 1006 and a dev server's client retries).
+        """
+        yield self.expose()
+        ws = yield deferToThread(self.connect)
+        self.addCleanup(ws.close)
+        gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
+        self.assertEqual(gone.status, 200)
+        code, reason = yield deferToThread(close_frame_of, ws)
+        self.assertEqual(code, 1001)
+        self.assertEqual(reason, f"port {self.app_port} is no longer exposed")
 
-            try:
-                ws.recv()
-            except (websocket.WebSocketConnectionClosedException, OSError):
-                return True
-            return ws.recv() == ""
 
-        self.assertTrue((yield deferToThread(closed)))
+def close_frame_of(ws: Any) -> tuple[int | None, str]:
+    """The code and reason of the close frame ``ws`` gets next (None: closed without one)."""
+    import websocket
+
+    while True:
+        try:
+            frame = ws.recv_data_frame(True)[1]
+        except (websocket.WebSocketConnectionClosedException, OSError):
+            return None, ""
+        if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+            return (
+                int.from_bytes(frame.data[:2], "big"),
+                frame.data[2:].decode("utf-8"),
+            )
 
 
 class WebSocketReloadTests(DoorCase):
@@ -812,6 +871,52 @@ class WebSocketReloadTests(DoorCase):
         code, reason = yield deferToThread(close_frame)
         self.assertEqual(code, 1008)
         self.assertIn("no longer holds scope 'preview:use'", reason)
+
+
+class StreamReloadTests(DoorCase):
+    """A policy reload ends the plain answers it no longer lets through, not only WebSockets."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {"audit": "all", "limits": {"timeout_seconds": 30}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_identity_removed_ends_streams_and_long_polls(self) -> None:
+        """
+        A reload that takes the caller's identity out of the policy cuts
+        its event stream through the door (no more events, and the body
+        is broken, not complete) and answers its long poll still waiting
+        on the app with the refusal (401) at once; asking again is 401.
+        """
+        yield self.expose()
+        response = yield self.send(
+            "GET", "/sse", headers={"accept": "text/event-stream"}
+        )
+        self.assertEqual(response.code, 200)
+        events = Collect()
+        response.deliverBody(events)
+        polling = self.send("GET", "/slow")
+        while len(events.times) < 2:
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.daemon.daemon.settings.policy = {
+            **self.policy,
+            "auth": {"tokens": [POLICY["auth"]["tokens"][1]]},
+        }
+        self.assertTrue(self.daemon.daemon.reload())
+        reloaded = time.monotonic()
+        yield events.done
+        self.assertLess(time.monotonic() - reloaded, 5)
+        self.assertFalse(events.reason.check(ResponseDone), events.reason)
+        poll = yield polling
+        body = yield readBody(poll)
+        self.assertEqual(poll.code, 401, body)
+        self.assertLess(time.monotonic() - reloaded, 5)
+        self.assertEqual(json.loads(body)["code"], "unauthorized")
+        again, _ = yield self.fetch("GET", "/")
+        self.assertEqual(again.code, 401)
 
 
 class WebSocketLimitTests(DoorCase):
@@ -996,6 +1101,45 @@ class ReloadTests(DoorCase):
         yield self.expose()
         response, _ = yield self.fetch("GET", "/")
         self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
+    def test_switched_off_closes_websockets_with_a_frame(self) -> None:
+        """
+        A reload that switches the preview group off closes an open
+        WebSocket through the door with 1001 and the reason; the group
+        switched on again lists no exposure (they were ended, and the
+        door says so in its log).
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+
+        def write(on: bool) -> None:
+            with open(path, "w") as f:
+                json.dump({**POLICY, "groups": {"preview": on}}, f)
+
+        write(True)
+        yield self.start_on_a_fixed_port(policy=None, policy_file=path)
+        yield self.expose()
+        ws = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(ws.close)
+        site = self.door.site
+        write(False)
+        self.assertTrue(self.daemon.daemon.reload())
+        code, reason = yield deferToThread(close_frame_of, ws)
+        self.assertEqual((code, reason), (1001, "the preview door closed"))
+        for _ in range(100):  # the door lets go of the connection too
+            if not site.connections:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(list(site.connections), [])
+        write(True)
+        self.assertTrue(self.daemon.daemon.reload())
+        for _ in range(100):
+            if self.door.port is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        listed = yield self.request("GET", "/preview/ports")
+        self.assertEqual(listed.status, 200, listed.body)
+        self.assertEqual([p for p in listed.json()["ports"] if p["exposed"]], [])
 
 
 class ExposureApiTests(DoorCase):

@@ -29,9 +29,11 @@ class Closed:
 
     def __init__(self) -> None:
         self.closed = False
+        self.why: str | None = None
 
-    def close(self) -> None:
+    def close(self, why: str | None = None) -> None:
         self.closed = True
+        self.why = why
 
 
 class WatchedPorts(dict[int, Exposure]):
@@ -63,7 +65,7 @@ class ExpiryTests(SynchronousTestCase):
         self.assertEqual((error.status, error.code), (404, "port_not_exposed"))
 
     def test_expired_exposure_does_not_answer(self) -> None:
-        """Before its ttl it answers; at its ttl it is 404 and its requests end."""
+        """Before its ttl it answers; at its ttl it is 404 and its requests end, told why."""
         exposure = expose(self.table, 3000, 60)
         in_flight = Closed()
         exposure.open.add(in_flight)
@@ -72,6 +74,7 @@ class ExpiryTests(SynchronousTestCase):
         self.clock.now += 0.1
         self.assert_not_exposed(3000)
         self.assertTrue(in_flight.closed)
+        self.assertEqual(in_flight.why, "the preview of port 3000 expired")
 
     def test_looking_up_another_port_ends_it(self) -> None:
         """A look-up of any port ends every exposure past its ttl."""

@@ -291,6 +291,90 @@ class TerminalTests(ConsoleCase):
         self.assertEqual(seen["status"], "closed: the link no longer works")
 
 
+class TerminalInputTests(ConsoleCase):
+    """What is typed or pasted in a terminal arrives, or the console says it did not."""
+
+    @inlineCallbacks
+    def test_big_paste_and_typing_while_reconnecting(self) -> Any:
+        """
+        A 1.5 MB paste (over the daemon's 1 MiB bound on one message)
+        reaches the shell whole, byte for byte on disk, the socket never
+        dropped; keys typed while a cut socket reconnects are sent once it
+        is back, not lost.
+        """
+        url = yield self.link()
+        terminals = self.daemon.context.terminals
+        pasted = os.path.join(self.base_dir, "pasted.txt")
+        line = "0123456789abcdef" * 4 + "\n"
+        text = line * 23000
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.context.grant_permissions(
+                ["clipboard-read", "clipboard-write"], origin=self.daemon.url
+            )
+            seen["sockets"] = 0
+            page.on(
+                "websocket",
+                lambda ws: seen.update(sockets=seen["sockets"] + 1),
+            )
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.type(f"stty -echo; cat > {pasted}; stty echo\n")
+            deadline = time.monotonic() + 10
+            while not os.path.exists(pasted):
+                if time.monotonic() > deadline:
+                    raise AssertionError("cat never started")
+                page.wait_for_timeout(25)
+            page.evaluate("(t) => navigator.clipboard.writeText(t)", text)
+            page.keyboard.press("Control+Shift+V")
+            deadline = time.monotonic() + 60
+            while os.path.getsize(pasted) < len(text):
+                if time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(100)
+            page.keyboard.press("Control+D")
+            seen["sockets_after_paste"] = seen["sockets"]
+            seen["status_after_paste"] = page.get_attribute(
+                "[data-testid=terminal]", "data-status"
+            )
+            # Cut the socket from the daemon's side, then type while the
+            # console reconnects.
+            self.on_reactor(
+                lambda: [
+                    c.transport.abortConnection()
+                    for c in list(terminals.factory.clients)
+                ]
+            )
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=reconnecting]", timeout=5000
+            )
+            page.keyboard.type("echo typed-while-away-$((3*4))\n")
+            seen["typed_while"] = page.get_attribute(
+                "[data-testid=terminal]", "data-status"
+            )
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=connected]", timeout=10000
+            )
+            wait_screen(page, "typed-while-away-12")
+            seen["banner_hidden"] = page.evaluate(
+                "document.querySelector('[data-testid=banner]').hidden"
+            )
+
+        seen = yield self.browse(steps)
+        with open(pasted) as f:
+            arrived = f.read()
+        self.assertEqual(len(arrived), len(text))
+        self.assertEqual(arrived, text)
+        self.assertEqual(seen["sockets_after_paste"], 1)
+        self.assertEqual(seen["status_after_paste"], "connected")
+        self.assertEqual(seen["typed_while"], "reconnecting")
+        self.assertTrue(seen["banner_hidden"])
+        self.assertNoCspViolation(seen)
+
+
 class RestartTests(ConsoleCase):
     """The daemon restarts under an open console (no ``auth.link_key_file``)."""
 
@@ -733,6 +817,138 @@ class FileSearchTests(ConsoleCase):
         self.assertNoCspViolation(
             {**seen, "console": [m for m in seen["console"] if "400" not in m]}
         )
+
+
+def tab_to(page: Any, testid: str, name: str | None = None, limit: int = 80) -> None:
+    """
+    Press Tab until the focused element is ``testid`` (and ``data-name``
+    ``name``): what a person without a mouse does to reach a control.
+    """
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(
+            "(() => { const e = document.activeElement;"
+            " return e ? [e.dataset.testid || '', e.dataset.name || ''] : ['', '']; })()"
+        )
+        if focused[0] == testid and (name is None or focused[1] == name):
+            return
+    raise AssertionError(f"{testid} {name or ''} is never reached with Tab")
+
+
+#: The focused element's test id, name or pid, ARIA state and outline.
+FOCUSED = (
+    "(() => { const e = document.activeElement, s = getComputedStyle(e);"
+    " return {testid: e.dataset.testid, name: e.dataset.name || e.dataset.pid || null,"
+    " selected: e.getAttribute('aria-selected'), role: e.closest('table')"
+    " ? e.closest('table').getAttribute('role') : null,"
+    " outline: s.outlineStyle + ' ' + s.outlineWidth}; })()"
+)
+
+
+class KeyboardTests(ConsoleCase):
+    """The console's rows work without a mouse."""
+
+    @inlineCallbacks
+    def test_files_search_and_processes_by_keyboard(self) -> Any:
+        """
+        With the keyboard only: Tab reaches the file rows (a visible focus
+        ring, a ``treegrid``), Right opens a folder in place, the arrows
+        move between rows, Enter on a file shows it, Space selects a row
+        for move and delete (``aria-selected``), Enter on a folder shows
+        only that folder; a search hit opens at its line with Enter; a
+        process row is followed with Enter.
+        """
+        started = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": "echo keyed-$((5*5))", "shell": "sh"},
+        )
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        url = yield self.link()
+        base = self.base_dir
+        os.makedirs(os.path.join(base, "sub"))
+        with open(os.path.join(base, "sub", "inner.txt"), "w") as f:
+            f.write("inside the folder\n")
+        with open(os.path.join(base, "note.txt"), "w") as f:
+            f.write("first\nsecond has the marker\n")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            tab_to(page, "nav-files")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
+            tab_to(page, "file-entry", "sub")
+            seen["first_row"] = page.evaluate(FOCUSED)
+            page.keyboard.press("ArrowRight")
+            page.wait_for_selector("[data-testid=file-entry][data-name='inner.txt']")
+            page.keyboard.press("ArrowDown")
+            seen["moved_to"] = page.evaluate(FOCUSED)["name"]
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["inner_text"] = page.text_content("[data-testid=file-text]")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press(" ")
+            wait_true(
+                page,
+                "(document.querySelector('[data-testid=file-text]') || {}).textContent"
+                " === 'first\\nsecond has the marker\\n'",
+            )
+            seen["selected"] = page.evaluate(FOCUSED)
+            page.keyboard.press("ArrowUp")
+            page.keyboard.press("ArrowUp")
+            page.keyboard.press("ArrowLeft")
+            wait_true(
+                page,
+                "!document.querySelector(\"[data-testid=file-entry][data-name='inner.txt']\")",
+            )
+            page.keyboard.press("Enter")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=files-path]').textContent.endsWith('/sub')",
+            )
+            seen["focus_in_folder"] = page.evaluate(FOCUSED)["name"]
+            page.screenshot(path=os.path.join(SHOTS, "files-keyboard.png"))
+            tab_to(page, "files-up")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
+            tab_to(page, "files-search")
+            page.keyboard.type("marker")
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-match]")
+            tab_to(page, "file-match")
+            seen["hit_role"] = page.evaluate(FOCUSED)["role"]
+            page.keyboard.press("Enter")
+            page.wait_for_selector("[data-testid=file-text]")
+            page.wait_for_selector("[data-testid=file-line][data-line='2']")
+            seen["hit"] = page.evaluate(FOCUSED)["selected"]
+            tab_to(page, "nav-processes")
+            page.keyboard.press("Enter")
+            page.wait_for_selector(f"[data-testid=process-entry][data-pid='{pid}']")
+            tab_to(page, "process-entry")
+            seen["process_row"] = page.evaluate(FOCUSED)
+            page.keyboard.press("Enter")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=process-output]').textContent.includes('keyed-25')",
+            )
+            seen["title"] = page.text_content("[data-testid=process-output-title]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["first_row"]["role"], "treegrid")
+        self.assertEqual(seen["first_row"]["outline"][:5], "solid")
+        self.assertEqual(seen["moved_to"], "inner.txt")
+        self.assertEqual(seen["inner_text"], "inside the folder\n")
+        self.assertEqual(seen["selected"]["name"], "note.txt")
+        self.assertEqual(seen["selected"]["selected"], "true")
+        self.assertEqual(seen["focus_in_folder"], "inner.txt")
+        self.assertEqual(seen["hit_role"], "grid")
+        self.assertEqual(seen["hit"], "true")
+        self.assertEqual(seen["process_row"]["role"], "grid")
+        self.assertEqual(seen["process_row"]["outline"][:5], "solid")
+        self.assertTrue(seen["title"].startswith(f"{pid}:"))
+        self.assertNoCspViolation(seen)
 
 
 class FileSearchRefusedTests(ConsoleCase):

@@ -6,7 +6,7 @@
 // Contents are only ever text nodes or blob images; HTML and SVG files
 // are offered for download, never rendered.
 
-import { h, clear, size } from "./dom.js";
+import { h, clear, size, keyRow, choose } from "./dom.js";
 
 const IMAGES = { png: "image/png", jpg: "image/jpeg", jpeg: "image/jpeg", gif: "image/gif", webp: "image/webp", bmp: "image/bmp", ico: "image/x-icon", avif: "image/avif" };
 const DOWNLOAD_ONLY = new Set(["html", "htm", "xhtml", "svg", "svgz", "xml", "mht", "mhtml"]);
@@ -121,10 +121,10 @@ export class FilesPage {
     this.upButton.disabled = this.dir === this.home;
     this.crumbs.textContent = listed.path;
     const body = h("tbody", {}, this.rows(listed, 0));
-    clear(this.list).append(h("table", {}, body));
+    clear(this.list).append(h("table", { role: "treegrid", "aria-label": `files in ${listed.path}` }, body));
     for (const row of [...body.children]) await this.reopen(row);
     const kept = this.selected && this.rowOf(this.selected.path);
-    if (kept) kept.classList.add("selected");
+    if (kept) choose(this.list, kept);
     else this.selected = null;
     this.showTarget();
   }
@@ -160,9 +160,19 @@ export class FilesPage {
       "data-path": entry.path,
       "data-depth": String(depth),
       "aria-expanded": folder ? "false" : null,
+      "aria-level": String(depth + 1),
       onclick: () => this.select(entry, row),
       ondblclick: () => folder && this.open(entry.path),
     }, name, h("td", { class: "dim" }, folder ? "" : size(entry.size)));
+    keyRow(row, () => this.select(entry, row), () => folder ? this.openFocused(entry.path) : this.select(entry, row));
+    if (folder) {
+      // A tree's keys: Right opens the folder in place, Left closes it.
+      row.addEventListener("keydown", (e) => {
+        if (e.target !== row) return;
+        const open = row.getAttribute("aria-expanded") === "true";
+        if ((e.key === "ArrowRight" && !open) || (e.key === "ArrowLeft" && open)) { e.preventDefault(); this.toggle(row); }
+      });
+    }
     return row;
   }
 
@@ -228,9 +238,15 @@ export class FilesPage {
     this.where.textContent = this.dir ? `new folders and uploads go into ${this.folder()}` : "";
   }
 
+  /** Show only the folder at ``path``, and put the keyboard's focus on its first row (Enter on a folder). */
+  async openFocused(path) {
+    await this.open(path);
+    const first = this.list.querySelector("tr[tabindex='0']");
+    if (first) first.focus();
+  }
+
   select(entry, row) {
-    for (const r of this.list.querySelectorAll("tr")) r.classList.remove("selected");
-    row.classList.add("selected");
+    choose(this.list, row);
     this.selected = entry;
     this.showTarget();
     if (this.confirmButton) this.confirmButton.hidden = true;
@@ -238,7 +254,7 @@ export class FilesPage {
       // One click selects a folder (to move or delete it); two open it.
       this.dropObjectUrl();
       this.showing = null;
-      clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click to show only this folder)`));
+      clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click or Enter to show only this folder)`));
     } else {
       this.show(entry);
     }
@@ -251,7 +267,7 @@ export class FilesPage {
 
   /** Open a file a search found in the viewer, at ``line``; the tree's selection is dropped, as the file may be out of its sight. */
   openAt(path, line) {
-    for (const r of this.list.querySelectorAll("tr")) r.classList.remove("selected");
+    choose(this.list, null);
     this.selected = null;
     this.showTarget();
     if (this.confirmButton) this.confirmButton.hidden = true;
@@ -685,21 +701,21 @@ class FileSearch {
         testid: "file-match",
         "data-path": m.path,
         "data-line": String(m.line),
-        onclick: () => {
-          for (const r of this.results.querySelectorAll("tr")) r.classList.remove("selected");
-          row.classList.add("selected");
-          this.page.openAt(m.path, m.line);
-        },
+        onclick: () => open(),
       },
       h("td", { class: "where", testid: "file-match-where" }, `${m.path.startsWith(prefix) ? m.path.slice(prefix.length) : m.path}:${m.line}`),
       h("td", { class: "text", testid: "file-match-text" }, marked(m.text, m.columns, length), m.cut ? h("span", { class: "dim" }, " \u2026") : null));
-      return row;
+      const open = () => {
+        choose(this.results, row);
+        this.page.openAt(m.path, m.line);
+      };
+      return keyRow(row, open);
     });
     const notes = [];
     if (found.truncated) notes.push(h("p", { class: "note", testid: "files-search-note", "data-kind": "truncated" }, `Only the first ${found.matches.length} matches are shown: narrow the pattern, or search a folder further down.`));
     if (found.timed_out) notes.push(h("p", { class: "note", testid: "files-search-note", "data-kind": "timed-out" }, "The search ran out of time: these are the matches found until then."));
     if (!rows.length) rows.push(h("tr", { class: "dim" }, h("td", {}, "No match.")));
-    clear(this.results).append(...notes, h("table", {}, h("tbody", {}, rows)));
+    clear(this.results).append(...notes, h("table", { role: "grid", "aria-label": "search results" }, h("tbody", {}, rows)));
     this.results.hidden = false;
   }
 }

@@ -1,6 +1,6 @@
 // Processes: the managed processes, and one's output live (SSE).
 
-import { h, clear } from "./dom.js";
+import { h, clear, keyRow, choose } from "./dom.js";
 
 const KEEP = 256 * 1024; // characters of output kept on screen
 const HELD = 4096; // characters of an unfinished escape sequence held for the next chunk
@@ -58,14 +58,21 @@ export class ProcessesPage {
     let listed;
     try { listed = await this.api.json("GET", "/process/list"); }
     catch (e) { this.banner(`Cannot list processes: ${e.message}`); return; }
-    const rows = (listed.processes || []).map((p) => h("tr", {
-      class: "entry", testid: "process-entry", "data-pid": p.pid, onclick: () => this.follow(p),
-    }, h("td", {}, String(p.pid)), h("td", {}, p.command_text || (Array.isArray(p.command) ? p.command.join(" ") : String(p.command))), h("td", { class: p.state === "running" ? "ok" : "dim" }, p.state), h("td", { class: "dim" }, p.exit_code ?? "")));
-    clear(this.list).append(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "pid"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}, "exit"))), h("tbody", {}, rows)));
+    const rows = (listed.processes || []).map((p) => {
+      const row = h("tr", {
+        class: "entry", testid: "process-entry", "data-pid": p.pid, onclick: () => this.follow(p, row),
+      }, h("td", {}, String(p.pid)), h("td", {}, p.command_text || (Array.isArray(p.command) ? p.command.join(" ") : String(p.command))), h("td", { class: p.state === "running" ? "ok" : "dim" }, p.state), h("td", { class: "dim" }, p.exit_code ?? ""));
+      return keyRow(row, () => this.follow(p, row));
+    });
+    clear(this.list).append(h("table", { role: "grid", "aria-label": "processes" }, h("thead", {}, h("tr", {}, h("th", {}, "pid"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}, "exit"))), h("tbody", {}, rows)));
+    const followed = rows.find((r) => r.dataset.pid === String(this.followed));
+    if (followed) choose(this.list, followed);
     if (!rows.length) this.list.append(h("p", { class: "empty" }, "No managed processes."));
   }
 
-  follow(p) {
+  follow(p, row) {
+    if (row) choose(this.list, row);
+    this.followed = p.pid;
     if (this.source) this.source.close();
     this.title.textContent = `${p.pid}: ${Array.isArray(p.command) ? p.command.join(" ") : p.command}`;
     this.signal.hidden = !(this.caps.allowed("process_signal") && p.state === "running");

@@ -10,8 +10,35 @@ import { h, clear } from "./dom.js";
 const OPEN = "sandboxd.console.terminals";
 /** A terminal's status once the console stops trying to reach it. */
 const LINK_LOST = "closed: the link no longer works";
+/**
+ * Input goes in messages of at most this many UTF-16 units (48 KiB of JSON
+ * at worst, every unit a \u escape): far under the daemon's bound on a
+ * message (``max_message_bytes`` of ``pty_connect``, 1 MiB unless the
+ * policy says less), which closes a socket sent more (1009).
+ */
+const INPUT_CHUNK = 8192;
+/** Input waits while the socket holds this much unsent: a paste goes as fast as the shell reads it. */
+const HIGH_WATER = 256 * 1024;
+/** What is kept while the socket reconnects (UTF-16 units); past it input is refused, and said so. */
+const OUTBOX_LIMIT = 16 * 1024 * 1024;
+/** WebSocket close code of a message over the receiver's bound (RFC 6455 §7.4.1). */
+const TOO_BIG = 1009;
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
+
+/** ``text`` in parts of at most ``size`` UTF-16 units, never splitting a surrogate pair. */
+function pieces(text, size = INPUT_CHUNK) {
+  const out = [];
+  let at = 0;
+  while (at < text.length) {
+    let end = Math.min(text.length, at + size);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && end - at > 1 && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    out.push(text.slice(at, end));
+    at = end;
+  }
+  return out;
+}
 
 class TerminalTab {
   constructor(page, id) {
@@ -21,12 +48,17 @@ class TerminalTab {
     this.offset = null; // bytes of output written to the screen so far
     this.retries = 0;
     this.closed = false;
+    // Input not yet handed to a socket: typed while it reconnects, or a
+    // paste waiting for the shell to read what went before.
+    this.outbox = [];
+    this.outboxSize = 0;
+    this.flushTimer = null;
     this.term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000, convertEol: false });
     this.fit = new FitAddon();
     this.term.loadAddon(this.fit);
     this.el = h("div", { class: "term", testid: "terminal", "data-session": id });
     this.term.open(this.el);
-    this.term.onData((data) => this.send({ type: "input", data }));
+    this.term.onData((data) => this.input(data));
     this.term.onResize(({ cols, rows }) => this.send({ type: "resize", cols, rows }));
     this.button = h("button", { type: "button", testid: "terminal-tab", "data-session": id, onclick: () => page.show(this) }, `shell ${id.slice(0, 6)}`);
     this.closer = h("button", { type: "button", testid: "terminal-close", title: "Close this terminal", onclick: () => page.close(this) }, "×");
@@ -39,12 +71,17 @@ class TerminalTab {
     this.setStatus(this.retries ? "reconnecting" : "connecting");
     const ws = new WebSocket(this.api.terminalSocket(this.id, this.offset));
     this.ws = ws;
-    ws.onopen = () => { this.retries = 0; this.setStatus("connected"); this.resize(); };
+    ws.onopen = () => { this.retries = 0; this.setStatus("connected"); this.resize(); this.flush(); };
     ws.onmessage = (e) => this.receive(e.data);
     ws.onclose = (e) => {
       if (this.ws !== ws) return;
       this.ws = null;
       if (this.closed) return;
+      if (e.code === TOO_BIG) {
+        this.page.banner(`The terminal refused input larger than it accepts in one message (${e.reason || "message too big"}); some of it was not written.`);
+      } else if (ws.bufferedAmount > 0) {
+        this.page.banner(`The connection to the terminal dropped with ${ws.bufferedAmount} bytes of input unsent; check what arrived.`);
+      }
       if (e.code === 1000 || e.code === 1008) {
         this.setStatus(e.code === 1000 ? "ended" : `closed: ${e.reason}`);
         if (e.code === 1008) this.page.forget(this);
@@ -90,6 +127,35 @@ class TerminalTab {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
   }
 
+  /**
+   * Keys and pastes: queued in order, sent in parts under the daemon's
+   * message bound as the socket drains, and kept while it reconnects;
+   * what cannot be kept is refused out loud, never dropped silently.
+   */
+  input(data) {
+    if (this.outboxSize + data.length > OUTBOX_LIMIT) {
+      this.page.banner(`${data.length} characters of input were not sent: ${this.outboxSize} are still waiting for the terminal.`);
+      return;
+    }
+    for (const part of pieces(data)) this.outbox.push(part);
+    this.outboxSize += data.length;
+    this.flush();
+  }
+
+  flush() {
+    clearTimeout(this.flushTimer);
+    this.flushTimer = null;
+    const ws = this.ws;
+    if (!ws || ws.readyState !== WebSocket.OPEN) return; // sent once connected
+    while (this.outbox.length && ws.bufferedAmount < HIGH_WATER) {
+      const data = this.outbox.shift();
+      this.outboxSize -= data.length;
+      ws.send(JSON.stringify({ type: "input", data }));
+    }
+    // A browser says nothing when its socket drains: look again shortly.
+    if (this.outbox.length) this.flushTimer = setTimeout(() => this.flush(), 20);
+  }
+
   resize() {
     if (this.el.offsetParent === null) return; // hidden: xterm cannot measure
     try { this.fit.fit(); } catch (_) { /* not laid out yet */ }
@@ -105,7 +171,11 @@ class TerminalTab {
   giveUp() {
     if (this.closed || (this.ws && this.ws.readyState === WebSocket.OPEN)) return;
     clearTimeout(this.timer);
+    clearTimeout(this.flushTimer);
     if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); }
+    if (this.outboxSize) this.page.banner(`${this.outboxSize} characters typed in the terminal were not sent: the link no longer works.`);
+    this.outbox = [];
+    this.outboxSize = 0;
     this.setStatus(LINK_LOST);
   }
 
@@ -118,6 +188,7 @@ class TerminalTab {
   dispose() {
     this.closed = true;
     clearTimeout(this.timer);
+    clearTimeout(this.flushTimer);
     if (this.ws) this.ws.close(1000);
     this.term.dispose();
     this.el.remove();
