@@ -408,6 +408,102 @@ def truncate_diff(diff: bytes, limit: int, cut: bool = False) -> tuple[str, bool
     return text + f"... (truncated at {size_label(limit)})", True
 
 
+#: ``git rev-parse`` arguments printing, a line each, where git reads and
+#: writes a repository: its git dir; its common dir, where a linked work
+#: tree's refs, objects and config live (``commondir`` in the git dir may
+#: name any directory); the object, ref and reflog directories (any may be
+#: a link); then the top of the work tree, which a bare repository has not.
+WHERE_ARGS: tuple[str, ...] = (
+    "rev-parse",
+    "--absolute-git-dir",
+    "--git-common-dir",
+    *("--git-path", "objects"),
+    *("--git-path", "refs"),
+    *("--git-path", "logs"),
+    "--show-toplevel",
+)
+
+#: The lines :data:`WHERE_ARGS` prints before the work tree's top.
+_WHERE_LINES = 5
+
+
+@attrs.frozen
+class RepositoryPlaces:
+    """Where git reads and writes a repository, as :data:`WHERE_ARGS` tells."""
+
+    git_dir: str
+    #: The common dir, resolved: what writing calls take turns on, since
+    #: linked work trees share its refs.
+    common_dir: str
+    #: The object directory, resolved: its ``info/alternates`` may name
+    #: other object directories git reads too.
+    objects: str
+    top: str | None
+    #: The directories whose policy decides whether a call may use the
+    #: repository (:func:`holder_of` each resolved place, and the top).
+    holders: frozenset[str]
+
+    @property
+    def alternates_file(self) -> str:
+        """The file naming the other object directories git reads objects from."""
+        return os.path.join(self.objects, "info", "alternates")
+
+
+def parse_places(output: bytes, cwd: str) -> RepositoryPlaces | None:
+    """
+    The places of ``git rev-parse`` :data:`WHERE_ARGS` run in ``cwd``
+    (relative ones are taken from there), each resolved through links;
+    None when git printed another number of lines than it was asked
+    (a path holding a line break), since a path cut in two would be
+    checked in place of the real one.
+    """
+    lines = [x for x in output.decode("utf-8", "surrogateescape").split("\n") if x]
+    if len(lines) not in (_WHERE_LINES, _WHERE_LINES + 1):
+        return None
+    real = [os.path.realpath(os.path.join(cwd, x)) for x in lines[:_WHERE_LINES]]
+    top = lines[_WHERE_LINES] if len(lines) > _WHERE_LINES else None
+    holders = {holder_of(x) for x in real}
+    if top is not None:
+        holders.add(top)
+    return RepositoryPlaces(
+        git_dir=lines[0],
+        common_dir=real[1],
+        objects=real[2],
+        top=top,
+        holders=frozenset(holders),
+    )
+
+
+def parse_alternates(output: bytes) -> list[str]:
+    """
+    The object directories ``git count-objects -v`` names as alternates:
+    every one git would read, those named by an alternate's own
+    ``info/alternates`` too, resolved by git from relative forms.
+    """
+    prefix = b"alternate: "
+    return [
+        line[len(prefix) :].decode("utf-8", "surrogateescape")
+        for line in output.split(b"\n")
+        if line.startswith(prefix)
+    ]
+
+
+def holder_of(git_dir: str) -> str:
+    """
+    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for
+    what lies in it (a linked work tree's ``/r/.git/worktrees/w``, the
+    object directory ``/r/.git/objects``); the bare repository itself.
+
+    The guard decides on that path, not on ``.git`` inside it: a policy that
+    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
+    hand", and git's own writes there are what this group is for.
+    """
+    head, sep, _ = git_dir.partition("/.git/")
+    if sep:
+        return head
+    return git_dir.removesuffix("/.git") or "/"
+
+
 def has_parent_segment(path: str) -> bool:
     """Whether ``path`` has a ``..`` segment (refused outright by SPEC §7.7)."""
     return ".." in re.split(r"[/\\]", path)

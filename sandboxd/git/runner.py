@@ -34,13 +34,17 @@ from sandboxd.errors import (
 )
 from sandboxd.git import (
     IDENTITY_PATTERN,
+    WHERE_ARGS,
     ceiling_for,
     config_names,
     filter_overrides,
     git_argv,
     git_environment,
+    holder_of,
     identity_environment,
     identity_values,
+    parse_alternates,
+    parse_places,
     unsaid_identity,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
@@ -168,29 +172,37 @@ class GitCall:
     async def open_repository(self, op: str = "write") -> None:
         """
         Find the repository at ``cwd`` (404 when there is none), check that
-        its work tree and git dir lie where the caller may write, and learn
-        which of its settings to cancel.
+        every place git reads or writes it lies where the caller may
+        (``op``), and learn which of its settings to cancel.
+
+        The places are its work tree, its git dir, the common dir a linked
+        work tree's ``commondir`` names (refs, objects and config live
+        there), the object, ref and reflog directories (each may be a
+        link), and the object directories ``objects/info/alternates`` names
+        (read only): each is a door out of the base dir as a ``.git`` file
+        naming another directory is.
         """
-        result = await self.run(
-            ["rev-parse", "--show-toplevel", "--absolute-git-dir"],
-            check=False,
-        )
+        result = await self.run(list(WHERE_ARGS), check=False)
         if result.exit_code != 0:
             text = redact(result.stderr.decode("utf-8", "replace"), ())
             if "not a git repository" in text:
                 raise not_found(f"not a git repository: {self.cwd}")
             raise classify_failure(text, result.exit_code)
-        # Split at LF only: a directory's name may hold U+2028 or NEL.
-        lines = [x for x in result.stdout.decode("utf-8", "replace").split("\n") if x]
-        if len(lines) == 2:
-            self.top, self.git_dir = lines
-        elif lines:  # a bare repository has no top level
-            self.git_dir = lines[-1]
+        places = parse_places(result.stdout, self.cwd)
+        if places is None:
+            raise bad_request(
+                f"a path of the repository at {self.cwd} holds a line break"
+            )
+        self.top, self.git_dir = places.top, places.git_dir
         guard = PathGuard(self.rule)
-        for place in {self.top, holder_of(self.git_dir)} - {None}:
+        for place in sorted(places.holders):
             guard.check(place, op)
+        if os.path.lexists(places.alternates_file):
+            counted = await self.run(["count-objects", "-v"])
+            for other in parse_alternates(counted.stdout):
+                guard.check(holder_of(os.path.realpath(other)), "read")
         if op == "write":
-            self.lock_key = self.git_dir
+            self.lock_key = places.common_dir
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
         self.local_names = listed
@@ -377,23 +389,6 @@ class GitCall:
         uid, _ = self.uid_gid
         # Root may write into the blocks reserved for it.
         return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
-
-
-def holder_of(git_dir: str | None) -> str | None:
-    """
-    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for a
-    linked work tree's ``/r/.git/worktrees/w``; the bare repository itself.
-
-    The guard decides on that path, not on ``.git`` inside it: a policy that
-    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
-    hand", and git's own writes there are what this group is for.
-    """
-    if git_dir is None:
-        return None
-    head, sep, _ = git_dir.partition("/.git/")
-    if sep:
-        return head
-    return git_dir.removesuffix("/.git") or "/"
 
 
 def repo_path(request: Any, value: Any, name: str = "path") -> str:

@@ -795,6 +795,97 @@ class GitDeniedPathTests(DaemonTestCase):
             self.assertEqual(f.read(), "committed\n")
 
 
+class RepositoryElsewhereTests(DaemonTestCase):
+    """
+    A repository in the base dir whose git dir sends git to another
+    directory (``commondir``, ``objects/info/alternates``, a linked object
+    directory) is refused when that directory lies outside, as a ``.git``
+    file naming one is: 403 ``path_not_allowed``, and the other repository
+    is left as it was.
+    """
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        git(self.outside, "init", "-q", "-b", "main")
+        git(self.outside, "commit", "-q", "--allow-empty", "-m", "outside")
+        self.repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(self.repo)
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "commit", "-q", "--allow-empty", "-m", "inside")
+        return started
+
+    def outside_refs(self) -> str:
+        return git(self.outside, "for-each-ref", "--format=%(refname) %(objectname)")
+
+    @inlineCallbacks
+    def assert_refused(self) -> Any:
+        refs = self.outside_refs()
+        calls = [
+            ("GET", "/git/log?path=repo", None),
+            ("GET", "/git/branches?path=repo", None),
+            ("POST", "/git/branches", {"path": "repo", "name": "pwned"}),
+            (
+                "POST",
+                "/git/commit",
+                {"path": "repo", "message": "m", "allow_empty": True},
+            ),
+            ("DELETE", "/git/branches?path=repo&name=main&force=true", None),
+        ]
+        for method, route, body in calls:
+            reply = yield self.request(method, route, body)
+            self.assertEqual(reply.status, 403, (route, reply.body))
+            self.assertEqual(reply.json()["code"], "path_not_allowed", route)
+            self.assertEqual(reply.json()["rule"], "guard:base_dir", route)
+        self.assertEqual(self.outside_refs(), refs)
+
+    @inlineCallbacks
+    def test_commondir_outside(self) -> Any:
+        """``.git/commondir`` naming a repository outside: every call is refused."""
+        with open(os.path.join(self.repo, ".git", "commondir"), "w") as f:
+            f.write(os.path.join(self.outside, ".git") + "\n")
+        os.unlink(os.path.join(self.repo, ".git", "index"))
+        yield self.assert_refused()
+
+    @inlineCallbacks
+    def test_objects_linked_outside(self) -> Any:
+        """``.git/objects`` as a link to another repository's objects is refused."""
+        objects = os.path.join(self.repo, ".git", "objects")
+        shutil.rmtree(objects)
+        os.symlink(os.path.join(self.outside, ".git", "objects"), objects)
+        yield self.assert_refused()
+
+    @inlineCallbacks
+    def test_alternates_outside(self) -> Any:
+        """
+        ``objects/info/alternates`` naming another repository's objects (by
+        a relative path too) is refused, so no commit of it can be shown;
+        an alternate inside the base dir is used.
+        """
+        alternates = os.path.join(self.repo, ".git", "objects", "info", "alternates")
+        theirs = git(self.outside, "rev-parse", "HEAD").strip()
+        target = os.path.join(self.outside, ".git", "objects")
+        # A relative alternate is taken from the object directory.
+        objects = os.path.join(self.repo, ".git", "objects")
+        for named in (target, os.path.relpath(target, objects)):
+            with open(alternates, "w") as f:
+                f.write(named + "\n")
+            reply = yield self.request("GET", f"/git/show?path=repo&rev={theirs}")
+            self.assertEqual(reply.status, 403, reply.body)
+            self.assertEqual(reply.json()["code"], "path_not_allowed")
+            yield self.assert_refused()
+        mine = os.path.join(self.base_dir, "mine")
+        git(self.base_dir, "clone", "-q", "--shared", self.repo, mine)
+        os.unlink(alternates)
+        reply = yield self.request("GET", "/git/log?path=mine")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual([c["subject"] for c in reply.json()["commits"]], ["inside"])
+
+
 class GitLockWaitTests(DaemonTestCase):
     """A writing call waits for the repository's lock no longer than its timeout."""
 
