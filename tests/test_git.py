@@ -148,6 +148,32 @@ class ParserTests(SynchronousTestCase):
         self.assertIn("filter.my.driver.process=", overrides)
         self.assertIn("filter.lfs.required=false", overrides)
 
+    def test_program_overrides(self) -> None:
+        """
+        Merge drivers become git's own text merge, filters are emptied; a
+        driver whose name holds ``=`` (which ``-c`` cannot name) is refused.
+        """
+        overrides = git.program_overrides(
+            [
+                "merge.Evil.driver",
+                "merge.Evil.name",
+                "filter.f.clean",
+                "diff.d.textconv",
+            ]
+        )
+        self.assertEqual(
+            overrides,
+            [
+                "filter.f.clean=",
+                "filter.f.smudge=",
+                "filter.f.process=",
+                "filter.f.required=false",
+                f"merge.Evil.driver={git.TEXT_MERGE}",
+            ],
+        )
+        with self.assertRaises(git.UnsettableName):
+            git.program_overrides(["filter.a=b.clean"])
+
     def test_identity_values(self) -> None:
         """
         ``git config --null --get-regexp`` output read name by name, the

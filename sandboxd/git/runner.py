@@ -35,9 +35,9 @@ from sandboxd.errors import (
 from sandboxd.git import (
     IDENTITY_PATTERN,
     WHERE_ARGS,
+    UnsettableName,
     ceiling_for,
     config_names,
-    filter_overrides,
     git_argv,
     git_environment,
     holder_of,
@@ -45,6 +45,8 @@ from sandboxd.git import (
     identity_values,
     parse_alternates,
     parse_places,
+    program_overrides,
+    settable,
     unsaid_identity,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
@@ -72,6 +74,15 @@ WRITE_CONFIG: tuple[str, ...] = (
     "tag.gpgSign=false",
     "core.editor=true",
     "sequence.editor=true",
+    # Programs a fetch, pull or push would run for the repository: one
+    # listing an alternate's refs, a signature check of the merged
+    # commits, the signing of a push.
+    "core.alternateRefsCommand=true",
+    "merge.verifySignatures=false",
+    "push.gpgSign=false",
+    # A cookie jar is a file git writes wherever the repository says.
+    "http.cookieFile=",
+    "http.saveCookies=false",
 )
 
 #: Keys of a URL-specific or per-remote section (``http.<url>.proxy``,
@@ -85,6 +96,15 @@ _NETWORK_KEYS: dict[str, str | None] = {
     "extraheader": "",
     "sslcainfo": "",
     "sslcapath": "",
+    "cookiefile": "",
+    "savecookies": "false",
+}
+
+#: What a remote's own program settings are put back to: the commands an
+#: ``ssh`` remote runs at the other end.
+_REMOTE_PROGRAMS = {
+    "uploadpack": "git-upload-pack",
+    "receivepack": "git-receive-pack",
 }
 
 Observer = Callable[[int, bytes], None]
@@ -111,10 +131,33 @@ def network_overrides(names: Iterable[str], proxy: str) -> list[str]:
         key = lowered.rsplit(".", 1)[-1]
         if section not in ("http", "remote") or rest.count(".") < 1:
             continue
+        if section == "remote" and key in _REMOTE_PROGRAMS:
+            out.append(f"{settable(name)}={_REMOTE_PROGRAMS[key]}")
+            continue
         if key not in _NETWORK_KEYS or (section == "remote" and key != "proxy"):
             continue
         value = _NETWORK_KEYS[key]
-        out.append(f"{name}={proxy if value is None else value}")
+        out.append(f"{settable(name)}={proxy if value is None else value}")
+    return out
+
+
+def protocol_overrides(names: Iterable[str], allowed: Iterable[str]) -> list[str]:
+    """
+    ``-c`` settings that refuse every transport the repository allows by
+    name (``protocol.ext.allow=always``, ``protocol.file.allow``), which
+    git prefers to the general ``protocol.allow=never`` given on the
+    command line; the ``allowed`` ones stay as the daemon sets them.
+    A remote helper (``remote.NAME.vcs``, ``ext::``) is a transport too.
+    """
+    keep = {p.lower() for p in allowed}
+    out: list[str] = []
+    for name in names:
+        lowered = name.lower()
+        if not (lowered.startswith("protocol.") and lowered.endswith(".allow")):
+            continue
+        protocol = name[len("protocol.") : -len(".allow")]
+        if protocol and protocol.lower() not in keep:
+            out.append(f"{settable(name)}=never")
     return out
 
 
@@ -150,8 +193,11 @@ class GitCall:
         self.idle_timeout = rule.limits.idle_timeout_seconds
         self.max_output = rule.limits.max_output_bytes or 1024 * 1024
         self.config: list[str] = [*WRITE_CONFIG, f"http.proxy={self.proxy}"]
+        #: The transports git may use.
+        self.protocols = ["https"]
         if "ssh" in rule.params.git_protocols:
             self.config.append("protocol.ssh.allow=always")
+            self.protocols.append("ssh")
         self.git_dir: str | None = None
         self.top: str | None = None
         #: The repository whose writing calls run one at a time (its git
@@ -206,8 +252,12 @@ class GitCall:
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
         self.local_names = listed
-        self.config += filter_overrides(listed)
-        self.config += network_overrides(listed, self.proxy)
+        try:
+            self.config += program_overrides(listed)
+            self.config += network_overrides(listed, self.proxy)
+            self.config += protocol_overrides(listed, self.protocols)
+        except UnsettableName as e:
+            raise e.as_error() from None
         if self.rule.params.git_hooks and self.git_dir:
             self.config.append(f"core.hooksPath={os.path.join(self.git_dir, 'hooks')}")
 

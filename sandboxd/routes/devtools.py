@@ -218,7 +218,10 @@ class _Git:
             listed = await self.run(["count-objects", "-v"])
             for other in git.parse_alternates(listed.stdout):
                 guard.check(git.holder_of(os.path.realpath(other)), "read")
-        self.extra_config = git.filter_overrides(git.config_names(config.stdout))
+        try:
+            self.extra_config = git.filter_overrides(git.config_names(config.stdout))
+        except git.UnsettableName as e:
+            raise e.as_error() from None
 
     def file_arg(self) -> list[str]:
         """``-- FILE`` for ``?file=``, checked like ``path``."""
@@ -293,8 +296,7 @@ async def git_diff(request: ServerRequest) -> dict[str, Any]:
     )
     common = [
         "diff",
-        "--no-ext-diff",
-        "--no-textconv",
+        *git.NO_DIFF_PROGRAMS,
         "--no-color",
         "--ignore-submodules=dirty",
     ]

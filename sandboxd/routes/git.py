@@ -34,7 +34,7 @@ from sandboxd.errors import (
     policy_rule,
     unavailable,
 )
-from sandboxd.git import parse_numstat, truncate_diff
+from sandboxd.git import NO_DIFF_PROGRAMS, parse_numstat, truncate_diff
 from sandboxd.git.askpass import Secret, under_prefix
 from sandboxd.git.jobs import GitJob, GitJobTable
 from sandboxd.git.outcomes import (
@@ -289,7 +289,15 @@ async def git_commit(request: ServerRequest) -> dict[str, Any]:
     await call.run(args, stdin=message.encode("utf-8"))
     sha = await _head(call)
     stats = await call.run(
-        ["show", "--numstat", "-z", "--format=", "--no-renames", "HEAD"]
+        [
+            "show",
+            *NO_DIFF_PROGRAMS,
+            "--numstat",
+            "-z",
+            "--format=",
+            "--no-renames",
+            "HEAD",
+        ]
     )
     return {"commit": sha, "branch": branch, "summary": parse_numstat(stats.stdout)}
 
@@ -325,7 +333,9 @@ async def git_show(request: ServerRequest) -> dict[str, Any]:
         raise bad_request(f"no commit {rev!r}")
     limit = defaults.MB
     call.max_output = limit + 1
-    patch = await call.run(["show", "--format=", "--patch", "--no-color", rev, "--"])
+    patch = await call.run(
+        ["show", *NO_DIFF_PROGRAMS, "--format=", "--patch", "--no-color", rev, "--"]
+    )
     diff, truncated = truncate_diff(patch.stdout, limit, cut=patch.truncated)
     return {**commits[0], "diff": diff, "truncated": truncated}
 
@@ -1147,7 +1157,8 @@ async def git_pull(request: ServerRequest) -> Any:
     body = request.body
     wait = _wait(request)
     call, remote, name, pin, secret = await _remote_call(request)
-    args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit"]
+    # No diffstat: it would run the repository's textconv programs.
+    args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit", "--no-stat"]
     rebase = params.flag(body.get("rebase"), "rebase")
     if rebase:
         args.append("--rebase")

@@ -22,6 +22,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.git import runner
 from sandboxd.git.askpass import descends_from
 from sandboxd.git.jobs import GitJob
 from tests.git.remote import LoopbackRemote, missing, run, serve_remote
@@ -589,6 +590,141 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
+
+
+class HostileRemoteConfigTests(RemoteCase):
+    """
+    Programs a clone's configuration names for git to run on a fetch,
+    pull or push (merge drivers, signature checkers, remote helpers,
+    credential helpers, an alternate's ref lister) never run, and no
+    cookie jar is written where it says: each points at a script that
+    leaves a marker.
+    """
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "work", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.work = os.path.join(self.base_dir, "work")
+        self.tools = os.path.realpath(self.mktemp())
+        os.makedirs(self.tools)
+        self.marker = os.path.join(self.tools, "PWNED")
+        self.script = os.path.join(self.tools, "evil.sh")
+        with open(self.script, "w") as f:
+            f.write(f'#!/bin/sh\necho "$0 $*" >> {self.marker}\n')
+        os.chmod(self.script, 0o755)
+
+    def assert_nothing_ran(self) -> None:
+        ran = ""
+        if os.path.exists(self.marker):
+            with open(self.marker) as f:
+                ran = f.read()
+        self.assertEqual(ran, "", "a repository's program ran")
+
+    def remote_commit(self, text: str, signed: bool = False) -> None:
+        """A commit writing README on the remote's main, with a signature header if ``signed``."""
+        seed = os.path.join(self.remote.directory, "seed-repo.git")
+        with open(os.path.join(seed, "README"), "w") as f:
+            f.write(text)
+        run(seed, "add", "-A")
+        run(seed, "commit", "-q", "-m", "theirs")
+        if signed:
+            tree = run(seed, "rev-parse", "HEAD^{tree}").strip()
+            parent = run(seed, "rev-parse", "HEAD~1").strip()
+            body = os.path.join(self.tools, "commit.txt")
+            with open(body, "w") as f:
+                f.write(
+                    f"tree {tree}\nparent {parent}\n"
+                    "author T <t@example.com> 1 +0000\n"
+                    "committer T <t@example.com> 1 +0000\n"
+                    "gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQ\n"
+                    " -----END PGP SIGNATURE-----\n\nsigned\n"
+                )
+            sha = run(seed, "hash-object", "-t", "commit", "-w", body).strip()
+            run(seed, "update-ref", "HEAD", sha)
+        run(
+            seed, "push", "-q", "-f", os.path.join(self.remote.root, "repo.git"), "main"
+        )
+
+    @inlineCallbacks
+    def test_merge_driver_on_pull(self) -> Any:
+        """
+        A pull that merges does not run the clone's ``merge.NAME.driver``:
+        git's own text merge leaves the conflict (markers in the file).
+        """
+        run(self.work, "config", "merge.evil.driver", f"{self.script} %O %A %B")
+        with open(os.path.join(self.work, ".git", "info", "attributes"), "w") as f:
+            f.write("README merge=evil\n")
+        self.remote_commit("theirs\n")
+        with open(os.path.join(self.work, "README"), "w") as f:
+            f.write("ours\n")
+        run(self.work, "commit", "-q", "-am", "ours")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
+        )
+        self.assertNotEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.work, "README")) as f:
+            self.assertIn("<<<<<<<", f.read())
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_signature_check_on_pull(self) -> Any:
+        """
+        ``merge.verifySignatures`` with a ``gpg.program`` runs no program
+        on a pull of a signed commit; the pull is made.
+        """
+        run(self.work, "config", "merge.verifySignatures", "true")
+        run(self.work, "config", "gpg.program", self.script)
+        self.remote_commit("theirs\n", signed=True)
+        reply = yield self.request("POST", "/git/pull", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(run(self.work, "log", "-1", "--format=%s"), "signed\n")
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_remote_helper_allowed_by_name(self) -> Any:
+        """
+        A remote helper the clone names for its remote (``remote.NAME.vcs``)
+        and allows by name (``protocol.NAME.allow=always``) is not run:
+        the fetch fails, as an unknown transport.
+        """
+        helper = os.path.join(self.tools, "git-remote-evil")
+        os.symlink(self.script, helper)
+        path = f"{self.tools}:{runner.BOOT_ENVIRON.get('PATH', '/usr/bin:/bin')}"
+        self.patch(runner, "BOOT_ENVIRON", {**runner.BOOT_ENVIRON, "PATH": path})
+        run(self.work, "config", "remote.origin.vcs", "evil")
+        run(self.work, "config", "protocol.evil.allow", "always")
+        reply = yield self.request("POST", "/git/fetch", {"path": "work", "wait": 30})
+        self.assertNotEqual(reply.status, 200, reply.body)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_helpers_and_cookies_on_fetch(self) -> Any:
+        """
+        A credential helper for the remote's URL, an alternate's ref lister
+        (``core.alternateRefsCommand``) and a cookie jar outside the base
+        dir (``http.cookieFile`` with ``saveCookies``): the fetch works, and
+        runs and writes none of them.
+        """
+        shared = os.path.join(self.base_dir, "shared")
+        run(self.base_dir, "clone", "-q", "--shared", self.work, shared)
+        run(shared, "remote", "set-url", "origin", self.remote.url())
+        jar = os.path.join(self.tools, "jar")
+        for key, value in (
+            (f"credential.{self.remote.url('')}.helper", f"!{self.script}"),
+            ("core.alternateRefsCommand", self.script),
+            ("http.cookieFile", jar),
+            ("http.saveCookies", "true"),
+        ):
+            run(shared, "config", key, value)
+        self.remote_commit("theirs\n")
+        reply = yield self.request("POST", "/git/fetch", {"path": "shared", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(jar), "a cookie jar was written")
+        self.assert_nothing_ran()
 
 
 class JobBugTests(RemoteCase):

@@ -886,6 +886,148 @@ class RepositoryElsewhereTests(DaemonTestCase):
         self.assertEqual([c["subject"] for c in reply.json()["commits"]], ["inside"])
 
 
+class HostileConfigTests(DaemonTestCase):
+    """
+    Programs a repository's configuration names for git to run on the
+    group's local calls (diff drivers, merge drivers, signature checkers)
+    never run: each points at a script that leaves a marker.
+    """
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(self.repo)
+        git(self.repo, "init", "-q", "-b", "main")
+        self.marker = os.path.join(self.base_dir, "PWNED")
+        self.script = os.path.join(self.base_dir, "evil.sh")
+        with open(self.script, "w") as f:
+            f.write(f'#!/bin/sh\necho "$0 $*" >> {self.marker}\ncat "$1"\n')
+        os.chmod(self.script, 0o755)
+        return started
+
+    def write(self, name: str, text: str) -> None:
+        with open(os.path.join(self.repo, name), "w") as f:
+            f.write(text)
+
+    def commit_all(self, message: str) -> None:
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", message)
+
+    def assert_nothing_ran(self) -> None:
+        self.assertFalse(os.path.exists(self.marker), "a repository's program ran")
+
+    def test_script_leaves_a_marker(self) -> None:
+        """The script does leave its marker when run (so its absence means something)."""
+        git(self.repo, "config", "diff.evil.textconv", self.script)
+        self.write(".gitattributes", "*.txt diff=evil\n")
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        git(self.repo, "show", "HEAD")
+        self.assertTrue(os.path.exists(self.marker))
+
+    @inlineCallbacks
+    def test_diff_drivers(self) -> Any:
+        """
+        ``diff.NAME.textconv``, ``diff.NAME.command`` and ``diff.external``
+        run on neither ``git_show`` nor ``git_commit``; the diff shown is
+        git's own.
+        """
+        for key in ("diff.evil.textconv", "diff.evil.command", "diff.external"):
+            git(self.repo, "config", key, self.script)
+        self.write(".gitattributes", "*.txt diff=evil\n")
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        self.write("a.txt", "two\n")
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": "two", "files": ["a.txt"]},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["summary"]["insertions"], 1)
+        for rev in ("HEAD", "HEAD~1"):
+            reply = yield self.request("GET", f"/git/show?path=repo&rev={rev}")
+            self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+one", reply.json()["diff"])
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_merge_driver(self) -> Any:
+        """
+        A ``merge.NAME.driver`` is not run by a merge (a stash pop here):
+        git's own text merge takes its place and leaves the conflict.
+        """
+        git(self.repo, "config", "merge.evil.driver", f"{self.script} %O %A %B")
+        self.write(".gitattributes", "c.txt merge=evil\n")
+        self.write("c.txt", "1\n2\n3\n")
+        self.commit_all("base")
+        self.write("c.txt", "1\nSTASHED\n3\n")
+        reply = yield self.request("POST", "/git/stash", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.write("c.txt", "1\nCOMMITTED\n3\n")
+        self.commit_all("ours")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        with open(os.path.join(self.repo, "c.txt")) as f:
+            merged = f.read()
+        self.assertIn("<<<<<<<", merged)
+        self.assertIn("STASHED", merged)
+        self.assertIn("COMMITTED", merged)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_signature_programs(self) -> Any:
+        """
+        With ``log.showSignature`` and a ``gpg.program`` (of each format),
+        a signed commit is logged and shown without running a program.
+        """
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        tree = git(self.repo, "rev-parse", "HEAD^{tree}").strip()
+        parent = git(self.repo, "rev-parse", "HEAD").strip()
+        signed = (
+            f"tree {tree}\nparent {parent}\n"
+            "author A <a@example.com> 1 +0000\ncommitter A <a@example.com> 1 +0000\n"
+            "gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQ\n -----END PGP SIGNATURE-----\n"
+            "\nsigned\n"
+        )
+        path = os.path.join(self.base_dir, "commit.txt")
+        with open(path, "w") as f:
+            f.write(signed)
+        sha = git(self.repo, "hash-object", "-t", "commit", "-w", path).strip()
+        git(self.repo, "update-ref", "HEAD", sha)
+        git(self.repo, "config", "log.showSignature", "true")
+        for key in ("gpg.program", "gpg.openpgp.program", "gpg.x509.program"):
+            git(self.repo, "config", key, self.script)
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["commits"][0]["subject"], "signed")
+        reply = yield self.request("GET", "/git/show?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_driver_name_with_equals(self) -> Any:
+        """
+        A driver whose name holds ``=`` (which git's command line cannot
+        name to switch it off) makes the call 400 ``git_error`` naming the
+        setting, before any git that could run it.
+        """
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        git(self.repo, "config", "merge.a=b.driver", self.script)
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(reply.json()["code"], "git_error")
+        self.assertIn("merge.a=b.driver", reply.json()["error"])
+
+
 class GitLockWaitTests(DaemonTestCase):
     """A writing call waits for the repository's lock no longer than its timeout."""
 
