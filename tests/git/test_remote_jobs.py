@@ -135,6 +135,7 @@ class RemoteCase(DaemonTestCase):
     password: str | None = None
     params: dict[str, Any] = {}
     limits: dict[str, Any] = {}
+    paths: dict[str, Any] = {}
     skip = SKIP
 
     @inlineCallbacks
@@ -147,6 +148,8 @@ class RemoteCase(DaemonTestCase):
         self.policy = remote_policy(
             self.remote, self.token_file, self.limits, **self.params
         )
+        if self.paths:
+            self.policy["endpoints"]["group:git"]["paths"] = self.paths
         yield self.start()
 
     @inlineCallbacks
@@ -725,6 +728,44 @@ class HostileRemoteConfigTests(RemoteCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertFalse(os.path.exists(jar), "a cookie jar was written")
         self.assert_nothing_ran()
+
+
+class DeniedPushTests(RemoteCase):
+    """A push never sends a commit that changes a file ``paths.deny`` refuses."""
+
+    paths = {"deny": ["**/secret/**"]}
+
+    @inlineCallbacks
+    def test_push_of_a_denied_change_refused(self) -> Any:
+        """
+        A branch whose unpushed commits (made outside the API) change a
+        denied file is 403 ``path_denied`` naming it, and the remote is as
+        it was; commits that do not are pushed.
+        """
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "work", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        work = os.path.join(self.base_dir, "work")
+        bare = os.path.join(self.remote.root, "repo.git")
+        with open(os.path.join(work, "open.txt"), "w") as f:
+            f.write("open\n")
+        run(work, "add", "open.txt")
+        run(work, "commit", "-q", "-m", "open")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        pushed = run(bare, "rev-parse", "main")
+        os.makedirs(os.path.join(work, "secret"))
+        with open(os.path.join(work, "secret", "key.txt"), "w") as f:
+            f.write("TOPSECRET\n")
+        run(work, "add", "-A")
+        run(work, "commit", "-q", "-m", "secret")
+        run(work, "commit", "-q", "--allow-empty", "-m", "after")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertIn("secret/key.txt", reply.json()["error"])
+        self.assertEqual(run(bare, "rev-parse", "main"), pushed)
 
 
 class JobBugTests(RemoteCase):

@@ -795,6 +795,100 @@ class GitDeniedPathTests(DaemonTestCase):
             self.assertEqual(f.read(), "committed\n")
 
 
+class GitDeniedParentTests(DaemonTestCase):
+    """
+    A denied file never takes part in a call that names a parent of it
+    (``files: ["."]``, ``all``): no stage, no commit, no diff of it shown.
+    """
+
+    policy = {
+        **GIT,
+        "endpoints": {"group:git": {"paths": {"deny": ["**/secret/**"]}}},
+    }
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.repo = os.path.join(self.base_dir, "repo")
+        self.write("secret/key.txt", "FIRST-SECRET\n")
+        self.write("open.txt", "committed\n")
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", "one")
+        return started
+
+    def write(self, name: str, text: str) -> None:
+        path = os.path.join(self.repo, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    def staged(self) -> str:
+        return git(self.repo, "diff", "--cached", "--name-only")
+
+    @inlineCallbacks
+    def test_add_and_commit_of_a_parent(self) -> Any:
+        """
+        ``git_add`` of ``.`` or ``all`` while a denied file has changes (or
+        is new) is 403 ``path_denied`` naming it, and nothing is staged; a
+        commit of ``.`` likewise; naming the allowed file works.
+        """
+        self.write("secret/key.txt", "TOPSECRET\n")
+        self.write("secret/new.txt", "NEW-SECRET\n")
+        self.write("open.txt", "open edit\n")
+        calls = [
+            ("/git/add", {"path": "repo", "files": ["."]}),
+            ("/git/add", {"path": "repo", "all": True}),
+            ("/git/add", {"path": "repo/secret", "files": ["."]}),
+            ("/git/commit", {"path": "repo", "message": "m", "files": ["."]}),
+        ]
+        for route, body in calls:
+            reply = yield self.request("POST", route, body)
+            self.assertNotIn(b"TOPSECRET", reply.body)
+            self.assertEqual(reply.status, 403, (body, reply.body))
+            self.assertEqual(reply.json()["code"], "path_denied", body)
+            self.assertIn("secret", reply.json()["error"])
+            self.assertEqual(self.staged(), "")
+        self.assertEqual(git(self.repo, "log", "--format=%s"), "one\n")
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo", "files": ["open.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["staged"], ["open.txt"])
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "two"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        # Staged by someone else: the commit refuses to take it.
+        git(self.repo, "add", "secret/key.txt")
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "three"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(git(self.repo, "log", "--format=%s"), "two\none\n")
+
+    @inlineCallbacks
+    def test_show_withholds_denied_changes(self) -> Any:
+        """
+        ``git_show`` of a commit that changed a denied file (made outside
+        the API) shows the other changes and names the withheld file,
+        never its content.
+        """
+        self.write("secret/key.txt", "TOPSECRET\n")
+        self.write("open.txt", "open edit\n")
+        git(self.repo, "commit", "-q", "-am", "both")
+        reply = yield self.request("GET", "/git/show?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn(b"TOPSECRET", reply.body)
+        self.assertIn("+open edit", reply.json()["diff"])
+        self.assertEqual(reply.json()["withheld"], ["secret/key.txt"])
+        reply = yield self.request("GET", "/git/show?path=repo&rev=HEAD~1")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn(b"FIRST-SECRET", reply.body)
+        self.assertIn("+committed", reply.json()["diff"])
+
+
 class RepositoryElsewhereTests(DaemonTestCase):
     """
     A repository in the base dir whose git dir sends git to another

@@ -266,7 +266,14 @@ SCHEMAS: dict[str, Schema] = {
                 "paths in the work tree (literal, guarded)",
                 items="string",
             ),
-            F("all", "boolean", "stage every change (git add -A)", default=False),
+            F(
+                "all",
+                "boolean",
+                "stage every change (git add -A); 403 path_denied, staging"
+                " nothing, when a change (as for a directory in files) is under"
+                " paths.deny",
+                default=False,
+            ),
         ),
         response=(F("staged", "array", items="string"),),
         errors=GIT_LOCAL_ERRORS,
@@ -325,6 +332,13 @@ SCHEMAS: dict[str, Schema] = {
             F("body"),
             F("diff", doc='truncated at 1 MB with "... (truncated at 1MB)"'),
             F("truncated", "boolean"),
+            F(
+                "withheld",
+                "array",
+                "files the commit changed that paths.deny refuses: their changes"
+                " are left out of diff (present only when there are some)",
+                items="string",
+            ),
         ),
         errors=GIT_LOCAL_ERRORS,
     ),
