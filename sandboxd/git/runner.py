@@ -381,9 +381,14 @@ class GitCall:
                     )
                 raise timed_out(f"git timed out after {limit:g} s")
             if check and result.exit_code != 0:
-                text = redact(result.stderr.decode("utf-8", "replace"), hidden)
-                if not text.strip():
-                    text = redact(result.stdout.decode("utf-8", "replace"), hidden)
+                # Both: a merge says its conflicts on stdout, after a fetch
+                # whose progress went to stderr.
+                text = redact(
+                    result.stderr.decode("utf-8", "replace")
+                    + "\n"
+                    + result.stdout.decode("utf-8", "replace"),
+                    hidden,
+                )
                 no_room = UNWRITTEN in text.lower() and self.no_room()
                 raise classify_failure(
                     text, result.exit_code, remote is not None, no_room

@@ -1348,8 +1348,10 @@ async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:
             "the rebase stopped and could not be aborted: the repository is "
             "in the middle of a rebase",
         )
+    # git's hints (run "git rebase --continue") name what the abort undid.
+    kept = [line for line in e.message.split("\n") if not line.startswith("hint:")]
     return noted(
-        e,
+        ApiError(e.status, "\n".join(kept), e.type, e.code, **e.extra),
         "the rebase was aborted: the branch is as it was; a pull without "
         "rebase merges, and leaves a conflict to resolve and commit",
     )
@@ -1440,7 +1442,7 @@ async def git_push(request: ServerRequest) -> Any:
             observe=job.observe,
             check=False,
         )
-        updated = parse_push(result.stdout)
+        updated = await _pushed_commits(call, parse_push(result.stdout), branch, sha)
         if result.exit_code != 0:
             text = redact(
                 _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
@@ -1472,6 +1474,31 @@ async def git_push(request: ServerRequest) -> Any:
 
     job = _start_job(request, "push", call.cwd, secret, work)
     return await _answer(request, job, wait)
+
+
+async def _pushed_commits(
+    call: GitCall, updated: list[dict[str, Any]], branch: str, sha: str
+) -> list[dict[str, Any]]:
+    """
+    ``updated`` with whole object names: the branch's ``new`` is the
+    commit pushed (or offered, when refused), which git leaves out for a
+    new branch; abbreviations git printed are spelled out.  ``old`` stays
+    null where the remote had no such ref.
+    """
+    for entry in updated:
+        if entry["ref"] == f"refs/heads/{branch}":
+            entry["new"] = sha
+        for key in ("old", "new"):
+            short = entry.get(key)
+            if short and len(short) < len(sha):
+                found = await call.run(
+                    ["rev-parse", "-q", "--verify", "--end-of-options", short],
+                    check=False,
+                )
+                full = _text(found.stdout).strip()
+                if found.exit_code == 0 and full:
+                    entry[key] = full
+    return updated
 
 
 # -- jobs --------------------------------------------------------------------------

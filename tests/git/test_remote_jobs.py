@@ -254,6 +254,15 @@ class OpenRemoteTests(RemoteCase):
         body = reply.json()
         self.assertEqual(body["updated"][0]["ref"], "refs/heads/main")
         self.assertEqual(body["updated"][0]["status"], "ok")
+        # Both commits in full: the remote's before, and the one pushed.
+        work = os.path.join(self.base_dir, "work")
+        self.assertEqual(
+            (body["updated"][0]["old"], body["updated"][0]["new"]),
+            (
+                run(work, "rev-parse", "HEAD~1").strip(),
+                run(work, "rev-parse", "HEAD").strip(),
+            ),
+        )
         self.assertTrue(body["remote_verified"])
         # Someone else pushes first.
         seed = os.path.join(self.remote.directory, "seed-repo.git")
@@ -270,6 +279,9 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "non_fast_forward")
         self.assertEqual(reply.json()["updated"][0]["status"], "rejected")
+        self.assertEqual(
+            reply.json()["updated"][0]["new"], run(work, "rev-parse", "HEAD").strip()
+        )
         # git's reason in words, not porcelain's last line ("Done").
         self.assertIn(
             "refs/heads/main was rejected (fetch first)", reply.json()["error"]
@@ -395,6 +407,8 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "merge_conflict")
         self.assertIn("the rebase was aborted", reply.json()["error"])
+        # git's hints name commands for a rebase that is no more.
+        self.assertNotIn("--continue", reply.json()["error"])
         self.assertEqual(run(work, "rev-parse", "HEAD"), head)
         self.assertEqual(run(work, "status", "--porcelain"), "")
         git_dir = os.path.join(work, ".git")
@@ -448,6 +462,12 @@ class OpenRemoteTests(RemoteCase):
             },
         )
         self.assertEqual(reply.status, 200, reply.body)
+        # The new branch's entry names the commit pushed, in full.
+        pushed = [u for u in reply.json()["updated"] if u["ref"] == "refs/heads/feat"]
+        self.assertEqual(
+            [(u["old"], u["new"], u["status"]) for u in pushed],
+            [(None, run(work, "rev-parse", "feat").strip(), "ok")],
+        )
         refs = run(os.path.join(self.remote.root, "repo.git"), "show-ref")
         self.assertIn("refs/heads/feat", refs)
         self.assertIn("refs/tags/v1", refs)
@@ -656,7 +676,7 @@ class HostileRemoteConfigTests(RemoteCase):
     def test_merge_driver_on_pull(self) -> Any:
         """
         A pull that merges does not run the clone's ``merge.NAME.driver``:
-        git's own text merge leaves the conflict (markers in the file).
+        git's own text merge leaves the conflict (409, markers in the file).
         """
         run(self.work, "config", "merge.evil.driver", f"{self.script} %O %A %B")
         with open(os.path.join(self.work, ".git", "info", "attributes"), "w") as f:
@@ -668,7 +688,10 @@ class HostileRemoteConfigTests(RemoteCase):
         reply = yield self.request(
             "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
         )
-        self.assertNotEqual(reply.status, 200, reply.body)
+        # 409 although the fetch printed its progress before the merge spoke.
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        self.assertIn("Merge conflict in README", reply.json()["error"])
         with open(os.path.join(self.work, "README")) as f:
             self.assertIn("<<<<<<<", f.read())
         self.assert_nothing_ran()

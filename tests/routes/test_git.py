@@ -315,6 +315,13 @@ class GitLocalTests(DaemonTestCase):
             self.assertIn("<<<<<<<", f.read())
         self.assertEqual(git(repo, "status", "--porcelain"), "UU a.txt\n")
         self.assertEqual(len(git(repo, "stash", "list").splitlines()), 1)
+        # Switching away first is a conflict to resolve, not a git error.
+        git(repo, "branch", "other")
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "other"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
 
     @inlineCallbacks
     def test_calls_at_once_on_one_repository(self) -> Any:

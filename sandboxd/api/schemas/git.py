@@ -46,6 +46,13 @@ _GIT_REMOTE_ERRORS = (
     *GIT_URL_ERRORS,
     E(429, "too_many_jobs", "limits.max_jobs git jobs are running"),
     E(
+        408,
+        "idle_timeout",
+        "git printed nothing for limits.idle_timeout_seconds and was stopped"
+        ' (the message starts with "IdleTimeout:")',
+        "TimeoutError",
+    ),
+    E(
         502,
         "remote_error",
         "the remote refused (body: kind auth|not_found|network|tls|rejected)",
@@ -397,7 +404,12 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("branch", nullable=True), F("commit"), F("detached", "boolean")),
         errors=(
             *GIT_LOCAL_ERRORS,
-            E(409, "git_conflict", "kind dirty_tree or branch_exists"),
+            E(
+                409,
+                "git_conflict",
+                "kind dirty_tree, branch_exists, or merge_conflict (a merge is"
+                " left to resolve)",
+            ),
         ),
     ),
     "git_reset": Schema(
