@@ -148,6 +148,32 @@ class ParserTests(SynchronousTestCase):
         self.assertIn("filter.my.driver.process=", overrides)
         self.assertIn("filter.lfs.required=false", overrides)
 
+    def test_program_overrides(self) -> None:
+        """
+        Merge drivers become git's own text merge, filters are emptied; a
+        driver whose name holds ``=`` (which ``-c`` cannot name) is refused.
+        """
+        overrides = git.program_overrides(
+            [
+                "merge.Evil.driver",
+                "merge.Evil.name",
+                "filter.f.clean",
+                "diff.d.textconv",
+            ]
+        )
+        self.assertEqual(
+            overrides,
+            [
+                "filter.f.clean=",
+                "filter.f.smudge=",
+                "filter.f.process=",
+                "filter.f.required=false",
+                f"merge.Evil.driver={git.TEXT_MERGE}",
+            ],
+        )
+        with self.assertRaises(git.UnsettableName):
+            git.program_overrides(["filter.a=b.clean"])
+
     def test_identity_values(self) -> None:
         """
         ``git config --null --get-regexp`` output read name by name, the
@@ -359,6 +385,29 @@ class GitStatusTests(DaemonTestCase):
         reply = yield self.request("GET", "/git/status?path=linked")
         self.assertEqual(reply.status, 403, reply.body)
         self.assertEqual(reply.json()["code"], "path_not_allowed")
+
+    @inlineCallbacks
+    def test_common_dir_or_alternates_elsewhere_refused(self) -> Any:
+        """
+        A git dir whose ``commondir`` or ``objects/info/alternates`` names a
+        repository outside the boundary is refused as a ``.git`` file
+        naming one is, and nothing of that repository is shown.
+        """
+        outside = new_repo(os.path.realpath(self.mktemp()), {"a.txt": "away\n"})
+        inside = new_repo(os.path.join(self.base_dir, "here"), {"a.txt": "a\n"})
+        git_dir = os.path.join(inside, ".git")
+        for name, text in (
+            ("commondir", f"{outside}/.git\n"),
+            ("objects/info/alternates", f"{outside}/.git/objects\n"),
+        ):
+            write(os.path.join(git_dir, name), text)
+            for target in ("/git/status?path=here", "/git/diff?path=here"):
+                reply = yield self.request("GET", target)
+                self.assertEqual(reply.status, 403, (name, target, reply.body))
+                self.assertEqual(reply.json()["code"], "path_not_allowed")
+            os.unlink(os.path.join(git_dir, name))
+        reply = yield self.request("GET", "/git/status?path=here")
+        self.assertEqual(reply.status, 200, reply.body)
 
 
 class GitTimeoutTests(DaemonTestCase):

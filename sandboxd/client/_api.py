@@ -1207,8 +1207,13 @@ class Git(_Namespace[F]):
         author: Mapping[str, str] | None = None,
         allow_empty: bool = False,
         files: Sequence[str] | None = None,
+        amend: bool = False,
+        signoff: bool = False,
     ) -> dict[str, Any]:
-        """Commit the index: ``{commit, branch, summary}``."""
+        """
+        Commit the index (only ``files``, as they are, when given; replace
+        the last commit with ``amend``): ``{commit, branch, summary}``.
+        """
         return await self._http.object(
             calls.git(
                 "POST",
@@ -1218,18 +1223,34 @@ class Git(_Namespace[F]):
                 author=dict(author) if author is not None else None,
                 allow_empty=allow_empty or None,
                 files=list(files) if files is not None else None,
+                amend=amend or None,
+                signoff=signoff or None,
             )
         )
 
     @api
     async def log(
-        self, path: str = ".", *, ref: str = "HEAD", max: int = 50
+        self,
+        path: str = ".",
+        *,
+        ref: str = "HEAD",
+        max: int = 50,
+        file: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The commits reachable from ``ref``, newest first."""
-        reply = await self._http.call(
-            calls.git("GET", "/log", {"path": path, "ref": ref, "max": max})
-        )
+        """The commits reachable from ``ref`` (touching ``file``), newest first."""
+        query = {"path": path, "ref": ref, "max": max, "file": file}
+        reply = await self._http.call(calls.git("GET", "/log", query))
         return cast(list[dict[str, Any]], reply["commits"])
+
+    @api
+    async def show(self, path: str = ".", rev: str = "HEAD") -> dict[str, Any]:
+        """
+        One commit and its diff (``diff``, cut at 1 MB with ``truncated``;
+        changes of files the policy denies left out and named in ``withheld``).
+        """
+        return await self._http.object(
+            calls.git("GET", "/show", {"path": path, "rev": rev})
+        )
 
     @api
     async def branches(self, path: str = ".") -> dict[str, Any]:
@@ -1255,6 +1276,116 @@ class Git(_Namespace[F]):
                 start_point=start_point,
                 checkout=checkout or None,
             )
+        )
+
+    @api
+    async def delete_branch(
+        self, path: str, name: str, *, force: bool = False
+    ) -> dict[str, Any]:
+        """Delete a branch (one not merged only with ``force``): ``{name, deleted}``."""
+        query = {"path": path, "name": name, "force": force or None}
+        return await self._http.object(calls.git("DELETE", "/branches", query))
+
+    @api
+    async def reset(
+        self,
+        path: str = ".",
+        *,
+        mode: str = "mixed",
+        target: str = "HEAD",
+        files: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """
+        Reset to ``target`` (``soft``, ``mixed``, ``hard``, ``merge`` or
+        ``keep``; ``merge`` abandons a merge left to resolve), or unstage
+        ``files``: ``{mode, branch, commit}``.
+        """
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/reset",
+                path=path,
+                mode=mode,
+                target=target,
+                files=list(files) if files is not None else None,
+            )
+        )
+
+    @api
+    async def restore(
+        self,
+        path: str,
+        files: Sequence[str],
+        *,
+        staged: bool = False,
+        worktree: bool | None = None,
+        source: str | None = None,
+    ) -> dict[str, Any]:
+        """
+        Put ``files`` back as the index (or ``source``) has them; with
+        ``staged``, unstage them (their files too with ``worktree``).
+        """
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/restore",
+                path=path,
+                files=list(files),
+                staged=staged or None,
+                worktree=worktree,
+                source=source,
+            )
+        )
+
+    @api
+    async def stash(
+        self,
+        path: str = ".",
+        action: str = "push",
+        *,
+        message: str | None = None,
+        index: int | None = None,
+    ) -> dict[str, Any]:
+        """``push`` (untracked files too), ``pop``, ``drop`` or ``list``: ``{action, stashes}``."""
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/stash",
+                path=path,
+                action=action,
+                message=message,
+                index=index,
+            )
+        )
+
+    @api
+    async def remotes(self, path: str = ".") -> list[dict[str, Any]]:
+        """The remotes: ``[{name, fetch_url, push_url}]``."""
+        reply = await self._http.call(calls.git("GET", "/remotes", {"path": path}))
+        return cast(list[dict[str, Any]], reply["remotes"])
+
+    @api
+    async def add_remote(self, path: str, name: str, url: str) -> dict[str, Any]:
+        """Add a remote (its URL must pass the policy): ``{name, fetch_url}``."""
+        return await self._http.object(
+            calls.git("POST", "/remotes", path=path, name=name, url=url)
+        )
+
+    @api
+    async def config(
+        self, path: str = ".", key: str | None = None
+    ) -> dict[str, str | None]:
+        """The repository's value of ``key`` (or of every key the policy allows)."""
+        reply = await self._http.call(
+            calls.git("GET", "/config", {"path": path, "key": key})
+        )
+        return cast("dict[str, str | None]", reply["values"])
+
+    @api
+    async def set_config(self, path: str, key: str, value: str) -> dict[str, Any]:
+        """Set a key the policy allows (``params.git_config_keys``) in the repository."""
+        return await self._http.object(
+            calls.git("POST", "/config", path=path, key=key, value=value)
         )
 
     @api
@@ -1284,12 +1415,18 @@ class Git(_Namespace[F]):
         depth: int | None = None,
         wait: float = 600.0,
         user: str | int | None = None,
+        commit: str | None = None,
+        single_branch: bool = False,
+        filter: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """
         Clone ``url`` into ``path``. ``auth`` is ``{"credential": NAME}`` (a
         secret the policy holds) or ``{"username", "password"}``. Waits up to
         ``wait`` seconds: the result (``state: done``), or the running job
-        (``state: running``, follow it with :meth:`job`).
+        (``state: running``, follow it with :meth:`job`). ``commit`` is
+        checked out (detached) after; ``filter`` is ``blob:none`` or
+        ``tree:0``; ``timeout`` cuts git's run (seconds).
         """
         return await self._remote(
             "/clone",
@@ -1300,6 +1437,10 @@ class Git(_Namespace[F]):
             branch=branch,
             depth=depth,
             user=user,
+            commit=commit,
+            single_branch=single_branch or None,
+            filter=filter,
+            timeout=timeout,
         )
 
     @api
@@ -1310,9 +1451,21 @@ class Git(_Namespace[F]):
         remote: str = "origin",
         auth: Mapping[str, str] | None = None,
         wait: float = 600.0,
+        refspec: str | None = None,
+        prune: bool = False,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Fetch from ``remote`` (a job; see :meth:`clone` for ``auth`` and ``wait``)."""
-        return await self._remote("/fetch", wait, auth, path=path, remote=remote)
+        return await self._remote(
+            "/fetch",
+            wait,
+            auth,
+            path=path,
+            remote=remote,
+            refspec=refspec,
+            prune=prune or None,
+            timeout=timeout,
+        )
 
     @api
     async def pull(
@@ -1323,10 +1476,25 @@ class Git(_Namespace[F]):
         branch: str | None = None,
         auth: Mapping[str, str] | None = None,
         wait: float = 600.0,
+        ff_only: bool = True,
+        rebase: bool = False,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Pull (fast-forward only) from ``remote``."""
+        """
+        Pull from ``remote``: fast-forward only unless ``ff_only=False``
+        (a merge, whose conflict is left to resolve: ``GitConflict``
+        kind ``merge_conflict``) or ``rebase`` (aborted on a conflict).
+        """
         return await self._remote(
-            "/pull", wait, auth, path=path, remote=remote, branch=branch
+            "/pull",
+            wait,
+            auth,
+            path=path,
+            remote=remote,
+            branch=branch,
+            ff_only=None if ff_only else False,
+            rebase=rebase or None,
+            timeout=timeout,
         )
 
     @api
@@ -1339,8 +1507,15 @@ class Git(_Namespace[F]):
         set_upstream: bool = False,
         auth: Mapping[str, str] | None = None,
         wait: float = 600.0,
+        force: bool = False,
+        tags: bool = False,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Push a branch: ``{updated: [...], remote_verified}``."""
+        """
+        Push a branch: ``{updated: [...], remote_verified}``. ``force``
+        pushes with a lease (when the policy allows it); ``tags`` pushes
+        the annotated tags on it too.
+        """
         return await self._remote(
             "/push",
             wait,
@@ -1349,6 +1524,9 @@ class Git(_Namespace[F]):
             remote=remote,
             branch=branch,
             set_upstream=set_upstream or None,
+            force=force or None,
+            tags=tags or None,
+            timeout=timeout,
         )
 
     async def _remote(
@@ -1358,6 +1536,12 @@ class Git(_Namespace[F]):
         credentials = dict(auth) if auth is not None else None
         req = calls.git("POST", route, wait=wait, auth=credentials, **fields)
         return await self._http.object(req)
+
+    @api
+    async def jobs(self) -> list[dict[str, Any]]:
+        """The caller's running and recently finished remote jobs."""
+        reply = await self._http.call(calls.git("GET", "/jobs"))
+        return cast(list[dict[str, Any]], reply["jobs"])
 
     @api
     async def job(self, job_id: str) -> dict[str, Any]:

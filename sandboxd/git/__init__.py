@@ -30,6 +30,8 @@ from typing import Any
 
 import attrs
 
+from sandboxd.errors import ApiError, git_error
+
 #: Settings given with ``-c`` on every call.  Command-line configuration is
 #: read last, so it wins over the repository's ``.git/config``.
 SAFE_CONFIG: tuple[str, ...] = (
@@ -44,11 +46,26 @@ SAFE_CONFIG: tuple[str, ...] = (
     "diff.mnemonicPrefix=false",
     "diff.relative=false",
     "status.relativePaths=false",
+    # Signatures are checked by a program the repository may name (and
+    # ``log.showSignature`` asks for it on every log and show); signing is
+    # off on every call, so no gpg program is run either way.
+    "log.showSignature=false",
+    "gpg.program=/bin/false",
+    "gpg.openpgp.program=/bin/false",
+    "gpg.x509.program=/bin/false",
+    "gpg.ssh.program=/bin/false",
+    "gpg.ssh.defaultKeyCommand=/bin/false",
     # The ownership check exists so that a foreign repository's config
     # cannot run code as us; the settings above already stop that, and the
     # path guard decides which directories a caller may inspect.
     "safe.directory=*",
 )
+
+#: Arguments of every call that prints a diff (``show``, ``diff``): the
+#: repository's diff drivers (``diff.NAME.textconv``, ``diff.NAME.command``,
+#: chosen by its ``.gitattributes``) are programs, and no setting turns
+#: them off.
+NO_DIFF_PROGRAMS: tuple[str, ...] = ("--no-textconv", "--no-ext-diff")
 
 #: Variables set in git's environment, whatever the daemon's says.
 SAFE_ENV: dict[str, str] = {
@@ -95,6 +112,50 @@ def git_environment(
     return env
 
 
+class UnsettableName(ValueError):
+    """
+    A setting of the repository that must be overridden but cannot be on
+    git's command line: ``-c`` ends a name at its first ``=``, and a
+    subsection (a driver's name, a URL) may hold one.
+    """
+
+    def as_error(self) -> ApiError:
+        """400 ``git_error`` naming the setting: the call runs no git."""
+        return git_error(
+            f"the repository's configuration sets {self.args[0]!r}, which "
+            "holds '=' and so cannot be switched off for git; rename it"
+        )
+
+
+def settable(name: str) -> str:
+    """
+    ``name`` when ``-c`` can set it.
+
+    :raises UnsettableName: it holds ``=``.
+    """
+    if "=" in name:
+        raise UnsettableName(name)
+    return name
+
+
+def _drivers(
+    config_names: Iterable[str], section: str, key: str | None = None
+) -> set[str]:
+    """
+    The subsections of ``section`` (``filter``, ``merge``) the repository
+    configures (with ``key``: for which it sets that key, in lower case).
+    """
+    found = set()
+    prefix = section + "."
+    for name in config_names:
+        lowered = name.lower()
+        if not lowered.startswith(prefix) or lowered.count(".") < 2:
+            continue
+        if key is None or lowered.rsplit(".", 1)[1] == key:
+            found.add(settable(name)[len(prefix) : name.rindex(".")])
+    return found
+
+
 def filter_overrides(config_names: Iterable[str]) -> list[str]:
     """
     ``-c`` settings that empty every filter driver the repository defines.
@@ -104,17 +165,39 @@ def filter_overrides(config_names: Iterable[str]) -> list[str]:
     git runs the clean filter on ``status`` and ``diff`` when it compares a
     file's content with the index.  An empty command is no filter at all,
     and ``required=false`` keeps git from failing for want of one.
+
+    :raises UnsettableName: a driver's name holds ``=``.
     """
-    drivers = set()
-    for name in config_names:
-        lowered = name.lower()
-        if lowered.startswith("filter.") and lowered.count(".") >= 2:
-            drivers.add(name[len("filter.") : name.rindex(".")])
     out: list[str] = []
-    for driver in sorted(drivers):
+    for driver in sorted(_drivers(config_names, "filter")):
         for key in ("clean", "smudge", "process"):
             out.append(f"filter.{driver}.{key}=")
         out.append(f"filter.{driver}.required=false")
+    return out
+
+
+#: The command a merge driver the repository defines is replaced with:
+#: git's own three-way text merge, as git does for a driver it does not
+#: know (conflict markers where both sides changed a line).
+TEXT_MERGE = "git merge-file --marker-size=%L -L ours -L base -L theirs %A %O %B"
+
+
+def program_overrides(config_names: Iterable[str]) -> list[str]:
+    """
+    ``-c`` settings that keep git from running any program the repository
+    names by a driver: filter drivers (:func:`filter_overrides`) and merge
+    drivers (``merge.NAME.driver``, run by every merge: a pull, a
+    rebase, a stash pop), which become git's own text merge.
+
+    Diff drivers (``diff.NAME.textconv``, ``diff.NAME.command``) have no
+    setting that turns them off; every call that prints a diff passes
+    ``--no-textconv --no-ext-diff`` instead.
+
+    :raises UnsettableName: a driver's name holds ``=``.
+    """
+    out = filter_overrides(config_names)
+    for driver in sorted(_drivers(config_names, "merge", "driver")):
+        out.append(f"merge.{driver}.driver={TEXT_MERGE}")
     return out
 
 
@@ -406,6 +489,102 @@ def truncate_diff(diff: bytes, limit: int, cut: bool = False) -> tuple[str, bool
     if not text.endswith("\n"):
         text += "\n"
     return text + f"... (truncated at {size_label(limit)})", True
+
+
+#: ``git rev-parse`` arguments printing, a line each, where git reads and
+#: writes a repository: its git dir; its common dir, where a linked work
+#: tree's refs, objects and config live (``commondir`` in the git dir may
+#: name any directory); the object, ref and reflog directories (any may be
+#: a link); then the top of the work tree, which a bare repository has not.
+WHERE_ARGS: tuple[str, ...] = (
+    "rev-parse",
+    "--absolute-git-dir",
+    "--git-common-dir",
+    *("--git-path", "objects"),
+    *("--git-path", "refs"),
+    *("--git-path", "logs"),
+    "--show-toplevel",
+)
+
+#: The lines :data:`WHERE_ARGS` prints before the work tree's top.
+_WHERE_LINES = 5
+
+
+@attrs.frozen
+class RepositoryPlaces:
+    """Where git reads and writes a repository, as :data:`WHERE_ARGS` tells."""
+
+    git_dir: str
+    #: The common dir, resolved: what writing calls take turns on, since
+    #: linked work trees share its refs.
+    common_dir: str
+    #: The object directory, resolved: its ``info/alternates`` may name
+    #: other object directories git reads too.
+    objects: str
+    top: str | None
+    #: The directories whose policy decides whether a call may use the
+    #: repository (:func:`holder_of` each resolved place, and the top).
+    holders: frozenset[str]
+
+    @property
+    def alternates_file(self) -> str:
+        """The file naming the other object directories git reads objects from."""
+        return os.path.join(self.objects, "info", "alternates")
+
+
+def parse_places(output: bytes, cwd: str) -> RepositoryPlaces | None:
+    """
+    The places of ``git rev-parse`` :data:`WHERE_ARGS` run in ``cwd``
+    (relative ones are taken from there), each resolved through links;
+    None when git printed another number of lines than it was asked
+    (a path holding a line break), since a path cut in two would be
+    checked in place of the real one.
+    """
+    lines = [x for x in output.decode("utf-8", "surrogateescape").split("\n") if x]
+    if len(lines) not in (_WHERE_LINES, _WHERE_LINES + 1):
+        return None
+    real = [os.path.realpath(os.path.join(cwd, x)) for x in lines[:_WHERE_LINES]]
+    top = lines[_WHERE_LINES] if len(lines) > _WHERE_LINES else None
+    holders = {holder_of(x) for x in real}
+    if top is not None:
+        holders.add(top)
+    return RepositoryPlaces(
+        git_dir=lines[0],
+        common_dir=real[1],
+        objects=real[2],
+        top=top,
+        holders=frozenset(holders),
+    )
+
+
+def parse_alternates(output: bytes) -> list[str]:
+    """
+    The object directories ``git count-objects -v`` names as alternates:
+    every one git would read, those named by an alternate's own
+    ``info/alternates`` too, resolved by git from relative forms.
+    """
+    prefix = b"alternate: "
+    return [
+        line[len(prefix) :].decode("utf-8", "surrogateescape")
+        for line in output.split(b"\n")
+        if line.startswith(prefix)
+    ]
+
+
+def holder_of(git_dir: str) -> str:
+    """
+    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for
+    what lies in it (a linked work tree's ``/r/.git/worktrees/w``, the
+    object directory ``/r/.git/objects``); the bare repository itself.
+
+    The guard decides on that path, not on ``.git`` inside it: a policy that
+    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
+    hand", and git's own writes there are what this group is for.
+    """
+    head, sep, _ = git_dir.partition("/.git/")
+    if sep:
+        return head
+    return git_dir.removesuffix("/.git") or "/"
 
 
 def has_parent_segment(path: str) -> bool:

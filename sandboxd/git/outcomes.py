@@ -121,7 +121,17 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "stale info",
         ),
     ),
-    ("merge_conflict", ("conflict (", "automatic merge failed", "could not apply")),
+    (
+        "merge_conflict",
+        (
+            "conflict (",
+            "automatic merge failed",
+            "could not apply",
+            # A checkout or a switch while a merge is left to resolve.
+            "resolve your current index first",
+            "is unmerged",
+        ),
+    ),
     (
         "dirty_tree",
         (

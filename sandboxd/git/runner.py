@@ -34,13 +34,19 @@ from sandboxd.errors import (
 )
 from sandboxd.git import (
     IDENTITY_PATTERN,
+    WHERE_ARGS,
+    UnsettableName,
     ceiling_for,
     config_names,
-    filter_overrides,
     git_argv,
     git_environment,
+    holder_of,
     identity_environment,
     identity_values,
+    parse_alternates,
+    parse_places,
+    program_overrides,
+    settable,
     unsaid_identity,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
@@ -68,6 +74,15 @@ WRITE_CONFIG: tuple[str, ...] = (
     "tag.gpgSign=false",
     "core.editor=true",
     "sequence.editor=true",
+    # Programs a fetch, pull or push would run for the repository: one
+    # listing an alternate's refs, a signature check of the merged
+    # commits, the signing of a push.
+    "core.alternateRefsCommand=true",
+    "merge.verifySignatures=false",
+    "push.gpgSign=false",
+    # A cookie jar is a file git writes wherever the repository says.
+    "http.cookieFile=",
+    "http.saveCookies=false",
 )
 
 #: Keys of a URL-specific or per-remote section (``http.<url>.proxy``,
@@ -81,6 +96,15 @@ _NETWORK_KEYS: dict[str, str | None] = {
     "extraheader": "",
     "sslcainfo": "",
     "sslcapath": "",
+    "cookiefile": "",
+    "savecookies": "false",
+}
+
+#: What a remote's own program settings are put back to: the commands an
+#: ``ssh`` remote runs at the other end.
+_REMOTE_PROGRAMS = {
+    "uploadpack": "git-upload-pack",
+    "receivepack": "git-receive-pack",
 }
 
 Observer = Callable[[int, bytes], None]
@@ -107,10 +131,33 @@ def network_overrides(names: Iterable[str], proxy: str) -> list[str]:
         key = lowered.rsplit(".", 1)[-1]
         if section not in ("http", "remote") or rest.count(".") < 1:
             continue
+        if section == "remote" and key in _REMOTE_PROGRAMS:
+            out.append(f"{settable(name)}={_REMOTE_PROGRAMS[key]}")
+            continue
         if key not in _NETWORK_KEYS or (section == "remote" and key != "proxy"):
             continue
         value = _NETWORK_KEYS[key]
-        out.append(f"{name}={proxy if value is None else value}")
+        out.append(f"{settable(name)}={proxy if value is None else value}")
+    return out
+
+
+def protocol_overrides(names: Iterable[str], allowed: Iterable[str]) -> list[str]:
+    """
+    ``-c`` settings that refuse every transport the repository allows by
+    name (``protocol.ext.allow=always``, ``protocol.file.allow``), which
+    git prefers to the general ``protocol.allow=never`` given on the
+    command line; the ``allowed`` ones stay as the daemon sets them.
+    A remote helper (``remote.NAME.vcs``, ``ext::``) is a transport too.
+    """
+    keep = {p.lower() for p in allowed}
+    out: list[str] = []
+    for name in names:
+        lowered = name.lower()
+        if not (lowered.startswith("protocol.") and lowered.endswith(".allow")):
+            continue
+        protocol = name[len("protocol.") : -len(".allow")]
+        if protocol and protocol.lower() not in keep:
+            out.append(f"{settable(name)}=never")
     return out
 
 
@@ -146,8 +193,11 @@ class GitCall:
         self.idle_timeout = rule.limits.idle_timeout_seconds
         self.max_output = rule.limits.max_output_bytes or 1024 * 1024
         self.config: list[str] = [*WRITE_CONFIG, f"http.proxy={self.proxy}"]
+        #: The transports git may use.
+        self.protocols = ["https"]
         if "ssh" in rule.params.git_protocols:
             self.config.append("protocol.ssh.allow=always")
+            self.protocols.append("ssh")
         self.git_dir: str | None = None
         self.top: str | None = None
         #: The repository whose writing calls run one at a time (its git
@@ -168,34 +218,46 @@ class GitCall:
     async def open_repository(self, op: str = "write") -> None:
         """
         Find the repository at ``cwd`` (404 when there is none), check that
-        its work tree and git dir lie where the caller may write, and learn
-        which of its settings to cancel.
+        every place git reads or writes it lies where the caller may
+        (``op``), and learn which of its settings to cancel.
+
+        The places are its work tree, its git dir, the common dir a linked
+        work tree's ``commondir`` names (refs, objects and config live
+        there), the object, ref and reflog directories (each may be a
+        link), and the object directories ``objects/info/alternates`` names
+        (read only): each is a door out of the base dir as a ``.git`` file
+        naming another directory is.
         """
-        result = await self.run(
-            ["rev-parse", "--show-toplevel", "--absolute-git-dir"],
-            check=False,
-        )
+        result = await self.run(list(WHERE_ARGS), check=False)
         if result.exit_code != 0:
             text = redact(result.stderr.decode("utf-8", "replace"), ())
             if "not a git repository" in text:
                 raise not_found(f"not a git repository: {self.cwd}")
             raise classify_failure(text, result.exit_code)
-        # Split at LF only: a directory's name may hold U+2028 or NEL.
-        lines = [x for x in result.stdout.decode("utf-8", "replace").split("\n") if x]
-        if len(lines) == 2:
-            self.top, self.git_dir = lines
-        elif lines:  # a bare repository has no top level
-            self.git_dir = lines[-1]
+        places = parse_places(result.stdout, self.cwd)
+        if places is None:
+            raise bad_request(
+                f"a path of the repository at {self.cwd} holds a line break"
+            )
+        self.top, self.git_dir = places.top, places.git_dir
         guard = PathGuard(self.rule)
-        for place in {self.top, holder_of(self.git_dir)} - {None}:
+        for place in sorted(places.holders):
             guard.check(place, op)
+        if os.path.lexists(places.alternates_file):
+            counted = await self.run(["count-objects", "-v"])
+            for other in parse_alternates(counted.stdout):
+                guard.check(holder_of(os.path.realpath(other)), "read")
         if op == "write":
-            self.lock_key = self.git_dir
+            self.lock_key = places.common_dir
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
         self.local_names = listed
-        self.config += filter_overrides(listed)
-        self.config += network_overrides(listed, self.proxy)
+        try:
+            self.config += program_overrides(listed)
+            self.config += network_overrides(listed, self.proxy)
+            self.config += protocol_overrides(listed, self.protocols)
+        except UnsettableName as e:
+            raise e.as_error() from None
         if self.rule.params.git_hooks and self.git_dir:
             self.config.append(f"core.hooksPath={os.path.join(self.git_dir, 'hooks')}")
 
@@ -319,9 +381,14 @@ class GitCall:
                     )
                 raise timed_out(f"git timed out after {limit:g} s")
             if check and result.exit_code != 0:
-                text = redact(result.stderr.decode("utf-8", "replace"), hidden)
-                if not text.strip():
-                    text = redact(result.stdout.decode("utf-8", "replace"), hidden)
+                # Both: a merge says its conflicts on stdout, after a fetch
+                # whose progress went to stderr.
+                text = redact(
+                    result.stderr.decode("utf-8", "replace")
+                    + "\n"
+                    + result.stdout.decode("utf-8", "replace"),
+                    hidden,
+                )
                 no_room = UNWRITTEN in text.lower() and self.no_room()
                 raise classify_failure(
                     text, result.exit_code, remote is not None, no_room
@@ -377,23 +444,6 @@ class GitCall:
         uid, _ = self.uid_gid
         # Root may write into the blocks reserved for it.
         return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
-
-
-def holder_of(git_dir: str | None) -> str | None:
-    """
-    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for a
-    linked work tree's ``/r/.git/worktrees/w``; the bare repository itself.
-
-    The guard decides on that path, not on ``.git`` inside it: a policy that
-    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
-    hand", and git's own writes there are what this group is for.
-    """
-    if git_dir is None:
-        return None
-    head, sep, _ = git_dir.partition("/.git/")
-    if sep:
-        return head
-    return git_dir.removesuffix("/.git") or "/"
 
 
 def repo_path(request: Any, value: Any, name: str = "path") -> str:

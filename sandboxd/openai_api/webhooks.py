@@ -480,6 +480,9 @@ class Deliveries:
             attempt=delivery.attempts,
             result=result,
             reason=None if why is None else why[:200],
+            # A failure is any attempt that did not deliver, whatever the
+            # receiver's status (a redirect, a 500, none at all).
+            decision="allow" if result == "delivered" else "deny",
         )
         self.context.audit.write(record)
 

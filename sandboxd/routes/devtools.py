@@ -197,21 +197,31 @@ class _Git:
     async def prepare(self) -> None:
         """
         Learn the repository's filter drivers (to empty them) and check
-        that its work tree and git dir lie where the caller may look.
+        that every place git reads it lies where the caller may look: its
+        work tree, its git dir, the common dir ``commondir`` names, the
+        object, ref and reflog directories, and the object directories
+        ``objects/info/alternates`` names.
         """
         from sandboxd import git  # on the first git call, not at start
 
         where, config = await _both(
-            self.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"]),
+            self.run(list(git.WHERE_ARGS)),
             self.run(["config", "--null", "--list", "--name-only"]),
         )
+        places = git.parse_places(where.stdout, self.cwd)
+        if places is None:
+            raise git_error("a path of the repository holds a line break")
         guard = PathGuard(self.rule)
-        # Lines end at LF only: a directory's name may hold U+2028 or NEL,
-        # and a path cut there would be checked in place of the real one.
-        for line in _text(where.stdout).split("\n"):
-            if line:
-                guard.check(line, "read")
-        self.extra_config = git.filter_overrides(git.config_names(config.stdout))
+        for place in sorted(places.holders):
+            guard.check(place, "read")
+        if os.path.lexists(places.alternates_file):
+            listed = await self.run(["count-objects", "-v"])
+            for other in git.parse_alternates(listed.stdout):
+                guard.check(git.holder_of(os.path.realpath(other)), "read")
+        try:
+            self.extra_config = git.filter_overrides(git.config_names(config.stdout))
+        except git.UnsettableName as e:
+            raise e.as_error() from None
 
     def file_arg(self) -> list[str]:
         """``-- FILE`` for ``?file=``, checked like ``path``."""
@@ -286,8 +296,7 @@ async def git_diff(request: ServerRequest) -> dict[str, Any]:
     )
     common = [
         "diff",
-        "--no-ext-diff",
-        "--no-textconv",
+        *git.NO_DIFF_PROGRAMS,
         "--no-color",
         "--ignore-submodules=dirty",
     ]

@@ -34,7 +34,7 @@ from sandboxd.errors import (
     policy_rule,
     unavailable,
 )
-from sandboxd.git import parse_numstat, truncate_diff
+from sandboxd.git import NO_DIFF_PROGRAMS, parse_numstat, truncate_diff
 from sandboxd.git.askpass import Secret, under_prefix
 from sandboxd.git.jobs import GitJob, GitJobTable
 from sandboxd.git.outcomes import (
@@ -142,6 +142,64 @@ def _files(
     return files
 
 
+async def _denied_among(
+    request: ServerRequest, call: GitCall, listing: list[str]
+) -> list[str]:
+    """
+    The paths git lists with ``listing`` (NUL-separated, from the top of
+    the work tree) that ``paths.deny`` refuses; none without deny rules.
+
+    A call that names a directory (``.``) or the whole tree (``all``)
+    would otherwise stage, commit, show or push a file the same call
+    refuses when named.
+
+    :raises ApiError: 403 ``path_denied`` when the listing was cut short
+        (the rest is unknown, so may hold one).
+    """
+    if not request.rule.paths.deny or call.top is None:
+        return []
+    try:
+        listed = await _listed(call, listing)
+    except _ListCut:
+        listed = None
+    if listed is None:
+        raise forbidden(
+            "the files this call would take cannot all be listed (too many, or "
+            "git refused), so they cannot be checked against paths.deny; name "
+            "fewer files",
+            Code.PATH_DENIED,
+            rule=request.rule.source("paths.deny") or "policy:paths.deny",
+        )
+    guard = PathGuard(request.rule)
+    out = []
+    for raw in listed:
+        path = raw.decode("utf-8", "surrogateescape")
+        decision = guard.decide(os.path.join(call.top, path), "read")
+        if not decision.allowed and decision.code is Code.PATH_DENIED:
+            out.append(path)
+    return out
+
+
+def _holds_denied(
+    request: ServerRequest, paths: list[str], what: str, hint: str
+) -> ApiError:
+    """403 ``path_denied``: the call would ``what`` the denied ``paths``."""
+    listed = ", ".join(paths[:10])
+    if len(paths) > 10:
+        listed += f" and {len(paths) - 10} more"
+    return forbidden(
+        f"{what} paths the policy denies ({listed}); nothing was done: {hint}",
+        Code.PATH_DENIED,
+        rule=request.rule.source("paths.deny") or "policy:paths.deny",
+        paths=paths[:100],
+    )
+
+
+#: ``git ls-files`` arguments listing what ``git add`` of a pathspec (or
+#: ``add -A`` from the top) stages: changed, removed and new files.
+_ADDABLE = ["ls-files", "-z", "--full-name", "-m", "-d", "-o", "--exclude-standard"]
+
+
 # -- local: init, add, commit ------------------------------------------------------
 
 
@@ -225,9 +283,18 @@ async def git_add(request: ServerRequest) -> dict[str, Any]:
     body = request.body
     call = await _repo(request, body.get("path"))
     if params.flag(body.get("all"), "all"):
-        await call.run(["add", "-A"])
+        args = ["add", "-A"]
+        listing = ["-C", call.top or call.cwd, *_ADDABLE]
     else:
-        await call.run(["add", "--", *_files(request, call, body.get("files"))])
+        files = _files(request, call, body.get("files"))
+        args = ["add", "--", *files]
+        listing = [*_ADDABLE, "--", *files]
+    denied = await _denied_among(request, call, listing)
+    if denied:
+        raise _holds_denied(
+            request, denied, "this would stage", "name the files to stage"
+        )
+    await call.run(args)
     staged = await call.run(["diff", "--cached", "--name-only", "-z"])
     return {"staged": [n for n in _text(staged.stdout).split("\0") if n]}
 
@@ -284,12 +351,38 @@ async def git_commit(request: ServerRequest) -> dict[str, Any]:
         args.append("--amend")
     if params.flag(body.get("signoff"), "signoff"):
         args.append("--signoff")
+    staged = ["diff", "--cached", "--name-only", "-z", "--no-renames"]
+    listings = [staged]
     if body.get("files") is not None:
-        args += ["--", *_files(request, call, body.get("files"))]
+        files = _files(request, call, body.get("files"))
+        args += ["--", *files]
+        # A commit of named paths takes their files as they are.
+        listings = [
+            [*staged, "--", *files],
+            ["ls-files", "-z", "--full-name", "-m", "-d", "--", *files],
+        ]
+    denied = [
+        p for listing in listings for p in await _denied_among(request, call, listing)
+    ]
+    if denied:
+        raise _holds_denied(
+            request,
+            sorted(set(denied)),
+            "the commit would hold",
+            "unstage them (git_reset with files), or name the files to commit",
+        )
     await call.run(args, stdin=message.encode("utf-8"))
     sha = await _head(call)
     stats = await call.run(
-        ["show", "--numstat", "-z", "--format=", "--no-renames", "HEAD"]
+        [
+            "show",
+            *NO_DIFF_PROGRAMS,
+            "--numstat",
+            "-z",
+            "--format=",
+            "--no-renames",
+            "HEAD",
+        ]
     )
     return {"commit": sha, "branch": branch, "summary": parse_numstat(stats.stdout)}
 
@@ -323,11 +416,28 @@ async def git_show(request: ServerRequest) -> dict[str, Any]:
     commits = parse_log(meta.stdout)
     if not commits:
         raise bad_request(f"no commit {rev!r}")
+    # The changes of denied files are left out of the diff (their names
+    # are said): the rest of the commit is the caller's to read.
+    withheld = await _denied_among(
+        request,
+        call,
+        ["show", "-z", "--format=", "--name-only", "--no-renames", "-m", rev, "--"],
+    )
+    excluded = [f":(exclude,literal,top){path}" for path in withheld]
     limit = defaults.MB
     call.max_output = limit + 1
-    patch = await call.run(["show", "--format=", "--patch", "--no-color", rev, "--"])
+    patch = await call.run(
+        [
+            *("show", *NO_DIFF_PROGRAMS, "--format=", "--patch", "--no-color"),
+            *(rev, "--", *([":(top)", *excluded] if excluded else [])),
+        ],
+        own_pathspecs=bool(excluded),
+    )
     diff, truncated = truncate_diff(patch.stdout, limit, cut=patch.truncated)
-    return {**commits[0], "diff": diff, "truncated": truncated}
+    out = {**commits[0], "diff": diff, "truncated": truncated}
+    if withheld:
+        out["withheld"] = sorted(set(withheld))
+    return out
 
 
 async def git_branches(request: ServerRequest) -> dict[str, Any]:
@@ -1147,7 +1257,8 @@ async def git_pull(request: ServerRequest) -> Any:
     body = request.body
     wait = _wait(request)
     call, remote, name, pin, secret = await _remote_call(request)
-    args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit"]
+    # No diffstat: it would run the repository's textconv programs.
+    args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit", "--no-stat"]
     rebase = params.flag(body.get("rebase"), "rebase")
     if rebase:
         args.append("--rebase")
@@ -1237,8 +1348,10 @@ async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:
             "the rebase stopped and could not be aborted: the repository is "
             "in the middle of a rebase",
         )
+    # git's hints (run "git rebase --continue") name what the abort undid.
+    kept = [line for line in e.message.split("\n") if not line.startswith("hint:")]
     return noted(
-        e,
+        ApiError(e.status, "\n".join(kept), e.type, e.code, **e.extra),
         "the rebase was aborted: the branch is as it was; a pull without "
         "rebase merges, and leaves a conflict to resolve and commit",
     )
@@ -1298,6 +1411,18 @@ async def git_push(request: ServerRequest) -> Any:
     if local.exit_code != 0:
         raise bad_request(f"no local branch {branch!r}")
     sha = _text(local.stdout).strip()
+    # What the remote has not seen (no branch of it holds): no file of it
+    # the policy denies may leave.
+    unseen = ["log", "-z", "--format=", "--name-only", "--no-renames", "-m"]
+    unseen += [f"refs/heads/{branch}", "--not", f"--remotes={name}", "--"]
+    denied = await _denied_among(request, call, unseen)
+    if denied:
+        raise _holds_denied(
+            request,
+            sorted(set(denied)),
+            "the push would send commits that change",
+            "those commits must leave them out to be pushed through this API",
+        )
     args = ["push", "--porcelain", "--progress", "--no-recurse-submodules"]
     if params.flag(body.get("set_upstream"), "set_upstream"):
         args.append("--set-upstream")
@@ -1317,7 +1442,7 @@ async def git_push(request: ServerRequest) -> Any:
             observe=job.observe,
             check=False,
         )
-        updated = parse_push(result.stdout)
+        updated = await _pushed_commits(call, parse_push(result.stdout), branch, sha)
         if result.exit_code != 0:
             text = redact(
                 _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
@@ -1349,6 +1474,31 @@ async def git_push(request: ServerRequest) -> Any:
 
     job = _start_job(request, "push", call.cwd, secret, work)
     return await _answer(request, job, wait)
+
+
+async def _pushed_commits(
+    call: GitCall, updated: list[dict[str, Any]], branch: str, sha: str
+) -> list[dict[str, Any]]:
+    """
+    ``updated`` with whole object names: the branch's ``new`` is the
+    commit pushed (or offered, when refused), which git leaves out for a
+    new branch; abbreviations git printed are spelled out.  ``old`` stays
+    null where the remote had no such ref.
+    """
+    for entry in updated:
+        if entry["ref"] == f"refs/heads/{branch}":
+            entry["new"] = sha
+        for key in ("old", "new"):
+            short = entry.get(key)
+            if short and len(short) < len(sha):
+                found = await call.run(
+                    ["rev-parse", "-q", "--verify", "--end-of-options", short],
+                    check=False,
+                )
+                full = _text(found.stdout).strip()
+                if found.exit_code == 0 and full:
+                    entry[key] = full
+    return updated
 
 
 # -- jobs --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from sandboxd.git.outcomes import (
     redact,
 )
 from sandboxd.git.remotes import parse_remote
-from sandboxd.git.runner import network_overrides
+from sandboxd.git.runner import network_overrides, protocol_overrides
 from sandboxd.testing import memory_context
 
 
@@ -407,6 +407,28 @@ class RemoteFormTests(SynchronousTestCase):
                 "http.https://x/.sslVerify=true",
                 "remote.origin.proxy=http://proxy:3128",
             ],
+        )
+
+    def test_protocol_and_remote_program_overrides(self) -> None:
+        """
+        Transports the repository allows by name are refused but the ones
+        the daemon allows; a remote's upload and receive programs are put
+        back to git's own.
+        """
+        names = [
+            "protocol.ext.allow",
+            "protocol.file.allow",
+            "protocol.HTTPS.allow",
+            "protocol.allow",
+            "remote.origin.uploadpack",
+        ]
+        self.assertEqual(
+            protocol_overrides(names, ["https"]),
+            ["protocol.ext.allow=never", "protocol.file.allow=never"],
+        )
+        self.assertEqual(
+            network_overrides(names, ""),
+            ["remote.origin.uploadpack=git-upload-pack"],
         )
 
 

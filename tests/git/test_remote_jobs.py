@@ -22,6 +22,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.git import runner
 from sandboxd.git.askpass import descends_from
 from sandboxd.git.jobs import GitJob
 from tests.git.remote import LoopbackRemote, missing, run, serve_remote
@@ -134,6 +135,7 @@ class RemoteCase(DaemonTestCase):
     password: str | None = None
     params: dict[str, Any] = {}
     limits: dict[str, Any] = {}
+    paths: dict[str, Any] = {}
     skip = SKIP
 
     @inlineCallbacks
@@ -146,6 +148,8 @@ class RemoteCase(DaemonTestCase):
         self.policy = remote_policy(
             self.remote, self.token_file, self.limits, **self.params
         )
+        if self.paths:
+            self.policy["endpoints"]["group:git"]["paths"] = self.paths
         yield self.start()
 
     @inlineCallbacks
@@ -250,6 +254,15 @@ class OpenRemoteTests(RemoteCase):
         body = reply.json()
         self.assertEqual(body["updated"][0]["ref"], "refs/heads/main")
         self.assertEqual(body["updated"][0]["status"], "ok")
+        # Both commits in full: the remote's before, and the one pushed.
+        work = os.path.join(self.base_dir, "work")
+        self.assertEqual(
+            (body["updated"][0]["old"], body["updated"][0]["new"]),
+            (
+                run(work, "rev-parse", "HEAD~1").strip(),
+                run(work, "rev-parse", "HEAD").strip(),
+            ),
+        )
         self.assertTrue(body["remote_verified"])
         # Someone else pushes first.
         seed = os.path.join(self.remote.directory, "seed-repo.git")
@@ -266,6 +279,9 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "non_fast_forward")
         self.assertEqual(reply.json()["updated"][0]["status"], "rejected")
+        self.assertEqual(
+            reply.json()["updated"][0]["new"], run(work, "rev-parse", "HEAD").strip()
+        )
         # git's reason in words, not porcelain's last line ("Done").
         self.assertIn(
             "refs/heads/main was rejected (fetch first)", reply.json()["error"]
@@ -391,6 +407,8 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "merge_conflict")
         self.assertIn("the rebase was aborted", reply.json()["error"])
+        # git's hints name commands for a rebase that is no more.
+        self.assertNotIn("--continue", reply.json()["error"])
         self.assertEqual(run(work, "rev-parse", "HEAD"), head)
         self.assertEqual(run(work, "status", "--porcelain"), "")
         git_dir = os.path.join(work, ".git")
@@ -444,6 +462,12 @@ class OpenRemoteTests(RemoteCase):
             },
         )
         self.assertEqual(reply.status, 200, reply.body)
+        # The new branch's entry names the commit pushed, in full.
+        pushed = [u for u in reply.json()["updated"] if u["ref"] == "refs/heads/feat"]
+        self.assertEqual(
+            [(u["old"], u["new"], u["status"]) for u in pushed],
+            [(None, run(work, "rev-parse", "feat").strip(), "ok")],
+        )
         refs = run(os.path.join(self.remote.root, "repo.git"), "show-ref")
         self.assertIn("refs/heads/feat", refs)
         self.assertIn("refs/tags/v1", refs)
@@ -589,6 +613,182 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
+
+
+class HostileRemoteConfigTests(RemoteCase):
+    """
+    Programs a clone's configuration names for git to run on a fetch,
+    pull or push (merge drivers, signature checkers, remote helpers,
+    credential helpers, an alternate's ref lister) never run, and no
+    cookie jar is written where it says: each points at a script that
+    leaves a marker.
+    """
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "work", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.work = os.path.join(self.base_dir, "work")
+        self.tools = os.path.realpath(self.mktemp())
+        os.makedirs(self.tools)
+        self.marker = os.path.join(self.tools, "PWNED")
+        self.script = os.path.join(self.tools, "evil.sh")
+        with open(self.script, "w") as f:
+            f.write(f'#!/bin/sh\necho "$0 $*" >> {self.marker}\n')
+        os.chmod(self.script, 0o755)
+
+    def assert_nothing_ran(self) -> None:
+        ran = ""
+        if os.path.exists(self.marker):
+            with open(self.marker) as f:
+                ran = f.read()
+        self.assertEqual(ran, "", "a repository's program ran")
+
+    def remote_commit(self, text: str, signed: bool = False) -> None:
+        """A commit writing README on the remote's main, with a signature header if ``signed``."""
+        seed = os.path.join(self.remote.directory, "seed-repo.git")
+        with open(os.path.join(seed, "README"), "w") as f:
+            f.write(text)
+        run(seed, "add", "-A")
+        run(seed, "commit", "-q", "-m", "theirs")
+        if signed:
+            tree = run(seed, "rev-parse", "HEAD^{tree}").strip()
+            parent = run(seed, "rev-parse", "HEAD~1").strip()
+            body = os.path.join(self.tools, "commit.txt")
+            with open(body, "w") as f:
+                f.write(
+                    f"tree {tree}\nparent {parent}\n"
+                    "author T <t@example.com> 1 +0000\n"
+                    "committer T <t@example.com> 1 +0000\n"
+                    "gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQ\n"
+                    " -----END PGP SIGNATURE-----\n\nsigned\n"
+                )
+            sha = run(seed, "hash-object", "-t", "commit", "-w", body).strip()
+            run(seed, "update-ref", "HEAD", sha)
+        run(
+            seed, "push", "-q", "-f", os.path.join(self.remote.root, "repo.git"), "main"
+        )
+
+    @inlineCallbacks
+    def test_merge_driver_on_pull(self) -> Any:
+        """
+        A pull that merges does not run the clone's ``merge.NAME.driver``:
+        git's own text merge leaves the conflict (409, markers in the file).
+        """
+        run(self.work, "config", "merge.evil.driver", f"{self.script} %O %A %B")
+        with open(os.path.join(self.work, ".git", "info", "attributes"), "w") as f:
+            f.write("README merge=evil\n")
+        self.remote_commit("theirs\n")
+        with open(os.path.join(self.work, "README"), "w") as f:
+            f.write("ours\n")
+        run(self.work, "commit", "-q", "-am", "ours")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
+        )
+        # 409 although the fetch printed its progress before the merge spoke.
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        self.assertIn("Merge conflict in README", reply.json()["error"])
+        with open(os.path.join(self.work, "README")) as f:
+            self.assertIn("<<<<<<<", f.read())
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_signature_check_on_pull(self) -> Any:
+        """
+        ``merge.verifySignatures`` with a ``gpg.program`` runs no program
+        on a pull of a signed commit; the pull is made.
+        """
+        run(self.work, "config", "merge.verifySignatures", "true")
+        run(self.work, "config", "gpg.program", self.script)
+        self.remote_commit("theirs\n", signed=True)
+        reply = yield self.request("POST", "/git/pull", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(run(self.work, "log", "-1", "--format=%s"), "signed\n")
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_remote_helper_allowed_by_name(self) -> Any:
+        """
+        A remote helper the clone names for its remote (``remote.NAME.vcs``)
+        and allows by name (``protocol.NAME.allow=always``) is not run:
+        the fetch fails, as an unknown transport.
+        """
+        helper = os.path.join(self.tools, "git-remote-evil")
+        os.symlink(self.script, helper)
+        path = f"{self.tools}:{runner.BOOT_ENVIRON.get('PATH', '/usr/bin:/bin')}"
+        self.patch(runner, "BOOT_ENVIRON", {**runner.BOOT_ENVIRON, "PATH": path})
+        run(self.work, "config", "remote.origin.vcs", "evil")
+        run(self.work, "config", "protocol.evil.allow", "always")
+        reply = yield self.request("POST", "/git/fetch", {"path": "work", "wait": 30})
+        self.assertNotEqual(reply.status, 200, reply.body)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_helpers_and_cookies_on_fetch(self) -> Any:
+        """
+        A credential helper for the remote's URL, an alternate's ref lister
+        (``core.alternateRefsCommand``) and a cookie jar outside the base
+        dir (``http.cookieFile`` with ``saveCookies``): the fetch works, and
+        runs and writes none of them.
+        """
+        shared = os.path.join(self.base_dir, "shared")
+        run(self.base_dir, "clone", "-q", "--shared", self.work, shared)
+        run(shared, "remote", "set-url", "origin", self.remote.url())
+        jar = os.path.join(self.tools, "jar")
+        for key, value in (
+            (f"credential.{self.remote.url('')}.helper", f"!{self.script}"),
+            ("core.alternateRefsCommand", self.script),
+            ("http.cookieFile", jar),
+            ("http.saveCookies", "true"),
+        ):
+            run(shared, "config", key, value)
+        self.remote_commit("theirs\n")
+        reply = yield self.request("POST", "/git/fetch", {"path": "shared", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(jar), "a cookie jar was written")
+        self.assert_nothing_ran()
+
+
+class DeniedPushTests(RemoteCase):
+    """A push never sends a commit that changes a file ``paths.deny`` refuses."""
+
+    paths = {"deny": ["**/secret/**"]}
+
+    @inlineCallbacks
+    def test_push_of_a_denied_change_refused(self) -> Any:
+        """
+        A branch whose unpushed commits (made outside the API) change a
+        denied file is 403 ``path_denied`` naming it, and the remote is as
+        it was; commits that do not are pushed.
+        """
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "work", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        work = os.path.join(self.base_dir, "work")
+        bare = os.path.join(self.remote.root, "repo.git")
+        with open(os.path.join(work, "open.txt"), "w") as f:
+            f.write("open\n")
+        run(work, "add", "open.txt")
+        run(work, "commit", "-q", "-m", "open")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        pushed = run(bare, "rev-parse", "main")
+        os.makedirs(os.path.join(work, "secret"))
+        with open(os.path.join(work, "secret", "key.txt"), "w") as f:
+            f.write("TOPSECRET\n")
+        run(work, "add", "-A")
+        run(work, "commit", "-q", "-m", "secret")
+        run(work, "commit", "-q", "--allow-empty", "-m", "after")
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertIn("secret/key.txt", reply.json()["error"])
+        self.assertEqual(run(bare, "rev-parse", "main"), pushed)
 
 
 class JobBugTests(RemoteCase):

@@ -107,11 +107,11 @@ class DeliveryTests(SynchronousTestCase):
             ],
         )
         self.assertEqual(
-            [(r["result"], r["code"]) for r in lines],
+            [(r["result"], r["code"], r["decision"]) for r in lines],
             [
-                ("retrying", None),
-                ("retrying", "upstream_unavailable"),
-                ("delivered", None),
+                ("retrying", None, "deny"),
+                ("retrying", "upstream_unavailable", "deny"),
+                ("delivered", None, "allow"),
             ],
         )
         self.assertEqual({r["identity"] for r in lines}, {"alice"})

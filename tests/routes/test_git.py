@@ -315,6 +315,13 @@ class GitLocalTests(DaemonTestCase):
             self.assertIn("<<<<<<<", f.read())
         self.assertEqual(git(repo, "status", "--porcelain"), "UU a.txt\n")
         self.assertEqual(len(git(repo, "stash", "list").splitlines()), 1)
+        # Switching away first is a conflict to resolve, not a git error.
+        git(repo, "branch", "other")
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "other"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
 
     @inlineCallbacks
     def test_calls_at_once_on_one_repository(self) -> Any:
@@ -793,6 +800,333 @@ class GitDeniedPathTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         with open(os.path.join(repo, "sub/open.txt")) as f:
             self.assertEqual(f.read(), "committed\n")
+
+
+class GitDeniedParentTests(DaemonTestCase):
+    """
+    A denied file never takes part in a call that names a parent of it
+    (``files: ["."]``, ``all``): no stage, no commit, no diff of it shown.
+    """
+
+    policy = {
+        **GIT,
+        "endpoints": {"group:git": {"paths": {"deny": ["**/secret/**"]}}},
+    }
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.repo = os.path.join(self.base_dir, "repo")
+        self.write("secret/key.txt", "FIRST-SECRET\n")
+        self.write("open.txt", "committed\n")
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", "one")
+        return started
+
+    def write(self, name: str, text: str) -> None:
+        path = os.path.join(self.repo, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    def staged(self) -> str:
+        return git(self.repo, "diff", "--cached", "--name-only")
+
+    @inlineCallbacks
+    def test_add_and_commit_of_a_parent(self) -> Any:
+        """
+        ``git_add`` of ``.`` or ``all`` while a denied file has changes (or
+        is new) is 403 ``path_denied`` naming it, and nothing is staged; a
+        commit of ``.`` likewise; naming the allowed file works.
+        """
+        self.write("secret/key.txt", "TOPSECRET\n")
+        self.write("secret/new.txt", "NEW-SECRET\n")
+        self.write("open.txt", "open edit\n")
+        calls = [
+            ("/git/add", {"path": "repo", "files": ["."]}),
+            ("/git/add", {"path": "repo", "all": True}),
+            ("/git/add", {"path": "repo/secret", "files": ["."]}),
+            ("/git/commit", {"path": "repo", "message": "m", "files": ["."]}),
+        ]
+        for route, body in calls:
+            reply = yield self.request("POST", route, body)
+            self.assertNotIn(b"TOPSECRET", reply.body)
+            self.assertEqual(reply.status, 403, (body, reply.body))
+            self.assertEqual(reply.json()["code"], "path_denied", body)
+            self.assertIn("secret", reply.json()["error"])
+            self.assertEqual(self.staged(), "")
+        self.assertEqual(git(self.repo, "log", "--format=%s"), "one\n")
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo", "files": ["open.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["staged"], ["open.txt"])
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "two"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        # Staged by someone else: the commit refuses to take it.
+        git(self.repo, "add", "secret/key.txt")
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "three"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(git(self.repo, "log", "--format=%s"), "two\none\n")
+
+    @inlineCallbacks
+    def test_show_withholds_denied_changes(self) -> Any:
+        """
+        ``git_show`` of a commit that changed a denied file (made outside
+        the API) shows the other changes and names the withheld file,
+        never its content.
+        """
+        self.write("secret/key.txt", "TOPSECRET\n")
+        self.write("open.txt", "open edit\n")
+        git(self.repo, "commit", "-q", "-am", "both")
+        reply = yield self.request("GET", "/git/show?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn(b"TOPSECRET", reply.body)
+        self.assertIn("+open edit", reply.json()["diff"])
+        self.assertEqual(reply.json()["withheld"], ["secret/key.txt"])
+        reply = yield self.request("GET", "/git/show?path=repo&rev=HEAD~1")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn(b"FIRST-SECRET", reply.body)
+        self.assertIn("+committed", reply.json()["diff"])
+
+
+class RepositoryElsewhereTests(DaemonTestCase):
+    """
+    A repository in the base dir whose git dir sends git to another
+    directory (``commondir``, ``objects/info/alternates``, a linked object
+    directory) is refused when that directory lies outside, as a ``.git``
+    file naming one is: 403 ``path_not_allowed``, and the other repository
+    is left as it was.
+    """
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        git(self.outside, "init", "-q", "-b", "main")
+        git(self.outside, "commit", "-q", "--allow-empty", "-m", "outside")
+        self.repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(self.repo)
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "commit", "-q", "--allow-empty", "-m", "inside")
+        return started
+
+    def outside_refs(self) -> str:
+        return git(self.outside, "for-each-ref", "--format=%(refname) %(objectname)")
+
+    @inlineCallbacks
+    def assert_refused(self) -> Any:
+        refs = self.outside_refs()
+        calls = [
+            ("GET", "/git/log?path=repo", None),
+            ("GET", "/git/branches?path=repo", None),
+            ("POST", "/git/branches", {"path": "repo", "name": "pwned"}),
+            (
+                "POST",
+                "/git/commit",
+                {"path": "repo", "message": "m", "allow_empty": True},
+            ),
+            ("DELETE", "/git/branches?path=repo&name=main&force=true", None),
+        ]
+        for method, route, body in calls:
+            reply = yield self.request(method, route, body)
+            self.assertEqual(reply.status, 403, (route, reply.body))
+            self.assertEqual(reply.json()["code"], "path_not_allowed", route)
+            self.assertEqual(reply.json()["rule"], "guard:base_dir", route)
+        self.assertEqual(self.outside_refs(), refs)
+
+    @inlineCallbacks
+    def test_commondir_outside(self) -> Any:
+        """``.git/commondir`` naming a repository outside: every call is refused."""
+        with open(os.path.join(self.repo, ".git", "commondir"), "w") as f:
+            f.write(os.path.join(self.outside, ".git") + "\n")
+        os.unlink(os.path.join(self.repo, ".git", "index"))
+        yield self.assert_refused()
+
+    @inlineCallbacks
+    def test_objects_linked_outside(self) -> Any:
+        """``.git/objects`` as a link to another repository's objects is refused."""
+        objects = os.path.join(self.repo, ".git", "objects")
+        shutil.rmtree(objects)
+        os.symlink(os.path.join(self.outside, ".git", "objects"), objects)
+        yield self.assert_refused()
+
+    @inlineCallbacks
+    def test_alternates_outside(self) -> Any:
+        """
+        ``objects/info/alternates`` naming another repository's objects (by
+        a relative path too) is refused, so no commit of it can be shown;
+        an alternate inside the base dir is used.
+        """
+        alternates = os.path.join(self.repo, ".git", "objects", "info", "alternates")
+        theirs = git(self.outside, "rev-parse", "HEAD").strip()
+        target = os.path.join(self.outside, ".git", "objects")
+        # A relative alternate is taken from the object directory.
+        objects = os.path.join(self.repo, ".git", "objects")
+        for named in (target, os.path.relpath(target, objects)):
+            with open(alternates, "w") as f:
+                f.write(named + "\n")
+            reply = yield self.request("GET", f"/git/show?path=repo&rev={theirs}")
+            self.assertEqual(reply.status, 403, reply.body)
+            self.assertEqual(reply.json()["code"], "path_not_allowed")
+            yield self.assert_refused()
+        mine = os.path.join(self.base_dir, "mine")
+        git(self.base_dir, "clone", "-q", "--shared", self.repo, mine)
+        os.unlink(alternates)
+        reply = yield self.request("GET", "/git/log?path=mine")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual([c["subject"] for c in reply.json()["commits"]], ["inside"])
+
+
+class HostileConfigTests(DaemonTestCase):
+    """
+    Programs a repository's configuration names for git to run on the
+    group's local calls (diff drivers, merge drivers, signature checkers)
+    never run: each points at a script that leaves a marker.
+    """
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    def setUp(self) -> Any:
+        started = super().setUp()
+        self.repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(self.repo)
+        git(self.repo, "init", "-q", "-b", "main")
+        self.marker = os.path.join(self.base_dir, "PWNED")
+        self.script = os.path.join(self.base_dir, "evil.sh")
+        with open(self.script, "w") as f:
+            f.write(f'#!/bin/sh\necho "$0 $*" >> {self.marker}\ncat "$1"\n')
+        os.chmod(self.script, 0o755)
+        return started
+
+    def write(self, name: str, text: str) -> None:
+        with open(os.path.join(self.repo, name), "w") as f:
+            f.write(text)
+
+    def commit_all(self, message: str) -> None:
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", message)
+
+    def assert_nothing_ran(self) -> None:
+        self.assertFalse(os.path.exists(self.marker), "a repository's program ran")
+
+    def test_script_leaves_a_marker(self) -> None:
+        """The script does leave its marker when run (so its absence means something)."""
+        git(self.repo, "config", "diff.evil.textconv", self.script)
+        self.write(".gitattributes", "*.txt diff=evil\n")
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        git(self.repo, "show", "HEAD")
+        self.assertTrue(os.path.exists(self.marker))
+
+    @inlineCallbacks
+    def test_diff_drivers(self) -> Any:
+        """
+        ``diff.NAME.textconv``, ``diff.NAME.command`` and ``diff.external``
+        run on neither ``git_show`` nor ``git_commit``; the diff shown is
+        git's own.
+        """
+        for key in ("diff.evil.textconv", "diff.evil.command", "diff.external"):
+            git(self.repo, "config", key, self.script)
+        self.write(".gitattributes", "*.txt diff=evil\n")
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        self.write("a.txt", "two\n")
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": "two", "files": ["a.txt"]},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["summary"]["insertions"], 1)
+        for rev in ("HEAD", "HEAD~1"):
+            reply = yield self.request("GET", f"/git/show?path=repo&rev={rev}")
+            self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+one", reply.json()["diff"])
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_merge_driver(self) -> Any:
+        """
+        A ``merge.NAME.driver`` is not run by a merge (a stash pop here):
+        git's own text merge takes its place and leaves the conflict.
+        """
+        git(self.repo, "config", "merge.evil.driver", f"{self.script} %O %A %B")
+        self.write(".gitattributes", "c.txt merge=evil\n")
+        self.write("c.txt", "1\n2\n3\n")
+        self.commit_all("base")
+        self.write("c.txt", "1\nSTASHED\n3\n")
+        reply = yield self.request("POST", "/git/stash", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.write("c.txt", "1\nCOMMITTED\n3\n")
+        self.commit_all("ours")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        with open(os.path.join(self.repo, "c.txt")) as f:
+            merged = f.read()
+        self.assertIn("<<<<<<<", merged)
+        self.assertIn("STASHED", merged)
+        self.assertIn("COMMITTED", merged)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_signature_programs(self) -> Any:
+        """
+        With ``log.showSignature`` and a ``gpg.program`` (of each format),
+        a signed commit is logged and shown without running a program.
+        """
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        tree = git(self.repo, "rev-parse", "HEAD^{tree}").strip()
+        parent = git(self.repo, "rev-parse", "HEAD").strip()
+        signed = (
+            f"tree {tree}\nparent {parent}\n"
+            "author A <a@example.com> 1 +0000\ncommitter A <a@example.com> 1 +0000\n"
+            "gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQ\n -----END PGP SIGNATURE-----\n"
+            "\nsigned\n"
+        )
+        path = os.path.join(self.base_dir, "commit.txt")
+        with open(path, "w") as f:
+            f.write(signed)
+        sha = git(self.repo, "hash-object", "-t", "commit", "-w", path).strip()
+        git(self.repo, "update-ref", "HEAD", sha)
+        git(self.repo, "config", "log.showSignature", "true")
+        for key in ("gpg.program", "gpg.openpgp.program", "gpg.x509.program"):
+            git(self.repo, "config", key, self.script)
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["commits"][0]["subject"], "signed")
+        reply = yield self.request("GET", "/git/show?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assert_nothing_ran()
+
+    @inlineCallbacks
+    def test_driver_name_with_equals(self) -> Any:
+        """
+        A driver whose name holds ``=`` (which git's command line cannot
+        name to switch it off) makes the call 400 ``git_error`` naming the
+        setting, before any git that could run it.
+        """
+        self.write("a.txt", "one\n")
+        self.commit_all("one")
+        git(self.repo, "config", "merge.a=b.driver", self.script)
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(reply.json()["code"], "git_error")
+        self.assertIn("merge.a=b.driver", reply.json()["error"])
 
 
 class GitLockWaitTests(DaemonTestCase):

@@ -46,6 +46,13 @@ _GIT_REMOTE_ERRORS = (
     *GIT_URL_ERRORS,
     E(429, "too_many_jobs", "limits.max_jobs git jobs are running"),
     E(
+        408,
+        "idle_timeout",
+        "git printed nothing for limits.idle_timeout_seconds and was stopped"
+        ' (the message starts with "IdleTimeout:")',
+        "TimeoutError",
+    ),
+    E(
         502,
         "remote_error",
         "the remote refused (body: kind auth|not_found|network|tls|rejected)",
@@ -266,7 +273,14 @@ SCHEMAS: dict[str, Schema] = {
                 "paths in the work tree (literal, guarded)",
                 items="string",
             ),
-            F("all", "boolean", "stage every change (git add -A)", default=False),
+            F(
+                "all",
+                "boolean",
+                "stage every change (git add -A); 403 path_denied, staging"
+                " nothing, when a change (as for a directory in files) is under"
+                " paths.deny",
+                default=False,
+            ),
         ),
         response=(F("staged", "array", items="string"),),
         errors=GIT_LOCAL_ERRORS,
@@ -325,6 +339,13 @@ SCHEMAS: dict[str, Schema] = {
             F("body"),
             F("diff", doc='truncated at 1 MB with "... (truncated at 1MB)"'),
             F("truncated", "boolean"),
+            F(
+                "withheld",
+                "array",
+                "files the commit changed that paths.deny refuses: their changes"
+                " are left out of diff (present only when there are some)",
+                items="string",
+            ),
         ),
         errors=GIT_LOCAL_ERRORS,
     ),
@@ -383,7 +404,12 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("branch", nullable=True), F("commit"), F("detached", "boolean")),
         errors=(
             *GIT_LOCAL_ERRORS,
-            E(409, "git_conflict", "kind dirty_tree or branch_exists"),
+            E(
+                409,
+                "git_conflict",
+                "kind dirty_tree, branch_exists, or merge_conflict (a merge is"
+                " left to resolve)",
+            ),
         ),
     ),
     "git_reset": Schema(
