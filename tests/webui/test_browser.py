@@ -259,9 +259,10 @@ class TerminalTests(ConsoleCase):
     @inlineCallbacks
     def test_revoked_mid_session(self) -> Any:
         """
-        A link revoked while a terminal is open: the cut socket does not
-        come back; the login screen says why, and the terminal ends in a
-        documented end state (not ``reconnecting`` for ever).
+        A link revoked while a terminal is open: the daemon closes the
+        socket saying why, and it does not come back; the login screen says
+        why, and the terminal ends in that end state (not ``reconnecting``
+        for ever).
         """
         url = yield self.link()
         terminals = self.daemon.context.terminals
@@ -288,7 +289,7 @@ class TerminalTests(ConsoleCase):
         seen = yield self.browse(steps)
         self.assertEqual(seen["revoked"], 200)
         self.assertIn("no longer works", seen["reason"])
-        self.assertEqual(seen["status"], "closed: the link no longer works")
+        self.assertEqual(seen["status"], "closed: the link was revoked")
 
 
 class TerminalInputTests(ConsoleCase):

@@ -84,7 +84,13 @@ class TerminalTab {
       }
       if (e.code === 1000 || e.code === 1008) {
         this.setStatus(e.code === 1000 ? "ended" : `closed: ${e.reason}`);
-        if (e.code === 1008) this.page.forget(this);
+        if (e.code === 1008) {
+          this.page.forget(this);
+          // Refused by the daemon (a link revoked or expired, an identity
+          // taken out of the policy): ask the API, which shows the login
+          // screen when the link itself no longer works.
+          this.api.fetch("GET", "/capabilities").catch(() => {});
+        }
         return;
       }
       this.retries += 1;
