@@ -376,6 +376,16 @@ MCP_REPLAY_BYTES = MIB
 #: room when a new one would be past ``max_sessions`` or an identity's share.
 MCP_SESSION_QUIET_SECONDS = 60.0
 
+#: MCP: a call whose SSE stream was lost is kept this long (at most the
+#: idle timeout) for its client to resume it with ``Last-Event-ID``; then it
+#: is cancelled, so that a client that died cannot hold its session open.
+MCP_LOST_STREAM_SECONDS = 60.0
+
+#: MCP: a ``tools/call`` still running after this long is answered as SSE
+#: (the answer so far is nothing), so that keep-alive comments reach a
+#: client whose read timeout is short (httpx's default is 5 s).
+MCP_JSON_ANSWER_SECONDS = 2.0
+
 #: MCP: how often idle sessions are looked for (at most; shorter when the
 #: idle timeout is).
 MCP_SWEEP_SECONDS = 60.0

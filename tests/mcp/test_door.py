@@ -1485,3 +1485,133 @@ class QuietDisconnectTests(McpTestCase):
         yield self._drain()
         lines = self.audit_lines()
         self.assertEqual([r for r in lines if r.get("status") == 499], [], lines)
+
+
+def _call(rid: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+
+
+class LostStreamTests(McpTestCase):
+    """
+    A call whose SSE stream is lost waits a grace (the idle timeout here)
+    for its client to resume it; then it is let go, and its session with it.
+    """
+
+    policy = {"endpoints": {"mcp": {"limits": {"idle_timeout_seconds": 2}}}}
+
+    _session_headers = TransportTests._session_headers
+
+    def _drop_after_priming(self, headers: dict[str, str], call: dict[str, Any]) -> Any:
+        """POST a streamed call and leave after its first event id."""
+        url = self.mcp_url
+
+        async def work() -> str:
+            sent = {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                **headers,
+            }
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("POST", url, json=call, headers=sent) as r:
+                    assert r.headers["content-type"].startswith("text/event-stream")
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            return line[4:]
+            raise AssertionError("no event id")
+
+        return in_thread(work)
+
+    @inlineCallbacks
+    def test_dead_follower_frees_its_session(self) -> Any:
+        """
+        A client that dies while following a process that keeps running
+        does not hold its session: once the grace is over the follow is
+        cancelled (the process runs on) and the idle session expires.
+        """
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        started = yield self.http(
+            "POST", _call(2, "process_start", {"command": "sleep 30"}), headers
+        )
+        pid = started.json()["result"]["structuredContent"]["pid"]
+        self.addCleanup(lambda: os.kill(pid, 9) if alive(pid) else None)
+        yield self._drop_after_priming(
+            headers, _call(3, "process_output", {"pid": pid, "follow": True})
+        )
+        yield _sleep(4.0)
+        after = yield self.http(
+            "POST", {"jsonrpc": "2.0", "id": 4, "method": "ping"}, headers
+        )
+        self.assertEqual(after.status_code, 404)
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
+        self.assertTrue(alive(pid), "the followed process was not the call's")
+
+    @inlineCallbacks
+    def test_resumed_within_the_grace(self) -> Any:
+        """
+        A call that outlasts the grace is not let go while its client came
+        back in time: the resumed stream gets its answer.
+        """
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        first = yield self._drop_after_priming(
+            headers, _call(3, "shell_stream", {"command": "sleep 3; echo b"})
+        )
+        yield _sleep(1.0)
+        url = self.mcp_url
+
+        async def resume() -> list[str]:
+            sent = {"accept": "text/event-stream", **headers, "last-event-id": first}
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("GET", url, headers=sent) as r:
+                    return [
+                        line[6:]
+                        async for line in r.aiter_lines()
+                        if line.startswith("data: {")
+                    ]
+
+        resumed = yield in_thread(resume)
+        answer = json.loads(resumed[-1])
+        self.assertEqual(answer["id"], 3)
+        self.assertEqual(answer["result"]["structuredContent"]["stdout"], "b\n")
+
+
+class SlowJsonCallTests(McpTestCase):
+    """A call still running after a moment is answered as SSE."""
+
+    _session_headers = TransportTests._session_headers
+
+    @inlineCallbacks
+    def test_docs_client_survives_a_long_call(self) -> Any:
+        """
+        The docs' client (httpx's 5 s read timeout) waits out a shell call
+        of 7 s: the answer turns into SSE with keep-alive comments.
+        """
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient() as http:
+                transport = streamable_http_client(self.mcp_url, http_client=http)
+                async with Client(transport) as client:
+                    return await client.call_tool(
+                        "shell", {"command": "sleep 7; echo done"}
+                    )
+
+        result = yield in_thread(work, 20)
+        self.assertEqual(result.structured_content["stdout"], "done\n")
+
+    @inlineCallbacks
+    def test_quick_call_stays_json(self) -> Any:
+        """A call answered at once is one JSON body, as before."""
+        opened = yield self.initialize()
+        answer = yield self.http(
+            "POST",
+            _call(2, "shell", {"command": "echo hi"}),
+            self._session_headers(opened),
+        )
+        self.assertTrue(answer.headers["content-type"].startswith("application/json"))
+        self.assertEqual(answer.json()["result"]["structuredContent"]["stdout"], "hi\n")
