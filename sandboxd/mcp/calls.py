@@ -39,8 +39,10 @@ from sandboxd.errors import (
     unexpected,
     unsupported,
 )
-from sandboxd.mcp.collecting import CollectingChannel, Progress
+from sandboxd.mcp.collecting import CollectingChannel, Progress, command_text
+from sandboxd.mcp.fitting import fitted, result_size
 from sandboxd.mcp.tools import (
+    COMMAND_RESULTS,
     FILE_READS,
     IMAGES,
     LINE_STREAMS,
@@ -48,7 +50,11 @@ from sandboxd.mcp.tools import (
     Tool,
     summarise,
 )
-from sandboxd.policy.defaults import MCP_RESULT_BYTES, MCP_RESULT_JSON_BYTES
+from sandboxd.policy.defaults import (
+    MCP_OUTPUT_BYTES,
+    MCP_RESULT_BYTES,
+    MCP_RESULT_JSON_BYTES,
+)
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -63,14 +69,29 @@ Headers = Mapping[bytes, Any]
 
 
 def error_result(error: ApiError) -> dict[str, Any]:
-    """A refusal or failure as a tool result: ``isError`` and the §6 body."""
+    """
+    A refusal or failure as a tool result: ``isError`` and the §6 body
+    (a failed command's output in it cut to fit one result).
+    """
     body = error.body()
     body["status"] = error.status
-    return {
-        "content": [{"type": "text", "text": json.dumps(body, ensure_ascii=False)}],
-        "structuredContent": body,
-        "isError": True,
-    }
+
+    def build(pieces: dict[str, Any], cut: bool) -> dict[str, Any]:
+        structured = {**pieces, "truncated": True} if cut else pieces
+        text = json.dumps(structured, ensure_ascii=False)
+        return {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": structured,
+            "isError": True,
+        }
+
+    try:
+        return fitted(build, body)
+    except ApiError:
+        brief: dict[str, Any] = {
+            k: body[k] for k in ("error", "type", "code", "status") if k in body
+        }
+        return build(brief, True)
 
 
 #: A tool result's text rendering; a non-finite number raises ValueError
@@ -87,13 +108,28 @@ def value_result(
 ) -> dict[str, Any]:
     """
     A handler's answer as a tool result: structured content plus text
-    (summarised for the tools whose answers would flood a model's context).
+    (summarised for the tools whose answers would flood a model's context),
+    within :data:`MCP_RESULT_JSON_BYTES` as JSON: its biggest texts and
+    lists are cut to fit (:func:`~sandboxd.mcp.fitting.fitted`), and it
+    then says ``truncated``.
     """
     try:
         value = summarise(tool.name, value, arguments or {})
     except ArgumentError as e:
         raise bad_request(str(e)) from None
     structured = value if isinstance(value, dict) else {"result": value}
+    if tool.name in _BROWSER_FITS:
+        result = _rendered(tool, structured, False)
+        if result_size(result) > MCP_RESULT_JSON_BYTES:
+            return _BROWSER_FITS[tool.name](tool, structured)
+        return result
+    return fitted(lambda pieces, cut: _rendered(tool, pieces, cut), structured)
+
+
+def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, Any]:
+    """One result of ``structured``; ``cut`` when some of it was left out."""
+    if cut:
+        structured = {**structured, "truncated": True}
     content: list[dict[str, Any]] = []
     image = IMAGES.get(tool.name)
     if image is not None and isinstance(structured.get(image[0]), str):
@@ -105,9 +141,26 @@ def value_result(
         structured = {k: v for k, v in structured.items() if k != image[0]}
         structured["image"] = f"(image/{kind}, {len(data) * 3 // 4} bytes, as content)"
     elif tool.name in FILE_READS and isinstance(structured.get("content_base64"), str):
-        text = decoded_text(structured["content_base64"])
+        text = decoded_text(structured["content_base64"], partial=cut)
         if text is not None:
+            if cut:
+                text += (
+                    "\n[truncated: only the start of the file fits one result; "
+                    "read on with offset and limit (lines)]"
+                )
             content.append({"type": "text", "text": text})
+    elif tool.name in COMMAND_RESULTS and isinstance(structured.get("stdout"), str):
+        content.append(
+            {
+                "type": "text",
+                "text": command_text(
+                    structured["stdout"],
+                    str(structured.get("stderr") or ""),
+                    structured.get("exit_code"),
+                    truncated=bool(structured.get("truncated")),
+                ),
+            }
+        )
     # A result JSON cannot carry (a non-finite number) is the call's
     # failure, answered as a tool error, never a message that is not JSON.
     if not content:
@@ -117,10 +170,7 @@ def value_result(
             raise not_json(structured, "the tool's result") from None
     elif nonfinite_at(structured) is not None:
         raise not_json(structured, "the tool's result")
-    result = {"content": content, "structuredContent": structured, "isError": False}
-    if tool.name in _BROWSER_FITS and len(json.dumps(result)) > MCP_RESULT_JSON_BYTES:
-        return _BROWSER_FITS[tool.name](tool, structured)
-    return result
+    return {"content": content, "structuredContent": structured, "isError": False}
 
 
 def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
@@ -140,8 +190,8 @@ def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
             "truncated": True,
             "next_offset": start + len(text.encode("utf-8", "replace")),
         }
-        result = value_result(tool, cut)
-        if not text or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+        result = _rendered(tool, cut, False)
+        if not text or result_size(result) <= MCP_RESULT_JSON_BYTES:
             return result
 
 
@@ -156,8 +206,10 @@ def _fit_console(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
         half = len(logs) // 2 or len(logs)
         dropped += half
         logs = logs[half:]
-        result = value_result(tool, {**structured, "logs": logs, "dropped": dropped})
-        if not logs or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+        result = _rendered(
+            tool, {**structured, "logs": logs, "dropped": dropped}, False
+        )
+        if not logs or result_size(result) <= MCP_RESULT_JSON_BYTES:
             return result
 
 
@@ -206,14 +258,31 @@ def raw_result(response: ServerResponse) -> dict[str, Any]:
     }
 
 
-def decoded_text(data: str) -> str | None:
-    """The UTF-8 text a base64 string holds, or None for binary data."""
+def decoded_text(data: str, partial: bool = False) -> str | None:
+    """
+    The UTF-8 text a base64 string holds, or None for binary data.
+
+    :param partial: the bytes are a file's start: a character cut at their
+        end is left out.
+    """
     try:
         raw = base64.b64decode(data, validate=True)
+        if partial:
+            raw = raw[: len(raw) - _cut_at_end(raw)]
         text = raw.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
     return None if "\x00" in text else text
+
+
+def _cut_at_end(raw: bytes) -> int:
+    """How many bytes at the end of ``raw`` begin a UTF-8 character it cuts."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if need > back else 0
+    return 0
 
 
 class ToolCall:
@@ -303,6 +372,7 @@ class ToolCall:
                 raw=None,
                 client=self.client,
                 audit=self.audit_fields,
+                output_bytes=MCP_OUTPUT_BYTES,
             )
             result = await self._answer(request)
             if result.get("isError"):

@@ -306,8 +306,13 @@ class Methods:
         the bytes so far in ``progress``, gathered briefly so a chatty
         child costs a notification per interval, not per line.
         """
-        pending: list[str] = []
-        state: dict[str, Any] = {"so_far": 0, "sent": 0, "timer": None}
+        pending: list[tuple[str, str]] = []
+        state: dict[str, Any] = {
+            "so_far": 0,
+            "sent": 0,
+            "timer": None,
+            "last": "stdout",
+        }
         clock = self.context.reactor
 
         def flush() -> None:
@@ -316,7 +321,7 @@ class Methods:
                 timer.cancel()
             if not pending or state["so_far"] <= state["sent"]:
                 return
-            text = "\n".join(pending)
+            text = _labelled(pending, state)
             pending.clear()
             if len(text) > MCP_PROGRESS_MESSAGE_CHARS:
                 # The result carries the output; progress is for watching.
@@ -334,8 +339,8 @@ class Methods:
                 )
             )
 
-        def report(line: str, so_far: int) -> None:
-            pending.append(line)
+        def report(text: str, so_far: int, stream: str = "stdout") -> None:
+            pending.append((stream, text))
             state["so_far"] = so_far
             if state["timer"] is None:
                 state["timer"] = clock.callLater(MCP_PROGRESS_SECONDS, flush)
@@ -420,6 +425,24 @@ class Methods:
             return result(rid, {"contents": [content]})
 
         return d.addCallback(read)
+
+
+def _labelled(pending: list[tuple[str, str]], state: dict[str, Any]) -> str:
+    """
+    New output as printed, joined: where it passes from one stream to the
+    other, a ``[stderr]`` or ``[stdout]`` line says so (on a line of its
+    own; ``state["last"]`` remembers the stream across notifications).
+    """
+    out: list[str] = []
+    for stream, text in pending:
+        if stream != state["last"]:
+            state["last"] = stream
+            joined = "".join(out)
+            out.append(
+                ("\n" if joined and not joined.endswith("\n") else "") + f"[{stream}]\n"
+            )
+        out.append(text)
+    return "".join(out)
 
 
 def _resource_error(rid: Any, value: dict[str, Any]) -> Message:

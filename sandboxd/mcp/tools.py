@@ -199,6 +199,9 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
 #: the field naming the format.
 IMAGES: dict[str, tuple[str, str]] = {"browser_screenshot": ("image_base64", "type")}
 
+#: Endpoints running a command whose answer is shown as its output.
+COMMAND_RESULTS = frozenset({"shell"})
+
 #: Endpoints reading a file whose text content is shown as text.
 FILE_READS = frozenset({"download"})
 

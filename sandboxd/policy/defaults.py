@@ -368,6 +368,12 @@ MCP_RESULT_BYTES = MIB
 #: output twice (as text and as ``structuredContent``), escaped.
 MCP_RESULT_JSON_BYTES = 960 * KIB
 
+#: MCP: what a command's tool result (``shell``) keeps of its output, both
+#: streams together, head and tail: the result carries it twice (as text
+#: and as ``structuredContent``) within :data:`MCP_RESULT_JSON_BYTES`, and
+#: a call in flight holds no more than this while its command runs.
+MCP_OUTPUT_BYTES = 384 * KIB
+
 #: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
 MCP_REPLAY_BYTES = MIB
 

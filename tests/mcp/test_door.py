@@ -1615,3 +1615,92 @@ class SlowJsonCallTests(McpTestCase):
         )
         self.assertTrue(answer.headers["content-type"].startswith("application/json"))
         self.assertEqual(answer.json()["result"]["structuredContent"]["stdout"], "hi\n")
+
+
+#: A command printing 5 MB between two marks.
+BIG_OUTPUT = "printf START; head -c 5000000 /dev/zero | tr '\\0' x; printf END"
+
+
+class ResultBoundTests(McpTestCase):
+    """Every tool result fits one message of the SDK's, its cut said in its text."""
+
+    @inlineCallbacks
+    def test_shell_result_is_bounded(self) -> Any:
+        """
+        shell printing 5 MB answers well under 1 MiB: the output's head
+        and tail, truncated said in the structure and in the text.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": BIG_OUTPUT})
+
+        result = yield self.with_client(body)
+        out = result.structured_content
+        size = len(json.dumps(out)) + len(result.content[0].text)
+        self.assertLess(size, 1024 * 1024)
+        self.assertTrue(out["truncated"])
+        self.assertTrue(out["stdout"].startswith("START"))
+        self.assertTrue(out["stdout"].endswith("END"))
+        self.assertIn("[truncated", result.content[0].text)
+        self.assertTrue(result.content[0].text.startswith("START"))
+
+    @inlineCallbacks
+    def test_stream_cut_lands_near_the_bound(self) -> Any:
+        """
+        shell_stream printing 5 MB keeps about as much as one result can
+        carry (not a quarter of it), head and tail, and its text says so.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "shell_stream", {"command": BIG_OUTPUT + "; echo"}
+            )
+
+        result = yield self.with_client(body)
+        stdout = result.structured_content["stdout"]
+        self.assertGreater(len(stdout), 400_000)
+        self.assertTrue(stdout.startswith("START"))
+        self.assertTrue(stdout.endswith("END\n"))
+        self.assertIn("[truncated", result.content[0].text)
+
+    @inlineCallbacks
+    def test_stream_timeout_said_in_text(self) -> Any:
+        """A stream that timed out says why in the text a model reads."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "shell_stream", {"command": "echo start; sleep 5", "timeout": 1}
+            )
+
+        result = yield self.with_client(body)
+        self.assertTrue(result.is_error)
+        text = result.content[0].text
+        self.assertIn("timed out", text)
+        self.assertIn("[timeout", text)
+
+    @inlineCallbacks
+    def test_progress_keeps_newlines_and_names_stderr(self) -> Any:
+        """
+        The progress messages, joined, are the output as printed, stderr's
+        after a [stderr] line.
+        """
+        seen: list[str] = []
+
+        async def progress(done: float, total: Any, message: str | None) -> None:
+            seen.append(message or "")
+
+        command = (
+            "printf 'a\\nb\\n'; sleep 0.2; printf c; sleep 0.2; printf 'd\\n\\n\\n';"
+            " sleep 0.2; printf 'E\\n' >&2; sleep 0.2; printf 'x  \\n'"
+        )
+
+        async def follow(client: Any) -> Any:
+            started = await client.call_tool("process_start", {"command": command})
+            return await client.call_tool(
+                "process_output",
+                {"pid": started.structured_content["pid"], "follow": True},
+                progress_callback=progress,
+            )
+
+        yield self.with_client(follow)
+        self.assertEqual("".join(seen), "a\nb\ncd\n\n\n[stderr]\nE\n[stdout]\nx  \n")

@@ -349,29 +349,39 @@ class CollectingChannelTests(SynchronousTestCase):
     """An SSE handler's frames read back into one result."""
 
     def test_lines_progress_and_exit(self) -> None:
-        """Line events join with newlines; progress counts bytes and grows."""
-        seen: list[tuple[str, int]] = []
-        channel = CollectingChannel(lambda m, n: seen.append((m, n)))
+        """
+        Line events join with newlines; progress gets each line as printed
+        (its newline kept) and its stream, and counts bytes.
+        """
+        seen: list[tuple[str, int, str]] = []
+        channel = CollectingChannel(lambda m, n, s: seen.append((m, n, s)))
         channel.write_raw(b'event: stdout\ndata: {"data": "one"}\n\nevent: std')
         channel.write_raw(b'err\ndata: {"data": "two"}\n\n: keep-alive\n\n')
         channel.send("exit", {"exit_code": 3})
         channel.close()
         result = channel.result()
-        self.assertEqual(seen, [("one", 4), ("two", 8)])
+        self.assertEqual(seen, [("one\n", 4, "stdout"), ("two\n", 8, "stderr")])
         self.assertEqual(result["structuredContent"]["stdout"], "one\n")
         self.assertEqual(result["structuredContent"]["stderr"], "two\n")
         self.assertEqual(result["structuredContent"]["exit_code"], 3)
         self.assertFalse(result["isError"])
 
     def test_cap(self) -> None:
-        """Output past the cap is counted, not kept, and marked truncated."""
+        """
+        Output past the cap is counted, not kept: its head and its latest
+        lines are, the bytes between them named, and it is marked truncated.
+        """
         channel = CollectingChannel(None, cap=8)
-        for _ in range(4):
-            channel.send("stdout", {"data": "abc"})
-        result = channel.result()["structuredContent"]
-        self.assertEqual(result["stdout"], "abc\nabc\n")
-        self.assertTrue(result["truncated"])
+        for n in range(4):
+            channel.send("stdout", {"data": f"ab{n}"})
+        result = channel.result()
+        structured = result["structuredContent"]
+        self.assertEqual(
+            structured["stdout"], "ab0\n\n[... 8 bytes left out ...]\nab3\n"
+        )
+        self.assertTrue(structured["truncated"])
         self.assertEqual(channel.seen, 16)
+        self.assertIn("[truncated", result["content"][0]["text"])
 
     def test_disconnect_runs_callbacks(self) -> None:
         """A cancelled call disconnects: the handler's callbacks run once."""
