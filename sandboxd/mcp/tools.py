@@ -91,6 +91,9 @@ DESTRUCTIVE = frozenset(
         "pty_delete_session",
         "agents_session_delete",
         "agents_terminal_kill",
+        # A code context's state (its variables, imports) is lost.
+        "code_context_delete",
+        "code_context_restart",
     }
 )
 
@@ -117,7 +120,15 @@ OPEN_WORLD = frozenset({"browser_navigate"})
 
 #: Endpoints that run arbitrary code without a ``command`` field.
 RUNS_CODE = frozenset(
-    {"code_run", "agents_install", "agents_session_create", "agents_prompt"}
+    {
+        "code_run",
+        "code_execute",
+        # What it writes is read by code that may do anything with it.
+        "code_execution_input",
+        "agents_install",
+        "agents_session_create",
+        "agents_prompt",
+    }
 )
 
 #: Capability groups left out of the default ``tools/list`` (by their

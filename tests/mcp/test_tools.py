@@ -131,9 +131,19 @@ class ToolboxTests(SynchronousTestCase):
             }
             return {**defaults, **self.tool(name).descriptor["annotations"]}
 
-        for name in ("shell", "shell_stream", "process_start", "run_command"):
+        for name in (
+            "shell",
+            "shell_stream",
+            "process_start",
+            "run_command",
+            "code_execute",
+            "code_execution_input",
+        ):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertTrue(hints(name)["openWorldHint"], name)
+        for name in ("code_context_delete", "code_context_restart"):
+            # A context's state (its variables, imports) is lost.
+            self.assertTrue(hints(name)["destructiveHint"], name)
         for name in ("upload", "files_upload_stream", "files_extract"):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertFalse(hints(name)["readOnlyHint"], name)
