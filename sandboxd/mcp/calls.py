@@ -51,6 +51,7 @@ from sandboxd.mcp.tools import (
     summarise,
 )
 from sandboxd.policy.defaults import (
+    MCP_IMAGE_PIXELS,
     MCP_OUTPUT_BYTES,
     MCP_RESULT_BYTES,
     MCP_RESULT_JSON_BYTES,
@@ -120,7 +121,7 @@ def value_result(
     structured = value if isinstance(value, dict) else {"result": value}
     if tool.name in _BROWSER_FITS:
         result = _rendered(tool, structured, False)
-        if result_size(result) > MCP_RESULT_JSON_BYTES:
+        if result_size(result) > MCP_RESULT_JSON_BYTES or _too_tall(structured):
             return _BROWSER_FITS[tool.name](tool, structured)
         return result
     return fitted(lambda pieces, cut: _rendered(tool, pieces, cut), structured)
@@ -223,9 +224,36 @@ def _refuse_large(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _too_tall(structured: dict[str, Any]) -> bool:
+    """An image wider or taller than models take (a full page's screenshot)."""
+    sides = (structured.get("width"), structured.get("height"))
+    return any(isinstance(n, int) and n > MCP_IMAGE_PIXELS for n in sides)
+
+
+def _refuse_image(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
+    """
+    A screenshot no model takes (over :data:`MCP_IMAGE_PIXELS` a side) or
+    no tool result carries: refused, saying how to take one that fits
+    (the image is not scaled here: the daemon has no image library).
+    """
+    data = str(structured.get("image_base64") or "")
+    raise payload_too_large(
+        MCP_RESULT_JSON_BYTES,
+        message=f"the screenshot is {structured.get('width')}x"
+        f"{structured.get('height')} px, {len(data) * 3 // 4} bytes: over what "
+        f"one MCP tool result carries ({MCP_RESULT_JSON_BYTES} bytes as JSON) or "
+        f"a model takes ({MCP_IMAGE_PIXELS} px a side); take the viewport "
+        "(full_page: false), one element (selector), or type: jpeg with a low "
+        "quality",
+        width=structured.get("width"),
+        height=structured.get("height"),
+    )
+
+
 #: Browser tools whose answer may be any size, and how each is made to fit
 #: one tool result (the official SDK refuses a message over 1 MiB).
 _BROWSER_FITS = {
+    "browser_screenshot": _refuse_image,
     "browser_content": _fit_content,
     "browser_console": _fit_console,
     "browser_evaluate": _refuse_large,

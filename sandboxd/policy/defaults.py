@@ -374,6 +374,11 @@ MCP_RESULT_JSON_BYTES = 960 * KIB
 #: a call in flight holds no more than this while its command runs.
 MCP_OUTPUT_BYTES = 384 * KIB
 
+#: MCP: the widest or tallest image a tool result carries (model APIs
+#: refuse bigger ones, and a refused image can break a client's whole
+#: conversation): a full page's screenshot past it is refused with a hint.
+MCP_IMAGE_PIXELS = 8000
+
 #: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
 MCP_REPLAY_BYTES = MIB
 

@@ -273,6 +273,26 @@ class ResultTests(SynchronousTestCase):
         self.assertEqual(result["structuredContent"]["width"], 2)
         self.assertNotIn("image_base64", result["structuredContent"])
 
+    def test_screenshot_too_big_is_refused_with_a_hint(self) -> None:
+        """
+        A full page's screenshot taller than a model takes, or bigger than
+        one result carries, is a 413 saying how to take one that fits.
+        """
+        from sandboxd.errors import ApiError
+
+        tool = self.box.get("browser_screenshot")
+        assert tool is not None
+        small = base64.b64encode(b"\x89PNG....").decode()
+        big = base64.b64encode(b"\x89PNG" + b"\x00" * 2_000_000).decode()
+        for image, height in ((small, 211852), (big, 800)):
+            with self.assertRaises(ApiError) as caught:
+                value_result(
+                    tool, {"image_base64": image, "width": 1280, "height": height}
+                )
+            self.assertEqual(caught.exception.status, 413)
+            self.assertIn("full_page: false", caught.exception.message)
+            self.assertIn(f"1280x{height}", caught.exception.message)
+
     def test_browser_answers_fit_one_result(self) -> None:
         """
         A page's content of 3 MB (quotes, escaped twice in the message) is
