@@ -187,7 +187,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
     "files_edit": "Replace old_text with new_text in a text file (read it first).",
-    "files_grep": "Search files' lines for a regex (or text: fixed_strings).",
+    "files_grep": "Search files' lines for a regex (or text: fixed_strings): "
+    "one entry per line, with the columns of its matches.",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "lsp_diagnostics": "A file's errors and warnings from its language server "
@@ -676,6 +677,47 @@ SUMMARISED: dict[str, dict[str, Any]] = {
 }
 
 
+#: A ``files_grep`` line longer than this is shown through MCP as this
+#: many characters around its first match (a minified bundle's line would
+#: cost a model thousands of tokens per call).
+GREP_LINE_CHARS = 240
+
+
+def grep_lines(value: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``files_grep``'s matches (one per match, the HTTP answer) as one entry
+    per matching line, with the ``columns`` of its matches; a long line
+    is cut to :data:`GREP_LINE_CHARS` around its first match, ``text_column``
+    saying where the text starts.
+    """
+    lines: list[dict[str, Any]] = []
+    for match in value.get("matches") or []:
+        if not isinstance(match, dict):
+            continue
+        last = lines[-1] if lines else None
+        if (
+            last is not None
+            and last.get("path") == match.get("path")
+            and last.get("line") == match.get("line")
+        ):
+            last["columns"].append(match.get("column"))
+            continue
+        entry = {k: v for k, v in match.items() if k != "column"}
+        entry["columns"] = [match.get("column")]
+        lines.append(entry)
+    for entry in lines:
+        text = entry.get("text")
+        first = entry["columns"][0]
+        if isinstance(text, str) and len(text) > GREP_LINE_CHARS:
+            start = max(
+                0, (first if isinstance(first, int) else 1) - 1 - GREP_LINE_CHARS // 4
+            )
+            entry["text"] = text[start : start + GREP_LINE_CHARS]
+            entry["text_column"] = start + 1
+            entry["cut"] = True
+    return {**value, "matches": lines}
+
+
 def summarise(name: str, value: Any, arguments: Mapping[str, Any]) -> Any:
     """
     A tool's answer cut to what a model can use: ``capabilities`` (tens of
@@ -685,6 +727,8 @@ def summarise(name: str, value: Any, arguments: Mapping[str, Any]) -> Any:
 
     :raises ArgumentError: ``endpoint`` names no endpoint.
     """
+    if name == "files_grep" and isinstance(value, dict):
+        return grep_lines(value)
     if name not in SUMMARISED or not isinstance(value, dict):
         return value
     wanted = arguments.get("endpoint")

@@ -188,6 +188,8 @@ class ToolCallTests(McpTestCase):
         os.makedirs(os.path.join(self.base_dir, "src"))
         with open(os.path.join(self.base_dir, "src/a.py"), "w") as f:
             f.write("def main():\n    return 0  # TODO: more\n")
+        with open(os.path.join(self.base_dir, "src/min.js"), "w") as f:
+            f.write("foo " * 2000 + "\n")
 
         async def body(client: Any) -> Any:
             listed = await client.list_tools()
@@ -195,9 +197,19 @@ class ToolCallTests(McpTestCase):
                 "files_grep", {"pattern": r"TODO:\s*\w+", "path": "src"}
             )
             bad = await client.call_tool("files_grep", {"pattern": "("})
-            return listed, found, bad
+            long = await client.call_tool(
+                "files_grep", {"pattern": "foo", "path": "src/min.js"}
+            )
+            return listed, found, bad, long
 
-        listed, found, bad = yield self.with_client(body)
+        listed, found, bad, long = yield self.with_client(body)
+        # One entry per line, its matches' columns listed; a long line cut
+        # around its first match.
+        [line] = long.structured_content["matches"]
+        self.assertEqual(line["columns"][:3], [1, 5, 9])
+        self.assertGreater(len(line["columns"]), 250)
+        self.assertLessEqual(len(line["text"]), 240)
+        self.assertEqual((line["text_column"], line["cut"]), (1, True))
         tools = {t.name: t for t in listed.tools}
         self.assertTrue(tools["files_grep"].annotations.read_only_hint)
         self.assertFalse(found.is_error, found.content)
@@ -207,7 +219,7 @@ class ToolCallTests(McpTestCase):
                 {
                     "path": os.path.join(self.base_dir, "src/a.py"),
                     "line": 2,
-                    "column": 17,
+                    "columns": [17],
                     "text": "    return 0  # TODO: more",
                 }
             ],
