@@ -64,6 +64,59 @@ class ToolboxTests(SynchronousTestCase):
             box.tools["hello"].descriptor["inputSchema"]["additionalProperties"], True
         )
 
+    def test_template_route_path_parameters_are_its_own(self) -> None:
+        """
+        A template route's {name}, {id} or {pid} is described as part of
+        its path, as a string: not as the built-in routes' parameters.
+        """
+        table = builtin_table()
+        table.register("GET", "/hello/{name}/{pid}", lambda r: {}, name="hello")
+        properties = (
+            Toolbox(table).tools["hello"].descriptor["inputSchema"]["properties"]
+        )
+        self.assertEqual(
+            properties["name"],
+            {"type": "string", "description": "the {name} part of /hello/{name}/{pid}"},
+        )
+        self.assertEqual(properties["pid"]["type"], "string")
+
+    def test_descriptions_speak_mcp(self) -> None:
+        """
+        No tool's title, description or argument speaks of HTTP statuses or
+        SSE (a call runs to its end); every argument has a type, and the
+        file tools' arguments say what they are.
+        """
+        for name, tool in self.box.tools.items():
+            d = tool.descriptor
+            texts = [d["title"], d["description"]] + [
+                spec.get("description", "")
+                for spec in d["inputSchema"]["properties"].values()
+            ]
+            for text in texts:
+                self.assertNotRegex(text, r"\b(202|SSE)\b", name)
+            for arg, spec in d["inputSchema"]["properties"].items():
+                self.assertIn("type", spec, f"{name}.{arg}")
+        for name, arg in (
+            ("download", "path"),
+            ("upload", "path"),
+            ("upload", "content_base64"),
+            ("files_move", "source"),
+            ("files_move", "destination"),
+            ("files_edit", "new_text"),
+        ):
+            spec = self.tool(name).descriptor["inputSchema"]["properties"][arg]
+            self.assertIn("description", spec, f"{name}.{arg}")
+        self.assertEqual(self.tool("download").descriptor["title"], "Read a file")
+
+    def test_union_types_checked(self) -> None:
+        """An argument of two types takes either, and nothing else."""
+        schema = self.tool("process_signal").descriptor["inputSchema"]
+        check(schema, {"pid": 5, "signal": "TERM"})
+        check(schema, {"pid": 5, "signal": 15})
+        with self.assertRaises(ArgumentError) as caught:
+            check(schema, {"pid": 5, "signal": [15]})
+        self.assertIn("string or integer", str(caught.exception))
+
     def test_descriptor_from_the_schema(self) -> None:
         """Name, title, description and schemas come from the table and schema."""
         stat = self.tool("files_stat").descriptor
