@@ -142,7 +142,14 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
         structured = {k: v for k, v in structured.items() if k != image[0]}
         structured["image"] = f"(image/{kind}, {len(data) * 3 // 4} bytes, as content)"
     elif tool.name in FILE_READS and isinstance(structured.get("content_base64"), str):
-        text = decoded_text(structured["content_base64"], partial=cut)
+        data = structured["content_base64"]
+        text = decoded_text(data, partial=cut)
+        kind = None if text is not None or cut else image_type(data)
+        if kind is not None:
+            # A picture is shown to the model as one, not as base64 text.
+            content.append({"type": "image", "data": data, "mimeType": kind})
+            structured = {k: v for k, v in structured.items() if k != "content_base64"}
+            structured["content"] = f"({kind}, {len(data) * 3 // 4} bytes, as content)"
         if text is not None:
             if cut:
                 text += (
@@ -301,6 +308,29 @@ def decoded_text(data: str, partial: bool = False) -> str | None:
     except (binascii.Error, UnicodeDecodeError):
         return None
     return None if "\x00" in text else text
+
+
+#: The first bytes of the image formats model APIs take, by MIME type.
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def image_type(data: str) -> str | None:
+    """The MIME type of a PNG, JPEG, GIF or WebP a base64 string holds, or None."""
+    try:
+        head = base64.b64decode(data[:24], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    for magic, kind in _IMAGE_MAGIC:
+        if head.startswith(magic):
+            return kind
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 def _cut_at_end(raw: bytes) -> int:

@@ -33,7 +33,7 @@ from sandboxd.jsonrpc import (
     request_key,
     result,
 )
-from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
+from sandboxd.mcp.calls import ToolCall, decoded_text, error_result, image_type
 from sandboxd.mcp.collecting import Progress
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
 from sandboxd.policy.confinement import CONFINED, confinement_note
@@ -415,13 +415,20 @@ class Methods:
         def read(value: dict[str, Any]) -> Message:
             if value.get("isError"):
                 return _resource_error(rid, value)
-            data = str(value["structuredContent"].get("content_base64", ""))
+            # A picture's bytes come as the result's image content.
+            images = [c for c in value["content"] if c.get("type") == "image"]
+            data = str(
+                images[0]["data"]
+                if images
+                else value["structuredContent"].get("content_base64", "")
+            )
             text = decoded_text(data)
             content: dict[str, Any] = {"uri": uri}
             if text is not None:
                 content.update(mimeType="text/plain", text=text)
             else:
-                content.update(mimeType="application/octet-stream", blob=data)
+                kind = image_type(data) or "application/octet-stream"
+                content.update(mimeType=kind, blob=data)
             return result(rid, {"contents": [content]})
 
         return d.addCallback(read)
@@ -446,8 +453,10 @@ def _labelled(pending: list[tuple[str, str]], state: dict[str, Any]) -> str:
 
 
 def _resource_error(rid: Any, value: dict[str, Any]) -> Message:
+    # A refusal (path_denied) of a valid request is the server's own code,
+    # as the door's refusals are, not "Invalid Request".
     body = value.get("structuredContent") or {}
-    code = RESOURCE_NOT_FOUND if body.get("code") == "not_found" else INVALID_REQUEST
+    code = RESOURCE_NOT_FOUND if body.get("code") == "not_found" else REFUSED
     return error(rid, code, str(body.get("error", "refused")), body)
 
 

@@ -61,7 +61,9 @@ DROPPED_ARGUMENTS: dict[str, frozenset[str]] = {
     "agents_terminal_output": frozenset({"follow"}),
     # The door streams every execution (output as progress) and interrupts
     # it when the call is cancelled: these are its own, not the caller's.
-    "code_execute": frozenset({"stream", "on_disconnect", "wait"}),
+    # allow_stdin: input() would wait for code_execution_input, which a
+    # model waiting for this call's result cannot send (it fails at once).
+    "code_execute": frozenset({"stream", "on_disconnect", "wait", "allow_stdin"}),
 }
 
 #: Body fields for HTTP clients only: an MCP result is read whole, as text

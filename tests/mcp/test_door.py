@@ -775,6 +775,8 @@ class PolicyTests(McpTestCase):
         reply = yield self.initialize(headers={"authorization": "Bearer nope"})
         self.assertEqual(reply.status_code, 401)
         self.assertEqual(reply.json()["error"]["data"]["code"], "unauthorized")
+        # RFC 6750: a client tells a bearer server from one wanting OAuth.
+        self.assertEqual(reply.headers["www-authenticate"], 'Bearer realm="sandboxd"')
         stream = yield self.http("GET", None, {"authorization": "Bearer nope"})
         self.assertEqual(stream.status_code, 401)
         self.assertEqual(stream.json()["error"]["data"]["code"], "unauthorized")
@@ -1343,6 +1345,9 @@ class ResourceTests(McpTestCase):
             f.write("text here")
         with open(os.path.join(self.base_dir, "b.bin"), "wb") as f:
             f.write(b"\x00\xff\x10")
+        png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
+        with open(os.path.join(self.base_dir, "p.png"), "wb") as f:
+            f.write(png)
 
         async def body(client: Any) -> Any:
             listed = await client.list_resources()
@@ -1354,9 +1359,19 @@ class ResourceTests(McpTestCase):
                 await client.read_resource("file:///etc/passwd")
             except MCPError as e:
                 refused = e
-            return uris, templates, text, blob, refused
+            picture = await client.read_resource(f"file://{self.base_dir}/p.png")
+            shown = await client.call_tool("download", {"path": "p.png"})
+            return uris, templates, text, blob, refused, picture, shown
 
-        uris, templates, text, blob, refused = yield self.with_client(body)
+        uris, templates, text, blob, refused, picture, shown = yield self.with_client(
+            body
+        )
+        # A picture is an image to the model, and a refusal is the server's
+        # own code (the request was valid).
+        self.assertEqual(picture.contents[0].mime_type, "image/png")
+        self.assertEqual([c.type for c in shown.content], ["image"])
+        self.assertEqual(base64.b64decode(shown.content[0].data), png)
+        self.assertEqual(refused.error.code, -32000)
         self.assertIn(f"file://{self.base_dir}/t.txt", uris)
         self.assertEqual(
             templates.resource_templates[0].uri_template, "file:///{+path}"

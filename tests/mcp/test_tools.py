@@ -108,6 +108,14 @@ class ToolboxTests(SynchronousTestCase):
             self.assertIn("description", spec, f"{name}.{arg}")
         self.assertEqual(self.tool("download").descriptor["title"], "Read a file")
 
+    def test_no_stdin_a_model_cannot_answer(self) -> None:
+        """
+        code_execute does not offer allow_stdin: input() would wait for an
+        answer a model waiting for the call's result cannot send.
+        """
+        schema = self.tool("code_execute").descriptor["inputSchema"]
+        self.assertNotIn("allow_stdin", schema["properties"])
+
     def test_union_types_checked(self) -> None:
         """An argument of two types takes either, and nothing else."""
         schema = self.tool("process_signal").descriptor["inputSchema"]
