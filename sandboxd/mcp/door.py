@@ -233,6 +233,23 @@ class McpDoor(Service):
             for session in self.sessions:
                 self.sessions.remove(session)
             return
+        for session in self.end_disallowed():
+            now = frozenset(self.methods.visible(session.identity))
+            if session.listed is None or now != session.listed:
+                session.listed = now
+                session.emit(
+                    session.standalone,
+                    notification("notifications/tools/list_changed"),
+                )
+
+    def end_disallowed(self) -> list[Session]:
+        """
+        Close the sessions whose caller the policy no longer lets in, or
+        whose link was revoked or expired (asked at a reload and whenever a
+        link ends: the client of a revoked link cannot end its session
+        itself); the others, their identity as the policy defines it now.
+        """
+        kept: list[Session] = []
         for session in self.sessions:
             # Asked as every connection that outlives a reload is: a link's
             # session stays while its minter does (narrowed to the minter's
@@ -245,13 +262,8 @@ class McpDoor(Service):
                 self.sessions.remove(session)
                 continue
             session.identity = identity
-            now = frozenset(self.methods.visible(identity))
-            if session.listed is None or now != session.listed:
-                session.listed = now
-                session.emit(
-                    session.standalone,
-                    notification("notifications/tools/list_changed"),
-                )
+            kept.append(session)
+        return kept
 
     # -- HTTP --------------------------------------------------------------
 
@@ -307,9 +319,14 @@ class Exchange:
                 secure=request.isSecure(),
                 framing=lambda: check_framing(headers),
                 take_slot=False,
-                # A link's use is spent once the message is known (_spend):
-                # by the tool's own admission for a tools/call, so a call
-                # refused there, or a message refused here, costs none.
+                # A counted link's uses are spent by what does something: a
+                # tools/call's or a resource read's own admission (a call
+                # refused there costs none). The session's own traffic (the
+                # handshake, tools/list, notifications, the GET stream,
+                # DELETE) costs none, so uses: N gives N calls whatever the
+                # client's handshake; and a used-up link may still end its
+                # session with DELETE.
+                consume=method != "DELETE",
                 spend=False,
             )
         except gate.Refused as e:
@@ -491,20 +508,6 @@ class Exchange:
         session.last_seen = self.door.context.reactor.seconds()
         return session
 
-    def _spend(self) -> bool:
-        """
-        Spend the use of a counted link this request presents (nothing for
-        a token), once it is known to be served; a refusal is answered.
-        A ``tools/call`` spends none here: the tool's admission spends it.
-        """
-        assert self.passed is not None
-        try:
-            gate.spend_use(self.door.context, self.passed)
-        except gate.Refused as e:
-            self._fail(e.error)
-            return False
-        return True
-
     def _caller(self) -> Caller:
         return Caller(
             self.headers,
@@ -581,8 +584,6 @@ class Exchange:
         session = self._session()
         if session is None:
             return
-        if not (method == "tools/call" and is_request) and not self._spend():
-            return
         if not is_request:
             self._notified(session, message)
             self._send(202, None)
@@ -614,9 +615,6 @@ class Exchange:
         opened = self.door.open_session(self.identity, answer["protocolVersion"])
         if isinstance(opened, ApiError):
             self._fail(opened, rid)
-            return
-        if not self._spend():
-            self.door.sessions.remove(opened)
             return
         info = params.get("clientInfo")
         if isinstance(info, dict):
@@ -739,8 +737,6 @@ class Exchange:
             )
             return
         number, after = point
-        if not self._spend():
-            return
         channel = SSEChannel(
             self.request,
             self.door.context.reactor,
@@ -764,8 +760,6 @@ class Exchange:
     def _delete(self) -> None:
         session = self._session()
         if session is None:
-            return
-        if not self._spend():
             return
         self.door.sessions.remove(session)
         self._send(204, None)

@@ -711,16 +711,17 @@ class PolicyTests(McpTestCase):
         self.assertEqual(len(door.sessions), 0)
 
     @inlineCallbacks
-    def test_counted_link_spends_one_use_per_request(self) -> Any:
+    def test_counted_link_spends_uses_on_calls(self) -> Any:
         """
-        A counted link on /mcp: each request it is let in with spends one
-        use, a tools/call one (not one for /mcp and one for the tool), a
-        tool call the gate refuses none; once used up, the next is 401.
+        A counted link on /mcp spends one use per tool call it makes (not
+        one for /mcp and one for the tool), none on the session's own
+        traffic (initialize, tools/list, DELETE) nor on a call the gate
+        refuses; used up, it is refused, but may still end its session.
         """
         minted = yield self.request(
             "POST",
             "/auth/links",
-            {"audience": "console", "scopes": ["files:read"], "uses": 4},
+            {"audience": "console", "scopes": ["files:read"], "uses": 2},
             token=ADMIN,
         )
         link = minted.json()["token"]
@@ -732,7 +733,7 @@ class PolicyTests(McpTestCase):
 
         opened = yield self.initialize(headers=bearer)
         self.assertEqual(opened.status_code, 200, opened.text)
-        self.assertEqual((yield used()), 1)
+        self.assertEqual((yield used()), 0)
         headers = {
             **bearer,
             "mcp-session-id": opened.headers["mcp-session-id"],
@@ -748,26 +749,57 @@ class PolicyTests(McpTestCase):
             }
             return self.http("POST", message, headers)
 
+        def tools_list(rid: int) -> Any:
+            return self.http(
+                "POST", {"jsonrpc": "2.0", "id": rid, "method": "tools/list"}, headers
+            )
+
         listed = yield call(2, "files_list", {"path": "."})
         self.assertEqual(listed.status_code, 200)
         self.assertFalse(listed.json()["result"].get("isError"), listed.text)
-        self.assertEqual((yield used()), 2)
+        self.assertEqual((yield used()), 1)
         refused = yield call(3, "shell", {"command": "true"})
         result = refused.json()["result"]
         self.assertTrue(result["isError"])
         self.assertEqual(result["structuredContent"]["code"], "missing_scope")
-        self.assertEqual((yield used()), 2)
-        tools = yield self.http(
-            "POST", {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers
-        )
+        self.assertEqual((yield used()), 1)
+        tools = yield tools_list(4)
         self.assertEqual(tools.status_code, 200)
-        self.assertEqual((yield used()), 3)
+        self.assertEqual((yield used()), 1)
+        last = yield call(5, "files_list", {"path": "."})
+        self.assertFalse(last.json()["result"].get("isError"), last.text)
+        self.assertEqual((yield used()), 2)
+        spent = yield tools_list(6)
+        self.assertEqual(spent.status_code, 401)
+        self.assertEqual(spent.json()["error"]["data"]["code"], "link_invalid")
         ended = yield self.http("DELETE", None, headers)
         self.assertEqual(ended.status_code, 204)
-        self.assertEqual((yield used()), 4)
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
         again = yield self.initialize(headers=bearer)
         self.assertEqual(again.status_code, 401)
-        self.assertEqual(again.json()["error"]["data"]["code"], "link_invalid")
+
+    @inlineCallbacks
+    def test_revoked_links_session_ends(self) -> Any:
+        """
+        Revoking a link ends its MCP sessions at once: its client, refused
+        from then on, cannot end them, and they counted in its minter's share.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"]},
+            token=ADMIN,
+        )
+        bearer = {"authorization": f"Bearer {minted.json()['token']}"}
+        opened = yield self.initialize(headers=bearer)
+        self.assertEqual(opened.status_code, 200, opened.text)
+        door = self.daemon.context.doors[b"/mcp"]
+        self.assertEqual(len(door.sessions), 1)
+        revoked = yield self.request(
+            "DELETE", f"/auth/links/{minted.json()['link_id']}", token=ADMIN
+        )
+        self.assertLess(revoked.status, 300, revoked.body)
+        self.assertEqual(len(door.sessions), 0)
 
     @inlineCallbacks
     def test_wrong_token_is_401(self) -> Any:
