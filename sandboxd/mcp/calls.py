@@ -39,6 +39,7 @@ from sandboxd.errors import (
     unexpected,
     unsupported,
 )
+from sandboxd.files.walk import display_name
 from sandboxd.mcp.collecting import CollectingChannel, Progress, command_text
 from sandboxd.mcp.fitting import fitted, result_size
 from sandboxd.mcp.tools import (
@@ -74,7 +75,7 @@ def error_result(error: ApiError) -> dict[str, Any]:
     A refusal or failure as a tool result: ``isError`` and the §6 body
     (a failed command's output in it cut to fit one result).
     """
-    body = error.body()
+    body = shown(error.body())
     body["status"] = error.status
 
     def build(pieces: dict[str, Any], cut: bool) -> dict[str, Any]:
@@ -93,6 +94,24 @@ def error_result(error: ApiError) -> dict[str, Any]:
             k: body[k] for k in ("error", "type", "code", "status") if k in body
         }
         return build(brief, True)
+
+
+def shown(value: Any) -> Any:
+    """
+    ``value`` with each name that is not UTF-8 (a path the handler holds
+    with ``surrogateescape``) shown as the file tools list it, ``\\xNN``
+    per byte: a lone surrogate is no JSON a client's parser takes, and the
+    tools take that spelling back (:func:`~sandboxd.mcp.tools.byte_names`).
+    """
+    if isinstance(value, str):
+        return value if value.isascii() else display_name(value)
+    if isinstance(value, dict):
+        return {
+            k: v if str(k).endswith("_base64") else shown(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value
 
 
 #: A tool result's text rendering; a non-finite number raises ValueError
@@ -118,7 +137,7 @@ def value_result(
         value = summarise(tool.name, value, arguments or {})
     except ArgumentError as e:
         raise bad_request(str(e)) from None
-    structured = value if isinstance(value, dict) else {"result": value}
+    structured = shown(value if isinstance(value, dict) else {"result": value})
     if tool.name in _BROWSER_FITS:
         result = _rendered(tool, structured, False)
         if result_size(result) > MCP_RESULT_JSON_BYTES or _too_tall(structured):
@@ -544,7 +563,10 @@ class ToolCall:
             rule=rule,
             method=self.tool.endpoint.method,
             path=path,
-            query=urllib.parse.urlencode(self.split[1]),
+            # A name that is not UTF-8 as the HTTP door logs it: %NN.
+            query=urllib.parse.urlencode(
+                self.split[1], encoding="utf-8", errors="surrogateescape"
+            ),
             status=status,
             code=str(error.code) if error is not None and error.code else None,
             decided_by=error.rule if error is not None else None,

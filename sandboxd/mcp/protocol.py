@@ -35,7 +35,13 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.mcp.calls import ToolCall, decoded_text, error_result, image_type
 from sandboxd.mcp.collecting import Progress
-from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
+from sandboxd.mcp.tools import (
+    NOT_TOOLS,
+    ArgumentError,
+    Toolbox,
+    byte_names,
+    listed_by_default,
+)
 from sandboxd.policy.confinement import CONFINED, confinement_note
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
@@ -461,13 +467,20 @@ def _resource_error(rid: Any, value: dict[str, Any]) -> Message:
 
 
 def file_uri(path: str) -> str:
-    """The ``file:///`` URI of an absolute path."""
-    return "file://" + urllib.parse.quote(path)
+    """
+    The ``file:///`` URI of an absolute path as the files API shows it: a
+    byte that is not UTF-8 (shown ``\\xNN``) is percent-encoded as itself.
+    """
+    raw = byte_names(path).encode("utf-8", "surrogateescape")
+    return "file://" + urllib.parse.quote(raw)
 
 
 def file_path(uri: str) -> str | None:
-    """The absolute path a ``file:///`` URI names, or None."""
+    """
+    The absolute path a ``file:///`` URI names, or None; a ``%NN`` that is
+    not part of UTF-8 text names that byte (as the HTTP API's query does).
+    """
     if not uri.startswith("file:///"):
         return None
-    path = urllib.parse.unquote(uri[len("file://") :])
+    path = urllib.parse.unquote(uri[len("file://") :], errors="surrogateescape")
     return path if path and "\x00" not in path else None

@@ -362,6 +362,9 @@ class Tool:
         if not isinstance(arguments, Mapping):
             raise ArgumentError("arguments must be an object")
         check(self.descriptor["inputSchema"], arguments)
+        arguments = {
+            k: byte_names(v) if k in PATH_ARGUMENTS else v for k, v in arguments.items()
+        }
         path = {f.name: _query_text(arguments[f.name]) for f in self.path}
         query = {
             f.name: _query_text(arguments[f.name])
@@ -375,6 +378,28 @@ class Tool:
         if _takes_text(self.body):
             body = _content_body(body)
         return path, query, body
+
+
+#: Arguments that name files: a name the file tools list with ``\xNN`` for
+#: a byte that is not UTF-8 is named back the same way (a JSON string
+#: cannot carry the byte; HTTP's query spells it ``%NN``).
+PATH_ARGUMENTS = frozenset({"path", "paths", "source", "destination", "cwd"})
+
+_SHOWN_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+def byte_names(value: Any) -> Any:
+    """
+    ``value`` (a path or a list of them) with each ``\\xNN`` of a byte from
+    0x80 (what :func:`~sandboxd.files.walk.display_name` shows for a byte
+    that is not UTF-8) as that byte, the way the files API holds it (a
+    ``surrogateescape`` character).
+    """
+    if isinstance(value, list):
+        return [byte_names(v) for v in value]
+    if not isinstance(value, str) or "\\x" not in value:
+        return value
+    return _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), value)
 
 
 def _takes_command(body: Iterable[Field]) -> bool:

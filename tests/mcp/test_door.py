@@ -235,8 +235,9 @@ class ToolCallTests(McpTestCase):
         arrives whole over the SSE stream a progress token asks for.
         """
         os.makedirs(os.path.join(self.base_dir, "odd"))
-        with open(os.path.join(self.base_dir.encode(), b"odd/caf\xe9.txt"), "wb"):
-            pass
+        odd = os.path.join(self.base_dir.encode(), b"odd/caf\xe9.txt")
+        with open(odd, "wb") as f:
+            f.write(b"inside")
 
         async def body(client: Any) -> Any:
             listed = await client.call_tool("files_list", {"path": "odd"})
@@ -245,12 +246,25 @@ class ToolCallTests(McpTestCase):
                 {"command": "printf 'a\\342\\200\\250b\\n'"},
                 progress_callback=lambda *_: None,
             )
-            return listed, shell
+            # The name as listed names the file back; a file:/// URI spells
+            # the byte %E9, as the HTTP API's query does.
+            read = await client.call_tool("download", {"path": "odd/caf\\xe9.txt"})
+            resource = await client.read_resource(
+                f"file://{self.base_dir}/odd/caf%E9.txt"
+            )
+            deleted = await client.call_tool(
+                "files_delete", {"path": "odd/caf\\xe9.txt"}
+            )
+            return listed, shell, read, resource, deleted
 
-        listed, shell = yield self.with_client(body)
+        listed, shell, read, resource, deleted = yield self.with_client(body)
         self.assertFalse(listed.is_error, listed.content)
         names = [e["name"] for e in listed.structured_content["entries"]]
         self.assertEqual(names, ["caf\\xe9.txt"])
+        self.assertEqual(read.content[0].text, "inside")
+        self.assertEqual(resource.contents[0].text, "inside")
+        self.assertFalse(deleted.is_error, deleted.content)
+        self.assertFalse(os.path.exists(odd))
         self.assertFalse(shell.is_error, shell.content)
         self.assertEqual(shell.structured_content["stdout"], "a\u2028b\n")
 
