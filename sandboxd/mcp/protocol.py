@@ -16,13 +16,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
 
 from sandboxd._version import __version__
 from sandboxd.access import gate
 from sandboxd.access.tracing import with_meta_context
 from sandboxd.errors import Code, bad_request, limit_exceeded
 from sandboxd.jsonrpc import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
     from sandboxd.daemon.context import Context
     from sandboxd.mcp.sessions import Session
+
+log = Logger(namespace="sandboxd.mcp")
 
 #: MCP's own codes beside JSON-RPC's (:mod:`sandboxd.jsonrpc`).
 #: The session id is unknown, expired or another identity's.
@@ -300,7 +304,12 @@ class Methods:
 
         def cancelled(failure: Any) -> Message:
             session.calls.pop(key, None)
-            return error(rid, REFUSED, "the call was cancelled")
+            if failure.check(CancelledError):
+                return error(rid, REFUSED, "the call was cancelled")
+            # A bug, not a cancellation: said as one (and logged), never
+            # passed off as the client's doing.
+            log.failure("tool {tool} failed", failure, tool=name)
+            return error(rid, INTERNAL_ERROR, "the call failed inside the server")
 
         return call.run().addCallbacks(done, cancelled)
 

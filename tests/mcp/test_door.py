@@ -1777,3 +1777,35 @@ class ResultBoundTests(McpTestCase):
 
         yield self.with_client(follow)
         self.assertEqual("".join(seen), "a\nb\ncd\n\n\n[stderr]\nE\n[stdout]\nx  \n")
+
+
+class InternalFailureTests(McpTestCase):
+    """A call that fails inside the server says so."""
+
+    _session_headers = TransportTests._session_headers
+
+    @inlineCallbacks
+    def test_failure_is_not_called_a_cancel(self) -> Any:
+        """
+        A call whose answer fails outside its handler (here, its audit
+        line) is a JSON-RPC internal error, logged: not "cancelled",
+        which would blame the client.
+        """
+        from sandboxd.mcp import calls
+
+        real = calls.gate.audit
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            if (kwargs.get("extra") or {}).get("tool"):
+                raise RuntimeError("audit broke")
+            real(*args, **kwargs)
+
+        self.patch(calls.gate, "audit", broken)
+        opened = yield self.initialize()
+        answer = yield self.http(
+            "POST",
+            _call(2, "files_list", {"path": "."}),
+            self._session_headers(opened),
+        )
+        self.assertEqual(answer.json()["error"]["code"], -32603)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
