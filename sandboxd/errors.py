@@ -303,9 +303,16 @@ def remote_error(message: str, kind: str) -> ApiError:
     return ApiError(502, message, "GitError", Code.REMOTE_ERROR, kind=kind)
 
 
+#: What a 401 asks for (RFC 6750; MCP clients read it before anything else
+#: to tell a bearer token server from one that wants OAuth discovery).
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="sandboxd"'}
+
+
 def unauthorized() -> ApiError:
     """The one 401 every failed authentication gets."""
-    return ApiError(401, "unauthorized", "AuthError", Code.UNAUTHORIZED)
+    return ApiError(
+        401, "unauthorized", "AuthError", Code.UNAUTHORIZED, headers=dict(_CHALLENGE)
+    )
 
 
 def identity_removed(who: str) -> ApiError:
@@ -315,6 +322,7 @@ def identity_removed(who: str) -> ApiError:
         f"the identity {who!r} is no longer in the policy",
         "AuthError",
         Code.UNAUTHORIZED,
+        headers=dict(_CHALLENGE),
     )
 
 

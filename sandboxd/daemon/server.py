@@ -630,6 +630,9 @@ class DaemonService(MultiService):
         """
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
+        mcp = self.context.doors.get(b"/mcp")
+        if mcp is not None:
+            mcp.end_disallowed()
         end_revoked(self.context)
         end_revoked_held(self.context)
 

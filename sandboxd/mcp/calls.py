@@ -39,8 +39,11 @@ from sandboxd.errors import (
     unexpected,
     unsupported,
 )
-from sandboxd.mcp.collecting import CollectingChannel, Progress
+from sandboxd.files.walk import display_name
+from sandboxd.mcp.collecting import CollectingChannel, Progress, command_text
+from sandboxd.mcp.fitting import fitted, result_size
 from sandboxd.mcp.tools import (
+    COMMAND_RESULTS,
     FILE_READS,
     IMAGES,
     LINE_STREAMS,
@@ -48,7 +51,12 @@ from sandboxd.mcp.tools import (
     Tool,
     summarise,
 )
-from sandboxd.policy.defaults import MCP_RESULT_BYTES, MCP_RESULT_JSON_BYTES
+from sandboxd.policy.defaults import (
+    MCP_IMAGE_PIXELS,
+    MCP_OUTPUT_BYTES,
+    MCP_RESULT_BYTES,
+    MCP_RESULT_JSON_BYTES,
+)
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -63,14 +71,47 @@ Headers = Mapping[bytes, Any]
 
 
 def error_result(error: ApiError) -> dict[str, Any]:
-    """A refusal or failure as a tool result: ``isError`` and the §6 body."""
-    body = error.body()
+    """
+    A refusal or failure as a tool result: ``isError`` and the §6 body
+    (a failed command's output in it cut to fit one result).
+    """
+    body = shown(error.body())
     body["status"] = error.status
-    return {
-        "content": [{"type": "text", "text": json.dumps(body, ensure_ascii=False)}],
-        "structuredContent": body,
-        "isError": True,
-    }
+
+    def build(pieces: dict[str, Any], cut: bool) -> dict[str, Any]:
+        structured = {**pieces, "truncated": True} if cut else pieces
+        text = json.dumps(structured, ensure_ascii=False)
+        return {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": structured,
+            "isError": True,
+        }
+
+    try:
+        return fitted(build, body)
+    except ApiError:
+        brief: dict[str, Any] = {
+            k: body[k] for k in ("error", "type", "code", "status") if k in body
+        }
+        return build(brief, True)
+
+
+def shown(value: Any) -> Any:
+    """
+    ``value`` with each name that is not UTF-8 (a path the handler holds
+    with ``surrogateescape``) shown as the file tools list it, ``\\xNN``
+    per byte: a lone surrogate is no JSON a client's parser takes, and the
+    tools take that spelling back (:func:`~sandboxd.mcp.tools.byte_names`).
+    """
+    if isinstance(value, str):
+        return value if value.isascii() else display_name(value)
+    if isinstance(value, dict):
+        return {
+            k: v if str(k).endswith("_base64") else shown(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value
 
 
 #: A tool result's text rendering; a non-finite number raises ValueError
@@ -87,13 +128,28 @@ def value_result(
 ) -> dict[str, Any]:
     """
     A handler's answer as a tool result: structured content plus text
-    (summarised for the tools whose answers would flood a model's context).
+    (summarised for the tools whose answers would flood a model's context),
+    within :data:`MCP_RESULT_JSON_BYTES` as JSON: its biggest texts and
+    lists are cut to fit (:func:`~sandboxd.mcp.fitting.fitted`), and it
+    then says ``truncated``.
     """
     try:
         value = summarise(tool.name, value, arguments or {})
     except ArgumentError as e:
         raise bad_request(str(e)) from None
-    structured = value if isinstance(value, dict) else {"result": value}
+    structured = shown(value if isinstance(value, dict) else {"result": value})
+    if tool.name in _BROWSER_FITS:
+        result = _rendered(tool, structured, False)
+        if result_size(result) > MCP_RESULT_JSON_BYTES or _too_tall(structured):
+            return _BROWSER_FITS[tool.name](tool, structured)
+        return result
+    return fitted(lambda pieces, cut: _rendered(tool, pieces, cut), structured)
+
+
+def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, Any]:
+    """One result of ``structured``; ``cut`` when some of it was left out."""
+    if cut:
+        structured = {**structured, "truncated": True}
     content: list[dict[str, Any]] = []
     image = IMAGES.get(tool.name)
     if image is not None and isinstance(structured.get(image[0]), str):
@@ -105,9 +161,33 @@ def value_result(
         structured = {k: v for k, v in structured.items() if k != image[0]}
         structured["image"] = f"(image/{kind}, {len(data) * 3 // 4} bytes, as content)"
     elif tool.name in FILE_READS and isinstance(structured.get("content_base64"), str):
-        text = decoded_text(structured["content_base64"])
+        data = structured["content_base64"]
+        text = decoded_text(data, partial=cut)
+        kind = None if text is not None or cut else image_type(data)
+        if kind is not None:
+            # A picture is shown to the model as one, not as base64 text.
+            content.append({"type": "image", "data": data, "mimeType": kind})
+            structured = {k: v for k, v in structured.items() if k != "content_base64"}
+            structured["content"] = f"({kind}, {len(data) * 3 // 4} bytes, as content)"
         if text is not None:
+            if cut:
+                text += (
+                    "\n[truncated: only the start of the file fits one result; "
+                    "read on with offset and limit (lines)]"
+                )
             content.append({"type": "text", "text": text})
+    elif tool.name in COMMAND_RESULTS and isinstance(structured.get("stdout"), str):
+        content.append(
+            {
+                "type": "text",
+                "text": command_text(
+                    structured["stdout"],
+                    str(structured.get("stderr") or ""),
+                    structured.get("exit_code"),
+                    truncated=bool(structured.get("truncated")),
+                ),
+            }
+        )
     # A result JSON cannot carry (a non-finite number) is the call's
     # failure, answered as a tool error, never a message that is not JSON.
     if not content:
@@ -117,10 +197,7 @@ def value_result(
             raise not_json(structured, "the tool's result") from None
     elif nonfinite_at(structured) is not None:
         raise not_json(structured, "the tool's result")
-    result = {"content": content, "structuredContent": structured, "isError": False}
-    if tool.name in _BROWSER_FITS and len(json.dumps(result)) > MCP_RESULT_JSON_BYTES:
-        return _BROWSER_FITS[tool.name](tool, structured)
-    return result
+    return {"content": content, "structuredContent": structured, "isError": False}
 
 
 def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
@@ -140,8 +217,8 @@ def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
             "truncated": True,
             "next_offset": start + len(text.encode("utf-8", "replace")),
         }
-        result = value_result(tool, cut)
-        if not text or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+        result = _rendered(tool, cut, False)
+        if not text or result_size(result) <= MCP_RESULT_JSON_BYTES:
             return result
 
 
@@ -156,8 +233,10 @@ def _fit_console(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
         half = len(logs) // 2 or len(logs)
         dropped += half
         logs = logs[half:]
-        result = value_result(tool, {**structured, "logs": logs, "dropped": dropped})
-        if not logs or len(json.dumps(result)) <= MCP_RESULT_JSON_BYTES:
+        result = _rendered(
+            tool, {**structured, "logs": logs, "dropped": dropped}, False
+        )
+        if not logs or result_size(result) <= MCP_RESULT_JSON_BYTES:
             return result
 
 
@@ -171,9 +250,36 @@ def _refuse_large(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _too_tall(structured: dict[str, Any]) -> bool:
+    """An image wider or taller than models take (a full page's screenshot)."""
+    sides = (structured.get("width"), structured.get("height"))
+    return any(isinstance(n, int) and n > MCP_IMAGE_PIXELS for n in sides)
+
+
+def _refuse_image(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
+    """
+    A screenshot no model takes (over :data:`MCP_IMAGE_PIXELS` a side) or
+    no tool result carries: refused, saying how to take one that fits
+    (the image is not scaled here: the daemon has no image library).
+    """
+    data = str(structured.get("image_base64") or "")
+    raise payload_too_large(
+        MCP_RESULT_JSON_BYTES,
+        message=f"the screenshot is {structured.get('width')}x"
+        f"{structured.get('height')} px, {len(data) * 3 // 4} bytes: over what "
+        f"one MCP tool result carries ({MCP_RESULT_JSON_BYTES} bytes as JSON) or "
+        f"a model takes ({MCP_IMAGE_PIXELS} px a side); take the viewport "
+        "(full_page: false), one element (selector), or type: jpeg with a low "
+        "quality",
+        width=structured.get("width"),
+        height=structured.get("height"),
+    )
+
+
 #: Browser tools whose answer may be any size, and how each is made to fit
 #: one tool result (the official SDK refuses a message over 1 MiB).
 _BROWSER_FITS = {
+    "browser_screenshot": _refuse_image,
     "browser_content": _fit_content,
     "browser_console": _fit_console,
     "browser_evaluate": _refuse_large,
@@ -206,14 +312,54 @@ def raw_result(response: ServerResponse) -> dict[str, Any]:
     }
 
 
-def decoded_text(data: str) -> str | None:
-    """The UTF-8 text a base64 string holds, or None for binary data."""
+def decoded_text(data: str, partial: bool = False) -> str | None:
+    """
+    The UTF-8 text a base64 string holds, or None for binary data.
+
+    :param partial: the bytes are a file's start: a character cut at their
+        end is left out.
+    """
     try:
         raw = base64.b64decode(data, validate=True)
+        if partial:
+            raw = raw[: len(raw) - _cut_at_end(raw)]
         text = raw.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
     return None if "\x00" in text else text
+
+
+#: The first bytes of the image formats model APIs take, by MIME type.
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def image_type(data: str) -> str | None:
+    """The MIME type of a PNG, JPEG, GIF or WebP a base64 string holds, or None."""
+    try:
+        head = base64.b64decode(data[:24], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    for magic, kind in _IMAGE_MAGIC:
+        if head.startswith(magic):
+            return kind
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _cut_at_end(raw: bytes) -> int:
+    """How many bytes at the end of ``raw`` begin a UTF-8 character it cuts."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if need > back else 0
+    return 0
 
 
 class ToolCall:
@@ -303,6 +449,7 @@ class ToolCall:
                 raw=None,
                 client=self.client,
                 audit=self.audit_fields,
+                output_bytes=MCP_OUTPUT_BYTES,
             )
             result = await self._answer(request)
             if result.get("isError"):
@@ -416,7 +563,10 @@ class ToolCall:
             rule=rule,
             method=self.tool.endpoint.method,
             path=path,
-            query=urllib.parse.urlencode(self.split[1]),
+            # A name that is not UTF-8 as the HTTP door logs it: %NN.
+            query=urllib.parse.urlencode(
+                self.split[1], encoding="utf-8", errors="surrogateescape"
+            ),
             status=status,
             code=str(error.code) if error is not None and error.code else None,
             decided_by=error.rule if error is not None else None,

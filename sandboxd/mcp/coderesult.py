@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from sandboxd.mcp.collecting import CollectingChannel, Progress
+from sandboxd.mcp.fitting import head_and_tail, result_size
 from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 
@@ -42,16 +43,7 @@ class CodeCollector(CollectingChannel):
         if not isinstance(data, dict):
             return
         if event in ("stdout", "stderr"):
-            text = str(data.get("text", ""))
-            size = len(text.encode("utf-8", "surrogatepass"))
-            self.seen += size
-            if self.kept + size <= self._cap:
-                self.kept += size
-                self.output[event].append(text)
-            else:
-                self.truncated = True
-            if self._progress is not None:
-                self._progress(text.removesuffix("\n"), self.seen)
+            self._keep(event, str(data.get("text", "")))
         elif event in ("display", "display.update"):
             item = {
                 k: data[k]
@@ -77,27 +69,33 @@ class CodeCollector(CollectingChannel):
         :data:`~sandboxd.policy.defaults.MCP_RESULT_JSON_BYTES` as JSON (the
         official SDK refuses a bigger message): the biggest piece goes
         first, a display value (named in its place, its ``refs`` kept) or
-        half the output (its start kept), until it fits; the result then
-        says ``truncated``.
+        the output (its head and tail kept, cut in proportion to how far
+        the result is over), until it fits; the result then says
+        ``truncated``.
         """
-        stdout = "".join(self.output["stdout"])
-        stderr = "".join(self.output["stderr"])
+        stdout = self.joined("stdout")
+        stderr = self.joined("stderr")
         left_out: set[tuple[int, str]] = set()
-        while True:
+        bound = defaults.MCP_RESULT_JSON_BYTES
+        for _ in range(64):
             answer = self._code_answer(stdout, stderr, left_out)
-            if len(json.dumps(answer)) <= defaults.MCP_RESULT_JSON_BYTES:
+            size = result_size(answer)
+            if size <= bound:
                 return answer
             self.truncated = True
             value = self._largest_value(left_out)
             output = len(stdout) + len(stderr)
             if value is not None and value[0] >= output:
                 left_out.add(value[1])
-            elif output:
-                stdout, stderr = stdout[: len(stdout) // 2], stderr[: len(stderr) // 2]
+            elif output > 256:
+                ratio = min(bound / size * 0.97, 0.9)
+                stdout = head_and_tail(stdout, int(len(stdout) * ratio))
+                stderr = head_and_tail(stderr, int(len(stderr) * ratio))
             elif self.code_error is not None and self._cut_error():
                 continue
             else:
-                return self._code_answer(stdout, stderr, left_out)
+                break
+        return self._code_answer(stdout, stderr, left_out)
 
     def _largest_value(
         self, left_out: set[tuple[int, str]]
@@ -163,6 +161,8 @@ class CodeCollector(CollectingChannel):
                 _ANSI.sub("", tb)
                 or f"{self.code_error.get('ename')}: {self.code_error.get('evalue')}"
             )
+        if structured["truncated"]:
+            text += "\n[truncated: output or values were left out to fit one result]"
         text += f"\n[{state}]"
         content.insert(0, {"type": "text", "text": text.lstrip("\n")})
         return {

@@ -6,17 +6,41 @@ door calls it, in place of the HTTP door's SSE channel.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.mcp.fitting import fitted
 from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 
-#: ``(new output, bytes so far)`` for a call that asked for progress.
-Progress = Callable[[str, int], None]
+#: ``(new output as printed, bytes so far, "stdout" or "stderr")`` for a
+#: call that asked for progress.
+Progress = Callable[[str, int, str], None]
+
+
+def command_text(
+    stdout: str,
+    stderr: str,
+    exit_code: Any,
+    error: dict[str, Any] | None = None,
+    truncated: bool = False,
+) -> str:
+    """
+    A command's result as a model reads it: the output, then what it must
+    not miss (why it failed, that some output was left out) and the exit
+    code, each on a line of its own in brackets.
+    """
+    text = stdout + (f"\n[stderr]\n{stderr}" if stderr else "")
+    if error is not None:
+        code = error.get("code") or error.get("type") or "error"
+        text += f"\n[{code}: {error.get('message') or error.get('error') or ''}]"
+    if truncated:
+        text += "\n[truncated: the middle of the output was left out to fit one result]"
+    return text + f"\n[exit_code {exit_code}]"
 
 
 class CollectingChannel:
@@ -50,6 +74,10 @@ class CollectingChannel:
         self.kept = 0
         self.seen = 0
         self.output: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        #: Output past the head: the latest, within what the cap leaves.
+        self._tail: collections.deque[tuple[str, str, int]] = collections.deque()
+        self._tail_bytes = 0
+        self.dropped: dict[str, int] = {"stdout": 0, "stderr": 0}
         self.truncated = False
         self.exit_code: int | None = None
         self.error: dict[str, Any] | None = None
@@ -118,21 +146,49 @@ class CollectingChannel:
                 value = "\n".join(data)
             self._event(event, value)
 
+    def _keep(self, event: str, text: str) -> None:
+        """
+        Keep one piece of output: the first half of the cap as the head,
+        then the latest output within the rest as the tail (what a model
+        needs is often the end: the error, the summary).
+        """
+        size = len(text.encode("utf-8", "surrogatepass"))
+        self.seen += size
+        if not self._tail and self.kept + size <= self._cap // 2:
+            self.kept += size
+            self.output[event].append(text)
+        else:
+            if size > self._cap // 2:
+                text = text[-(self._cap // 4) :]
+                self.truncated = True
+                self.dropped[event] += size - len(text.encode("utf-8", "surrogatepass"))
+                size = len(text.encode("utf-8", "surrogatepass"))
+            self._tail.append((event, text, size))
+            self._tail_bytes += size
+            while self._tail and self._tail_bytes > self._cap - self.kept:
+                old, _, gone = self._tail.popleft()
+                self._tail_bytes -= gone
+                self.dropped[old] += gone
+                self.truncated = True
+        if self._progress is not None:
+            self._progress(text, self.seen, event)
+
+    def joined(self, event: str) -> str:
+        """One stream's kept output: its head, a mark if some was left out, its tail."""
+        head = "".join(self.output[event])
+        tail = "".join(text for name, text, _ in self._tail if name == event)
+        if self.dropped[event]:
+            mark = f"\n[... {self.dropped[event]} bytes left out ...]\n"
+            return head + mark + tail
+        return head + tail
+
     def _event(self, event: str, data: Any) -> None:
         self.events_sent += 1
         if event in ("stdout", "stderr") and isinstance(data, dict):
             line = str(data.get("data", ""))
             if self.lines and data.get("newline", True) is not False:
                 line += "\n"
-            size = len(line.encode("utf-8"))
-            self.seen += size
-            if self.kept + size <= self._cap:
-                self.kept += size
-                self.output[event].append(line)
-            else:
-                self.truncated = True
-            if self._progress is not None:
-                self._progress(line.removesuffix("\n"), self.seen)
+            self._keep(event, line)
         elif event == "exit" and isinstance(data, dict):
             self.exit_code = data.get("exit_code")
         elif event == "error" and isinstance(data, dict):
@@ -143,20 +199,20 @@ class CollectingChannel:
     def result(self) -> dict[str, Any]:
         """
         The stream as one tool result, within :data:`MCP_RESULT_JSON_BYTES`
-        as JSON: output that would take it past is cut (its start kept) and
-        the result says ``truncated``.
+        as JSON: output that would take it past is cut to its head and
+        tail (:func:`~sandboxd.mcp.fitting.fitted`) and the result says
+        ``truncated``.
         """
-        stdout = "".join(self.output["stdout"])
-        stderr = "".join(self.output["stderr"])
-        while True:
-            answer = self._answer(stdout, stderr)
-            if (stdout or stderr) and len(
-                json.dumps(answer)
-            ) > defaults.MCP_RESULT_JSON_BYTES:
-                self.truncated = True
-                stdout, stderr = stdout[: len(stdout) // 2], stderr[: len(stderr) // 2]
-                continue
-            return answer
+
+        def build(pieces: dict[str, Any], cut: bool) -> dict[str, Any]:
+            self.truncated = self.truncated or cut
+            return self._answer(pieces["stdout"], pieces["stderr"])
+
+        return fitted(
+            build,
+            {"stdout": self.joined("stdout"), "stderr": self.joined("stderr")},
+            defaults.MCP_RESULT_JSON_BYTES,
+        )
 
     def _answer(self, stdout: str, stderr: str) -> dict[str, Any]:
         structured: dict[str, Any] = {
@@ -169,10 +225,7 @@ class CollectingChannel:
         if self.error is not None:
             # The stream's own error event, as it sent it.
             structured["error"] = self.error
-        text = structured["stdout"] + (
-            f"\n[stderr]\n{structured['stderr']}" if structured["stderr"] else ""
-        )
-        text += f"\n[exit_code {self.exit_code}]"
+        text = command_text(stdout, stderr, self.exit_code, self.error, self.truncated)
         return {
             "content": [{"type": "text", "text": text}],
             "structuredContent": structured,

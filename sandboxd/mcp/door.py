@@ -14,7 +14,11 @@ both are audited with ``via: mcp``.
   opens a session (``Mcp-Session-Id``, bounded by ``limits.max_sessions``);
   every other message names it.  A notification or response is answered
   202; a request with JSON, or with an SSE stream when it is a call of a
-  streaming tool (progress notifications go on that stream).
+  streaming tool (progress notifications go on that stream) or a call
+  still running after ``MCP_JSON_ANSWER_SECONDS`` (keep-alive comments
+  then reach a client with a short read timeout).  A call whose stream is
+  lost waits ``MCP_LOST_STREAM_SECONDS`` (at most the idle timeout) for a
+  resume, then is cancelled, so a client that died frees its session.
 - ``GET``: the session's standalone stream (``tools/list_changed`` after a
   policy reload), or, with ``Last-Event-ID``, the rest of a lost stream.
 - ``DELETE``: ends the session, cancelling its calls.
@@ -45,11 +49,19 @@ from sandboxd.errors import (
 from sandboxd.jsonrpc import error, notification
 from sandboxd.mcp import protocol
 from sandboxd.mcp.protocol import Caller, Methods
-from sandboxd.mcp.sessions import Session, SessionTable, event_frame, parse_event_id
+from sandboxd.mcp.sessions import (
+    Session,
+    SessionTable,
+    Stream,
+    event_frame,
+    parse_event_id,
+)
 from sandboxd.mcp.tools import Toolbox
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     ENDPOINT_LIMITS,
+    MCP_JSON_ANSWER_SECONDS,
+    MCP_LOST_STREAM_SECONDS,
     MCP_SESSION_QUIET_SECONDS,
     MCP_SWEEP_SECONDS,
     identity_cap,
@@ -114,7 +126,7 @@ class McpDoor(Service):
         self.endpoint = context.table.get("mcp")
         self.toolbox = Toolbox(context.table)
         self.methods = Methods(context, self.toolbox)
-        self.sessions = SessionTable()
+        self.sessions = SessionTable(context.reactor.seconds)
         self._sweep: Any = None
 
     # -- service -----------------------------------------------------------
@@ -137,6 +149,10 @@ class McpDoor(Service):
         idle = self._limits().idle_timeout_seconds
         return float(idle or _DEFAULTS["idle_timeout_seconds"])
 
+    def _grace(self) -> float:
+        """How long a call whose stream was lost waits for its client."""
+        return min(self._idle(), MCP_LOST_STREAM_SECONDS)
+
     def _schedule_sweep(self) -> None:
         if self._sweep is not None and self._sweep.active():
             return
@@ -146,9 +162,9 @@ class McpDoor(Service):
     def sweep(self) -> None:
         """Close the sessions idle past ``limits.idle_timeout_seconds``."""
         self._sweep = None
-        for session in self.sessions.expire(
-            self.context.reactor.seconds(), self._idle()
-        ):
+        now = self.context.reactor.seconds()
+        self.sessions.let_go(now, self._grace())
+        for session in self.sessions.expire(now, self._idle()):
             log.info("sandboxd: MCP session {id} expired", id=session.id[:8])
         if len(self.sessions):
             self._schedule_sweep()
@@ -157,6 +173,7 @@ class McpDoor(Service):
         """A new session, or the ``too_many_sessions`` refusal."""
         now = self.context.reactor.seconds()
         limit = self._limits().max_sessions or _DEFAULTS["max_sessions"]
+        self.sessions.let_go(now, self._grace())
         if len(self.sessions) >= limit:
             self.sessions.expire(now, self._idle())
         if len(self.sessions) >= limit:
@@ -216,6 +233,23 @@ class McpDoor(Service):
             for session in self.sessions:
                 self.sessions.remove(session)
             return
+        for session in self.end_disallowed():
+            now = frozenset(self.methods.visible(session.identity))
+            if session.listed is None or now != session.listed:
+                session.listed = now
+                session.emit(
+                    session.standalone,
+                    notification("notifications/tools/list_changed"),
+                )
+
+    def end_disallowed(self) -> list[Session]:
+        """
+        Close the sessions whose caller the policy no longer lets in, or
+        whose link was revoked or expired (asked at a reload and whenever a
+        link ends: the client of a revoked link cannot end its session
+        itself); the others, their identity as the policy defines it now.
+        """
+        kept: list[Session] = []
         for session in self.sessions:
             # Asked as every connection that outlives a reload is: a link's
             # session stays while its minter does (narrowed to the minter's
@@ -228,13 +262,8 @@ class McpDoor(Service):
                 self.sessions.remove(session)
                 continue
             session.identity = identity
-            now = frozenset(self.methods.visible(identity))
-            if session.listed is None or now != session.listed:
-                session.listed = now
-                session.emit(
-                    session.standalone,
-                    notification("notifications/tools/list_changed"),
-                )
+            kept.append(session)
+        return kept
 
     # -- HTTP --------------------------------------------------------------
 
@@ -290,9 +319,14 @@ class Exchange:
                 secure=request.isSecure(),
                 framing=lambda: check_framing(headers),
                 take_slot=False,
-                # A link's use is spent once the message is known (_spend):
-                # by the tool's own admission for a tools/call, so a call
-                # refused there, or a message refused here, costs none.
+                # A counted link's uses are spent by what does something: a
+                # tools/call's or a resource read's own admission (a call
+                # refused there costs none). The session's own traffic (the
+                # handshake, tools/list, notifications, the GET stream,
+                # DELETE) costs none, so uses: N gives N calls whatever the
+                # client's handshake; and a used-up link may still end its
+                # session with DELETE.
+                consume=method != "DELETE",
                 spend=False,
             )
         except gate.Refused as e:
@@ -474,20 +508,6 @@ class Exchange:
         session.last_seen = self.door.context.reactor.seconds()
         return session
 
-    def _spend(self) -> bool:
-        """
-        Spend the use of a counted link this request presents (nothing for
-        a token), once it is known to be served; a refusal is answered.
-        A ``tools/call`` spends none here: the tool's admission spends it.
-        """
-        assert self.passed is not None
-        try:
-            gate.spend_use(self.door.context, self.passed)
-        except gate.Refused as e:
-            self._fail(e.error)
-            return False
-        return True
-
     def _caller(self) -> Caller:
         return Caller(
             self.headers,
@@ -564,8 +584,6 @@ class Exchange:
         session = self._session()
         if session is None:
             return
-        if not (method == "tools/call" and is_request) and not self._spend():
-            return
         if not is_request:
             self._notified(session, message)
             self._send(202, None)
@@ -598,9 +616,6 @@ class Exchange:
         if isinstance(opened, ApiError):
             self._fail(opened, rid)
             return
-        if not self._spend():
-            self.door.sessions.remove(opened)
-            return
         info = params.get("clientInfo")
         if isinstance(info, dict):
             opened.client_info = {k: str(v)[:200] for k, v in info.items()}
@@ -632,18 +647,47 @@ class Exchange:
             self._send(200, answer)
             return
         key = jsonrpc.request_key(message.get("id"))
+        streamed: list[Stream] = []
 
         def gone(reason: Any) -> None:
             # A JSON answer cannot be resumed: a client that left cancels.
+            # (Once the answer is a stream, a lost one waits for a resume.)
             call = session.calls.get(key)
-            if call is not None:
+            if call is not None and not streamed:
                 call.cancel()
 
-        self.request.notifyFinish().addErrback(gone)
-        answer.addCallback(lambda value: self._send(200, value))
+        def to_stream() -> None:
+            # Still running: an SSE answer, whose keep-alive comments a
+            # client with a short read timeout sees while it waits.
+            request = self.request
+            if request._disconnected or request.finished:
+                return
+            stream = self._open_stream(session, key)
+            streamed.append(stream)
 
-    def _answer_stream(self, session: Session, message: dict[str, Any]) -> None:
-        stream = session.open_stream()
+        timer = None
+        if message.get("method") == "tools/call" and "text/event-stream" in (
+            _header(self.headers, b"accept") or ""
+        ):
+            timer = self.door.context.reactor.callLater(
+                MCP_JSON_ANSWER_SECONDS, to_stream
+            )
+        self.request.notifyFinish().addErrback(gone)
+
+        def answered(value: dict[str, Any]) -> None:
+            if timer is not None and timer.active():
+                timer.cancel()
+            if not streamed:
+                self._send(200, value)
+                return
+            session.emit(streamed[0], value)
+            session.finish(streamed[0])
+
+        answer.addCallback(answered)
+
+    def _open_stream(self, session: Session, key: str | None) -> Stream:
+        """This request's answer as a new SSE stream of ``session``."""
+        stream = session.open_stream(key)
         channel = SSEChannel(
             self.request,
             self.door.context.reactor,
@@ -653,6 +697,10 @@ class Exchange:
         session.attach(stream, channel, 0)
         if session.version in _PRIMING:
             channel.write_raw(event_frame(stream.number, 0, None))
+        return stream
+
+    def _answer_stream(self, session: Session, message: dict[str, Any]) -> None:
+        stream = self._open_stream(session, jsonrpc.request_key(message.get("id")))
 
         def notify(note: dict[str, Any]) -> None:
             session.emit(stream, note, droppable=True)
@@ -689,8 +737,6 @@ class Exchange:
             )
             return
         number, after = point
-        if not self._spend():
-            return
         channel = SSEChannel(
             self.request,
             self.door.context.reactor,
@@ -714,8 +760,6 @@ class Exchange:
     def _delete(self) -> None:
         session = self._session()
         if session is None:
-            return
-        if not self._spend():
             return
         self.door.sessions.remove(session)
         self._send(204, None)

@@ -16,13 +16,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
 
 from sandboxd._version import __version__
 from sandboxd.access import gate
 from sandboxd.access.tracing import with_meta_context
 from sandboxd.errors import Code, bad_request, limit_exceeded
 from sandboxd.jsonrpc import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -33,9 +35,15 @@ from sandboxd.jsonrpc import (
     request_key,
     result,
 )
-from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
+from sandboxd.mcp.calls import ToolCall, decoded_text, error_result, image_type
 from sandboxd.mcp.collecting import Progress
-from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
+from sandboxd.mcp.tools import (
+    NOT_TOOLS,
+    ArgumentError,
+    Toolbox,
+    byte_names,
+    listed_by_default,
+)
 from sandboxd.policy.confinement import CONFINED, confinement_note
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
@@ -47,6 +55,8 @@ if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
     from sandboxd.daemon.context import Context
     from sandboxd.mcp.sessions import Session
+
+log = Logger(namespace="sandboxd.mcp")
 
 #: MCP's own codes beside JSON-RPC's (:mod:`sandboxd.jsonrpc`).
 #: The session id is unknown, expired or another identity's.
@@ -294,7 +304,12 @@ class Methods:
 
         def cancelled(failure: Any) -> Message:
             session.calls.pop(key, None)
-            return error(rid, REFUSED, "the call was cancelled")
+            if failure.check(CancelledError):
+                return error(rid, REFUSED, "the call was cancelled")
+            # A bug, not a cancellation: said as one (and logged), never
+            # passed off as the client's doing.
+            log.failure("tool {tool} failed", failure, tool=name)
+            return error(rid, INTERNAL_ERROR, "the call failed inside the server")
 
         return call.run().addCallbacks(done, cancelled)
 
@@ -306,8 +321,13 @@ class Methods:
         the bytes so far in ``progress``, gathered briefly so a chatty
         child costs a notification per interval, not per line.
         """
-        pending: list[str] = []
-        state: dict[str, Any] = {"so_far": 0, "sent": 0, "timer": None}
+        pending: list[tuple[str, str]] = []
+        state: dict[str, Any] = {
+            "so_far": 0,
+            "sent": 0,
+            "timer": None,
+            "last": "stdout",
+        }
         clock = self.context.reactor
 
         def flush() -> None:
@@ -316,7 +336,7 @@ class Methods:
                 timer.cancel()
             if not pending or state["so_far"] <= state["sent"]:
                 return
-            text = "\n".join(pending)
+            text = _labelled(pending, state)
             pending.clear()
             if len(text) > MCP_PROGRESS_MESSAGE_CHARS:
                 # The result carries the output; progress is for watching.
@@ -334,8 +354,8 @@ class Methods:
                 )
             )
 
-        def report(line: str, so_far: int) -> None:
-            pending.append(line)
+        def report(text: str, so_far: int, stream: str = "stdout") -> None:
+            pending.append((stream, text))
             state["so_far"] = so_far
             if state["timer"] is None:
                 state["timer"] = clock.callLater(MCP_PROGRESS_SECONDS, flush)
@@ -410,32 +430,66 @@ class Methods:
         def read(value: dict[str, Any]) -> Message:
             if value.get("isError"):
                 return _resource_error(rid, value)
-            data = str(value["structuredContent"].get("content_base64", ""))
+            # A picture's bytes come as the result's image content.
+            images = [c for c in value["content"] if c.get("type") == "image"]
+            data = str(
+                images[0]["data"]
+                if images
+                else value["structuredContent"].get("content_base64", "")
+            )
             text = decoded_text(data)
             content: dict[str, Any] = {"uri": uri}
             if text is not None:
                 content.update(mimeType="text/plain", text=text)
             else:
-                content.update(mimeType="application/octet-stream", blob=data)
+                kind = image_type(data) or "application/octet-stream"
+                content.update(mimeType=kind, blob=data)
             return result(rid, {"contents": [content]})
 
         return d.addCallback(read)
 
 
+def _labelled(pending: list[tuple[str, str]], state: dict[str, Any]) -> str:
+    """
+    New output as printed, joined: where it passes from one stream to the
+    other, a ``[stderr]`` or ``[stdout]`` line says so (on a line of its
+    own; ``state["last"]`` remembers the stream across notifications).
+    """
+    out: list[str] = []
+    for stream, text in pending:
+        if stream != state["last"]:
+            state["last"] = stream
+            joined = "".join(out)
+            out.append(
+                ("\n" if joined and not joined.endswith("\n") else "") + f"[{stream}]\n"
+            )
+        out.append(text)
+    return "".join(out)
+
+
 def _resource_error(rid: Any, value: dict[str, Any]) -> Message:
+    # A refusal (path_denied) of a valid request is the server's own code,
+    # as the door's refusals are, not "Invalid Request".
     body = value.get("structuredContent") or {}
-    code = RESOURCE_NOT_FOUND if body.get("code") == "not_found" else INVALID_REQUEST
+    code = RESOURCE_NOT_FOUND if body.get("code") == "not_found" else REFUSED
     return error(rid, code, str(body.get("error", "refused")), body)
 
 
 def file_uri(path: str) -> str:
-    """The ``file:///`` URI of an absolute path."""
-    return "file://" + urllib.parse.quote(path)
+    """
+    The ``file:///`` URI of an absolute path as the files API shows it: a
+    byte that is not UTF-8 (shown ``\\xNN``) is percent-encoded as itself.
+    """
+    raw = byte_names(path).encode("utf-8", "surrogateescape")
+    return "file://" + urllib.parse.quote(raw)
 
 
 def file_path(uri: str) -> str | None:
-    """The absolute path a ``file:///`` URI names, or None."""
+    """
+    The absolute path a ``file:///`` URI names, or None; a ``%NN`` that is
+    not part of UTF-8 text names that byte (as the HTTP API's query does).
+    """
     if not uri.startswith("file:///"):
         return None
-    path = urllib.parse.unquote(uri[len("file://") :])
+    path = urllib.parse.unquote(uri[len("file://") :], errors="surrogateescape")
     return path if path and "\x00" not in path else None

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import collections
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -81,6 +82,10 @@ class Stream:
     channel: SSEChannel | None = None
     backlog: Backlog | None = None
     finished: bool = False
+    #: The request key of the call this stream answers (None for GET's).
+    call: str | None = None
+    #: When its connection was lost, while no other shows it.
+    lost_at: float | None = None
 
     @property
     def stalled(self) -> bool:
@@ -105,6 +110,7 @@ class Session:
     replay: collections.deque[tuple[int, int, bytes]] = attrs.Factory(collections.deque)
     replay_bytes: int = 0
     closed: bool = False
+    clock: Callable[[], float] = time.monotonic
 
     def __attrs_post_init__(self) -> None:
         self.streams[0] = Stream(0)
@@ -114,9 +120,9 @@ class Session:
         """The ``GET`` stream's state."""
         return self.streams[0]
 
-    def open_stream(self) -> Stream:
-        """A new stream for one POST's answer."""
-        stream = Stream(self.next_stream)
+    def open_stream(self, call: str | None = None) -> Stream:
+        """A new stream for one POST's answer (to the call keyed ``call``)."""
+        stream = Stream(self.next_stream, call=call)
         self.next_stream += 1
         self.streams[stream.number] = stream
         return stream
@@ -174,6 +180,7 @@ class Session:
         then the live ones.  A connection already showing it is closed.
         """
         old, stream.channel = stream.channel, channel
+        stream.lost_at = None
         if old is not None and old is not channel and old.open:
             old.close()
         backlog = stream.backlog = Backlog()
@@ -185,6 +192,7 @@ class Session:
             if stream.channel is channel:
                 stream.channel = None
                 stream.backlog = None
+                stream.lost_at = self.clock()
 
         channel.on_disconnect(gone)
 
@@ -194,6 +202,30 @@ class Session:
             stream.channel is not None and stream.channel.open
             for stream in self.streams.values()
         )
+
+    def let_go(self, now: float, grace: float) -> list[str]:
+        """
+        Cancel the calls whose stream was lost ``grace`` seconds ago and not
+        resumed: their client is gone, and a call kept for it (a follow
+        that lasts as long as its process) would keep the session open for
+        good.  The cancellation's answer is kept for a late resume.
+
+        :returns: the request keys of the calls cancelled.
+        """
+        gone: list[str] = []
+        for stream in list(self.streams.values()):
+            if (
+                stream.call is None
+                or stream.finished
+                or stream.lost_at is None
+                or now - stream.lost_at < grace
+            ):
+                continue
+            call = self.calls.get(stream.call)
+            if call is not None:
+                gone.append(stream.call)
+                call.cancel()
+        return gone
 
     def close(self) -> None:
         """End the session: cancel its calls, close its connections."""
@@ -212,8 +244,10 @@ class Session:
 class SessionTable:
     """The open sessions, bounded by the ``mcp`` endpoint's ``max_sessions``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """:param clock: the time a lost stream is noted at (the reactor's)."""
         self.sessions: dict[str, Session] = {}
+        self.clock = clock
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -223,7 +257,9 @@ class SessionTable:
 
     def create(self, identity: Identity, version: str, now: float) -> Session:
         """A new session with an unguessable id."""
-        session = Session(secrets.token_urlsafe(24), identity, version, now)
+        session = Session(
+            secrets.token_urlsafe(24), identity, version, now, clock=self.clock
+        )
         self.sessions[session.id] = session
         return session
 
@@ -269,6 +305,13 @@ class SessionTable:
             and (root is None or s.identity.root == root)
         ]
         return min(candidates, key=lambda s: s.last_seen, default=None)
+
+    def let_go(self, now: float, grace: float) -> int:
+        """
+        Cancel every session's calls whose stream was lost ``grace``
+        seconds ago (:meth:`Session.let_go`); how many.
+        """
+        return sum(len(s.let_go(now, grace)) for s in self.sessions.values())
 
     def expire(self, now: float, idle: float) -> list[Session]:
         """Close the sessions idle for ``idle`` seconds with no call running."""

@@ -61,7 +61,9 @@ DROPPED_ARGUMENTS: dict[str, frozenset[str]] = {
     "agents_terminal_output": frozenset({"follow"}),
     # The door streams every execution (output as progress) and interrupts
     # it when the call is cancelled: these are its own, not the caller's.
-    "code_execute": frozenset({"stream", "on_disconnect", "wait"}),
+    # allow_stdin: input() would wait for code_execution_input, which a
+    # model waiting for this call's result cannot send (it fails at once).
+    "code_execute": frozenset({"stream", "on_disconnect", "wait", "allow_stdin"}),
 }
 
 #: Body fields for HTTP clients only: an MCP result is read whole, as text
@@ -75,8 +77,83 @@ HTTP_ONLY_FIELDS = frozenset(
 
 #: What a model reads about fields whose table wording is for operators.
 MODEL_FIELD_DOCS: dict[str, str] = {
-    "user": "a user to run as, or to own what is created (root daemons only)",
+    "user": "a user name or uid (root daemons only)",
+    # lsp_servers is not in the default list: the questions pick a server.
+    "server": "a language server (pyright, pylsp, ...); default: the first "
+    "installed for the file",
+    "root": "the project directory (default: the nearest with a project file)",
 }
+
+#: The JSON types of fields the table leaves free (``any``): a model
+#: (and a client's argument validation) needs one.
+MODEL_FIELD_TYPES: dict[str, list[str]] = {
+    "user": ["string", "integer"],
+    "mode": ["string", "integer"],
+    "signal": ["string", "integer"],
+    "prompt": ["string", "array"],
+}
+
+#: What a model reads about one tool's fields the table does not describe.
+MODEL_ARGUMENT_DOCS: dict[tuple[str, str], str] = {
+    ("download", "path"): "the file to read",
+    ("upload", "path"): "the file to write",
+    ("upload", "content_base64"): "bytes, base64",
+    ("capabilities_check", "endpoint"): "the tool (endpoint id) to decide",
+    ("shell_stream", "stdin_base64"): "bytes for its stdin, then end of file",
+    ("files_move", "source"): "the path to move",
+    ("files_move", "destination"): "where it goes",
+    ("files_edit", "new_text"): "what replaces old_text",
+}
+
+#: Titles whose table wording is HTTP's (a status, SSE): what the tool
+#: does through MCP instead.
+MODEL_TITLES: dict[str, str] = {
+    "download": "Read a file",
+    "upload": "Write a file",
+    "shell_stream": "Run a command, output as progress",
+    "code_execute": "Run code in a context",
+    "code_execution_events": "An execution's events",
+    "agents_events": "The session's event log",
+    "git_job_events": "A git job's progress",
+}
+
+#: Phrases of the table's descriptions that speak HTTP, as they read through
+#: MCP (where a call runs to its end and there are no statuses).
+MCP_WORDING: tuple[tuple[str, str], ...] = (
+    (
+        "A job: 202 {job_id, state: running, events_url} unless it ends within "
+        "`wait` seconds (then 200 with the result, or its error).",
+        "A job: {job_id, state: running} unless it ends within `wait` seconds "
+        "(then its result, or its error); git_job_get reads it later.",
+    ),
+    (
+        "seconds to wait for the result before answering 202",
+        "seconds to wait for the result before answering with the job's id",
+    ),
+    (
+        "200 when the turn ended within wait, else 202 with events_url.",
+        "The turn's result when it ends within wait, else its id: read on "
+        "with agents_events.",
+    ),
+    (" (SSE or page)", ""),
+    (" (else Last-Event-ID)", ""),
+    (" is 200 with exists: false.", " answers exists: false."),
+    (" (resumable SSE)", ""),
+    (" as a resumable SSE stream", ""),
+    ("SSE (false: one JSON page)", "wait for events until it ends (false: one page)"),
+    (
+        "stream as SSE instead of one page",
+        "wait until it exits (output as progress)",
+    ),
+)
+
+
+def mcp_wording(text: str) -> str:
+    """``text`` with its HTTP phrases as they read through MCP (:data:`MCP_WORDING`)."""
+    for http, mcp in MCP_WORDING:
+        text = text.replace(http, mcp)
+    return text
+
 
 #: Endpoints that change or remove what exists (``destructiveHint``), besides
 #: every endpoint that starts a child or writes content (see
@@ -91,6 +168,9 @@ DESTRUCTIVE = frozenset(
         "pty_delete_session",
         "agents_session_delete",
         "agents_terminal_kill",
+        # A code context's state (its variables, imports) is lost.
+        "code_context_delete",
+        "code_context_restart",
     }
 )
 
@@ -117,7 +197,15 @@ OPEN_WORLD = frozenset({"browser_navigate"})
 
 #: Endpoints that run arbitrary code without a ``command`` field.
 RUNS_CODE = frozenset(
-    {"code_run", "agents_install", "agents_session_create", "agents_prompt"}
+    {
+        "code_run",
+        "code_execute",
+        # What it writes is read by code that may do anything with it.
+        "code_execution_input",
+        "agents_install",
+        "agents_session_create",
+        "agents_prompt",
+    }
 )
 
 #: Capability groups left out of the default ``tools/list`` (by their
@@ -157,9 +245,13 @@ DEFAULT_SHELL = "bash" if shutil.which("bash") else "sh"
 #: What a model reads about the tools it uses most (the table's summary and
 #: notes are written for HTTP clients).  Other tools keep those.
 MODEL_DESCRIPTIONS: dict[str, str] = {
+    # command's and argv's own descriptions say bash or no shell, and the
+    # timeout's default is in its schema.
     "shell": "Run a command in the sandbox and wait for it: stdout, stderr, "
-    "exit_code. command runs through bash (pipes, &&, cd work); argv runs a "
-    "program without a shell. Timeout 300 s unless given.",
+    "exit_code (pipes, &&, cd work).",
+    "code_execute": "Run code in a context (code_context_create) to its end: "
+    "its output, value, traceback and images; output arrives as progress "
+    "notifications while it runs.",
     "shell_stream": "As shell, for long commands: output arrives as progress "
     "notifications while it runs.",
     "process_start": "Start a command in the background; returns its pid. Then "
@@ -198,6 +290,9 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
 #: Endpoints answering with images: the field holding the base64 data, and
 #: the field naming the format.
 IMAGES: dict[str, tuple[str, str]] = {"browser_screenshot": ("image_base64", "type")}
+
+#: Endpoints running a command whose answer is shown as its output.
+COMMAND_RESULTS = frozenset({"shell"})
 
 #: Endpoints reading a file whose text content is shown as text.
 FILE_READS = frozenset({"download"})
@@ -267,6 +362,9 @@ class Tool:
         if not isinstance(arguments, Mapping):
             raise ArgumentError("arguments must be an object")
         check(self.descriptor["inputSchema"], arguments)
+        arguments = {
+            k: byte_names(v) if k in PATH_ARGUMENTS else v for k, v in arguments.items()
+        }
         path = {f.name: _query_text(arguments[f.name]) for f in self.path}
         query = {
             f.name: _query_text(arguments[f.name])
@@ -280,6 +378,28 @@ class Tool:
         if _takes_text(self.body):
             body = _content_body(body)
         return path, query, body
+
+
+#: Arguments that name files: a name the file tools list with ``\xNN`` for
+#: a byte that is not UTF-8 is named back the same way (a JSON string
+#: cannot carry the byte; HTTP's query spells it ``%NN``).
+PATH_ARGUMENTS = frozenset({"path", "paths", "source", "destination", "cwd"})
+
+_SHOWN_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+def byte_names(value: Any) -> Any:
+    """
+    ``value`` (a path or a list of them) with each ``\\xNN`` of a byte from
+    0x80 (what :func:`~sandboxd.files.walk.display_name` shows for a byte
+    that is not UTF-8) as that byte, the way the files API holds it (a
+    ``surrogateescape`` character).
+    """
+    if isinstance(value, list):
+        return [byte_names(v) for v in value]
+    if not isinstance(value, str) or "\\x" not in value:
+        return value
+    return _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), value)
 
 
 def _takes_command(body: Iterable[Field]) -> bool:
@@ -385,6 +505,12 @@ def _input_schema(
         spec.pop("minLength", None)
         if field.name in MODEL_FIELD_DOCS:
             spec["description"] = MODEL_FIELD_DOCS[field.name]
+        if "type" not in spec and field.name in MODEL_FIELD_TYPES:
+            spec["type"] = MODEL_FIELD_TYPES[field.name]
+        if (name, field.name) in MODEL_ARGUMENT_DOCS:
+            spec["description"] = MODEL_ARGUMENT_DOCS[name, field.name]
+        elif "description" in spec:
+            spec["description"] = mcp_wording(spec["description"])
         properties[field.name] = spec
         if field.required and field.name not in either:
             required.append(field.name)
@@ -392,6 +518,8 @@ def _input_schema(
         properties["command"]["description"] = (
             f"a shell command line (run by {DEFAULT_SHELL} unless shell is given)"
         )
+        if "shell" in properties:
+            properties["shell"]["description"] = "the shell that runs command"
         properties["argv"] = {
             "type": "array",
             "items": {"type": "string"},
@@ -460,7 +588,7 @@ def _description(endpoint: Endpoint, schema: Schema) -> str:
             "Runs to completion; new output is sent as progress notifications "
             "when the call carries a progressToken."
         )
-    return " ".join(parts)
+    return mcp_wording(" ".join(parts))
 
 
 def _starts_children(endpoint: Endpoint, schema: Schema) -> bool:
@@ -514,14 +642,27 @@ def listed_by_default(endpoint: Endpoint) -> bool:
 
 
 def _title(endpoint: Endpoint) -> str:
+    if endpoint.id in MODEL_TITLES:
+        return MODEL_TITLES[endpoint.id]
     return (endpoint.summary or endpoint.id).rstrip(".")
+
+
+def _path_field(endpoint: Endpoint, name: str) -> Field:
+    """
+    A path parameter's field: the table's for the built-in routes; a
+    template's route names its own, which mean what it says, not what the
+    built-in ones of that name do (``{id}`` is no terminal session there).
+    """
+    if endpoint.custom:
+        return Field(name, doc=f"the {{{name}}} part of {endpoint.path}")
+    return PATH_PARAMS.get(name, Field(name))
 
 
 def make_tool(endpoint: Endpoint) -> Tool:
     """The tool of one endpoint (whether or not it is one: see :func:`is_tool`)."""
     schema = schema_for(endpoint.id)
     path = tuple(
-        attrs.evolve(PATH_PARAMS.get(name, Field(name)), required=True)
+        attrs.evolve(_path_field(endpoint, name), required=True)
         for name in (param_name(s) for s in endpoint.segments)
         if name is not None
     )
@@ -594,7 +735,9 @@ _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _type_ok(value: Any, name: str) -> bool:
+def _type_ok(value: Any, name: str | list[str]) -> bool:
+    if isinstance(name, list):
+        return any(_type_ok(value, one) for one in name)
     if name == "null":
         return value is None
     if isinstance(value, bool) and name in ("integer", "number"):
@@ -629,7 +772,8 @@ def check(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
             continue
         wanted = spec.get("type")
         if wanted is not None and not _type_ok(value, wanted):
-            raise ArgumentError(f"argument {name!r} must be of type {wanted}")
+            kind = " or ".join(wanted) if isinstance(wanted, list) else wanted
+            raise ArgumentError(f"argument {name!r} must be of type {kind}")
         if "enum" in spec and value not in spec["enum"]:
             choices = ", ".join(map(repr, spec["enum"]))
             raise ArgumentError(f"argument {name!r} must be one of {choices}")
@@ -662,6 +806,47 @@ SUMMARISED: dict[str, dict[str, Any]] = {
 }
 
 
+#: A ``files_grep`` line longer than this is shown through MCP as this
+#: many characters around its first match (a minified bundle's line would
+#: cost a model thousands of tokens per call).
+GREP_LINE_CHARS = 240
+
+
+def grep_lines(value: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``files_grep``'s matches (one per match, the HTTP answer) as one entry
+    per matching line, with the ``columns`` of its matches; a long line
+    is cut to :data:`GREP_LINE_CHARS` around its first match, ``text_column``
+    saying where the text starts.
+    """
+    lines: list[dict[str, Any]] = []
+    for match in value.get("matches") or []:
+        if not isinstance(match, dict):
+            continue
+        last = lines[-1] if lines else None
+        if (
+            last is not None
+            and last.get("path") == match.get("path")
+            and last.get("line") == match.get("line")
+        ):
+            last["columns"].append(match.get("column"))
+            continue
+        entry = {k: v for k, v in match.items() if k != "column"}
+        entry["columns"] = [match.get("column")]
+        lines.append(entry)
+    for entry in lines:
+        text = entry.get("text")
+        first = entry["columns"][0]
+        if isinstance(text, str) and len(text) > GREP_LINE_CHARS:
+            start = max(
+                0, (first if isinstance(first, int) else 1) - 1 - GREP_LINE_CHARS // 4
+            )
+            entry["text"] = text[start : start + GREP_LINE_CHARS]
+            entry["text_column"] = start + 1
+            entry["cut"] = True
+    return {**value, "matches": lines}
+
+
 def summarise(name: str, value: Any, arguments: Mapping[str, Any]) -> Any:
     """
     A tool's answer cut to what a model can use: ``capabilities`` (tens of
@@ -671,6 +856,8 @@ def summarise(name: str, value: Any, arguments: Mapping[str, Any]) -> Any:
 
     :raises ArgumentError: ``endpoint`` names no endpoint.
     """
+    if name == "files_grep" and isinstance(value, dict):
+        return grep_lines(value)
     if name not in SUMMARISED or not isinstance(value, dict):
         return value
     wanted = arguments.get("endpoint")

@@ -368,6 +368,17 @@ MCP_RESULT_BYTES = MIB
 #: output twice (as text and as ``structuredContent``), escaped.
 MCP_RESULT_JSON_BYTES = 960 * KIB
 
+#: MCP: what a command's tool result (``shell``) keeps of its output, both
+#: streams together, head and tail: the result carries it twice (as text
+#: and as ``structuredContent``) within :data:`MCP_RESULT_JSON_BYTES`, and
+#: a call in flight holds no more than this while its command runs.
+MCP_OUTPUT_BYTES = 384 * KIB
+
+#: MCP: the widest or tallest image a tool result carries (model APIs
+#: refuse bigger ones, and a refused image can break a client's whole
+#: conversation): a full page's screenshot past it is refused with a hint.
+MCP_IMAGE_PIXELS = 8000
+
 #: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
 MCP_REPLAY_BYTES = MIB
 
@@ -375,6 +386,16 @@ MCP_REPLAY_BYTES = MIB
 #: long (a client that crashed, or went without a DELETE) is closed to make
 #: room when a new one would be past ``max_sessions`` or an identity's share.
 MCP_SESSION_QUIET_SECONDS = 60.0
+
+#: MCP: a call whose SSE stream was lost is kept this long (at most the
+#: idle timeout) for its client to resume it with ``Last-Event-ID``; then it
+#: is cancelled, so that a client that died cannot hold its session open.
+MCP_LOST_STREAM_SECONDS = 60.0
+
+#: MCP: a ``tools/call`` still running after this long is answered as SSE
+#: (the answer so far is nothing), so that keep-alive comments reach a
+#: client whose read timeout is short (httpx's default is 5 s).
+MCP_JSON_ANSWER_SECONDS = 2.0
 
 #: MCP: how often idle sessions are looked for (at most; shorter when the
 #: idle timeout is).

@@ -203,7 +203,7 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
     """
     spec = launch(request)
     try:
-        result = await run_to_end(request, spec)
+        result = await run_to_end(request, spec, max_total_bytes=request.output_bytes)
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
     body = {
@@ -249,7 +249,8 @@ def run_to_end(
         cwd=spec.cwd,
         timeout=spec.timeout,
         idle_timeout=spec.idle_timeout,
-        max_output_bytes=_cap(request),
+        # A door with a bounded answer holds no more than it can send.
+        max_output_bytes=min(_cap(request), max_total_bytes or _cap(request)),
         run_as=spec.run_as,
         confine=spec.confine,
         max_total_bytes=max_total_bytes,

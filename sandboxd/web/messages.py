@@ -61,6 +61,9 @@ class ServerRequest:
     payload: bytearray | None = None
     #: Fields the handler adds to this request's audit record (``argv``).
     audit: dict[str, Any] = attrs.Factory(dict)
+    #: A door whose answer is bounded (MCP): what a command's output may
+    #: keep, both streams together; None for the endpoint's own cap.
+    output_bytes: int | None = None
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """A query parameter, or ``default``."""

@@ -115,6 +115,7 @@ class CodeToolTests(McpTestCase):
         [item] = content["results"]
         self.assertIn("left out", item["data"]["image/png"])
         self.assertEqual([c.type for c in result.content], ["text"])
+        self.assertIn("[truncated", result.content[0].text)
 
     @inlineCallbacks
     def test_error_is_an_error_result(self) -> Any:

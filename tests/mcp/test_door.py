@@ -188,6 +188,8 @@ class ToolCallTests(McpTestCase):
         os.makedirs(os.path.join(self.base_dir, "src"))
         with open(os.path.join(self.base_dir, "src/a.py"), "w") as f:
             f.write("def main():\n    return 0  # TODO: more\n")
+        with open(os.path.join(self.base_dir, "src/min.js"), "w") as f:
+            f.write("foo " * 2000 + "\n")
 
         async def body(client: Any) -> Any:
             listed = await client.list_tools()
@@ -195,9 +197,19 @@ class ToolCallTests(McpTestCase):
                 "files_grep", {"pattern": r"TODO:\s*\w+", "path": "src"}
             )
             bad = await client.call_tool("files_grep", {"pattern": "("})
-            return listed, found, bad
+            long = await client.call_tool(
+                "files_grep", {"pattern": "foo", "path": "src/min.js"}
+            )
+            return listed, found, bad, long
 
-        listed, found, bad = yield self.with_client(body)
+        listed, found, bad, long = yield self.with_client(body)
+        # One entry per line, its matches' columns listed; a long line cut
+        # around its first match.
+        [line] = long.structured_content["matches"]
+        self.assertEqual(line["columns"][:3], [1, 5, 9])
+        self.assertGreater(len(line["columns"]), 250)
+        self.assertLessEqual(len(line["text"]), 240)
+        self.assertEqual((line["text_column"], line["cut"]), (1, True))
         tools = {t.name: t for t in listed.tools}
         self.assertTrue(tools["files_grep"].annotations.read_only_hint)
         self.assertFalse(found.is_error, found.content)
@@ -207,7 +219,7 @@ class ToolCallTests(McpTestCase):
                 {
                     "path": os.path.join(self.base_dir, "src/a.py"),
                     "line": 2,
-                    "column": 17,
+                    "columns": [17],
                     "text": "    return 0  # TODO: more",
                 }
             ],
@@ -223,8 +235,9 @@ class ToolCallTests(McpTestCase):
         arrives whole over the SSE stream a progress token asks for.
         """
         os.makedirs(os.path.join(self.base_dir, "odd"))
-        with open(os.path.join(self.base_dir.encode(), b"odd/caf\xe9.txt"), "wb"):
-            pass
+        odd = os.path.join(self.base_dir.encode(), b"odd/caf\xe9.txt")
+        with open(odd, "wb") as f:
+            f.write(b"inside")
 
         async def body(client: Any) -> Any:
             listed = await client.call_tool("files_list", {"path": "odd"})
@@ -233,12 +246,25 @@ class ToolCallTests(McpTestCase):
                 {"command": "printf 'a\\342\\200\\250b\\n'"},
                 progress_callback=lambda *_: None,
             )
-            return listed, shell
+            # The name as listed names the file back; a file:/// URI spells
+            # the byte %E9, as the HTTP API's query does.
+            read = await client.call_tool("download", {"path": "odd/caf\\xe9.txt"})
+            resource = await client.read_resource(
+                f"file://{self.base_dir}/odd/caf%E9.txt"
+            )
+            deleted = await client.call_tool(
+                "files_delete", {"path": "odd/caf\\xe9.txt"}
+            )
+            return listed, shell, read, resource, deleted
 
-        listed, shell = yield self.with_client(body)
+        listed, shell, read, resource, deleted = yield self.with_client(body)
         self.assertFalse(listed.is_error, listed.content)
         names = [e["name"] for e in listed.structured_content["entries"]]
         self.assertEqual(names, ["caf\\xe9.txt"])
+        self.assertEqual(read.content[0].text, "inside")
+        self.assertEqual(resource.contents[0].text, "inside")
+        self.assertFalse(deleted.is_error, deleted.content)
+        self.assertFalse(os.path.exists(odd))
         self.assertFalse(shell.is_error, shell.content)
         self.assertEqual(shell.structured_content["stdout"], "a\u2028b\n")
 
@@ -699,16 +725,17 @@ class PolicyTests(McpTestCase):
         self.assertEqual(len(door.sessions), 0)
 
     @inlineCallbacks
-    def test_counted_link_spends_one_use_per_request(self) -> Any:
+    def test_counted_link_spends_uses_on_calls(self) -> Any:
         """
-        A counted link on /mcp: each request it is let in with spends one
-        use, a tools/call one (not one for /mcp and one for the tool), a
-        tool call the gate refuses none; once used up, the next is 401.
+        A counted link on /mcp spends one use per tool call it makes (not
+        one for /mcp and one for the tool), none on the session's own
+        traffic (initialize, tools/list, DELETE) nor on a call the gate
+        refuses; used up, it is refused, but may still end its session.
         """
         minted = yield self.request(
             "POST",
             "/auth/links",
-            {"audience": "console", "scopes": ["files:read"], "uses": 4},
+            {"audience": "console", "scopes": ["files:read"], "uses": 2},
             token=ADMIN,
         )
         link = minted.json()["token"]
@@ -720,7 +747,7 @@ class PolicyTests(McpTestCase):
 
         opened = yield self.initialize(headers=bearer)
         self.assertEqual(opened.status_code, 200, opened.text)
-        self.assertEqual((yield used()), 1)
+        self.assertEqual((yield used()), 0)
         headers = {
             **bearer,
             "mcp-session-id": opened.headers["mcp-session-id"],
@@ -736,26 +763,57 @@ class PolicyTests(McpTestCase):
             }
             return self.http("POST", message, headers)
 
+        def tools_list(rid: int) -> Any:
+            return self.http(
+                "POST", {"jsonrpc": "2.0", "id": rid, "method": "tools/list"}, headers
+            )
+
         listed = yield call(2, "files_list", {"path": "."})
         self.assertEqual(listed.status_code, 200)
         self.assertFalse(listed.json()["result"].get("isError"), listed.text)
-        self.assertEqual((yield used()), 2)
+        self.assertEqual((yield used()), 1)
         refused = yield call(3, "shell", {"command": "true"})
         result = refused.json()["result"]
         self.assertTrue(result["isError"])
         self.assertEqual(result["structuredContent"]["code"], "missing_scope")
-        self.assertEqual((yield used()), 2)
-        tools = yield self.http(
-            "POST", {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers
-        )
+        self.assertEqual((yield used()), 1)
+        tools = yield tools_list(4)
         self.assertEqual(tools.status_code, 200)
-        self.assertEqual((yield used()), 3)
+        self.assertEqual((yield used()), 1)
+        last = yield call(5, "files_list", {"path": "."})
+        self.assertFalse(last.json()["result"].get("isError"), last.text)
+        self.assertEqual((yield used()), 2)
+        spent = yield tools_list(6)
+        self.assertEqual(spent.status_code, 401)
+        self.assertEqual(spent.json()["error"]["data"]["code"], "link_invalid")
         ended = yield self.http("DELETE", None, headers)
         self.assertEqual(ended.status_code, 204)
-        self.assertEqual((yield used()), 4)
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
         again = yield self.initialize(headers=bearer)
         self.assertEqual(again.status_code, 401)
-        self.assertEqual(again.json()["error"]["data"]["code"], "link_invalid")
+
+    @inlineCallbacks
+    def test_revoked_links_session_ends(self) -> Any:
+        """
+        Revoking a link ends its MCP sessions at once: its client, refused
+        from then on, cannot end them, and they counted in its minter's share.
+        """
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["files:read"]},
+            token=ADMIN,
+        )
+        bearer = {"authorization": f"Bearer {minted.json()['token']}"}
+        opened = yield self.initialize(headers=bearer)
+        self.assertEqual(opened.status_code, 200, opened.text)
+        door = self.daemon.context.doors[b"/mcp"]
+        self.assertEqual(len(door.sessions), 1)
+        revoked = yield self.request(
+            "DELETE", f"/auth/links/{minted.json()['link_id']}", token=ADMIN
+        )
+        self.assertLess(revoked.status, 300, revoked.body)
+        self.assertEqual(len(door.sessions), 0)
 
     @inlineCallbacks
     def test_wrong_token_is_401(self) -> Any:
@@ -763,6 +821,8 @@ class PolicyTests(McpTestCase):
         reply = yield self.initialize(headers={"authorization": "Bearer nope"})
         self.assertEqual(reply.status_code, 401)
         self.assertEqual(reply.json()["error"]["data"]["code"], "unauthorized")
+        # RFC 6750: a client tells a bearer server from one wanting OAuth.
+        self.assertEqual(reply.headers["www-authenticate"], 'Bearer realm="sandboxd"')
         stream = yield self.http("GET", None, {"authorization": "Bearer nope"})
         self.assertEqual(stream.status_code, 401)
         self.assertEqual(stream.json()["error"]["data"]["code"], "unauthorized")
@@ -1331,6 +1391,9 @@ class ResourceTests(McpTestCase):
             f.write("text here")
         with open(os.path.join(self.base_dir, "b.bin"), "wb") as f:
             f.write(b"\x00\xff\x10")
+        png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
+        with open(os.path.join(self.base_dir, "p.png"), "wb") as f:
+            f.write(png)
 
         async def body(client: Any) -> Any:
             listed = await client.list_resources()
@@ -1342,9 +1405,19 @@ class ResourceTests(McpTestCase):
                 await client.read_resource("file:///etc/passwd")
             except MCPError as e:
                 refused = e
-            return uris, templates, text, blob, refused
+            picture = await client.read_resource(f"file://{self.base_dir}/p.png")
+            shown = await client.call_tool("download", {"path": "p.png"})
+            return uris, templates, text, blob, refused, picture, shown
 
-        uris, templates, text, blob, refused = yield self.with_client(body)
+        uris, templates, text, blob, refused, picture, shown = yield self.with_client(
+            body
+        )
+        # A picture is an image to the model, and a refusal is the server's
+        # own code (the request was valid).
+        self.assertEqual(picture.contents[0].mime_type, "image/png")
+        self.assertEqual([c.type for c in shown.content], ["image"])
+        self.assertEqual(base64.b64decode(shown.content[0].data), png)
+        self.assertEqual(refused.error.code, -32000)
         self.assertIn(f"file://{self.base_dir}/t.txt", uris)
         self.assertEqual(
             templates.resource_templates[0].uri_template, "file:///{+path}"
@@ -1485,3 +1558,254 @@ class QuietDisconnectTests(McpTestCase):
         yield self._drain()
         lines = self.audit_lines()
         self.assertEqual([r for r in lines if r.get("status") == 499], [], lines)
+
+
+def _call(rid: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+
+
+class LostStreamTests(McpTestCase):
+    """
+    A call whose SSE stream is lost waits a grace (the idle timeout here)
+    for its client to resume it; then it is let go, and its session with it.
+    """
+
+    policy = {"endpoints": {"mcp": {"limits": {"idle_timeout_seconds": 2}}}}
+
+    _session_headers = TransportTests._session_headers
+
+    def _drop_after_priming(self, headers: dict[str, str], call: dict[str, Any]) -> Any:
+        """POST a streamed call and leave after its first event id."""
+        url = self.mcp_url
+
+        async def work() -> str:
+            sent = {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                **headers,
+            }
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("POST", url, json=call, headers=sent) as r:
+                    assert r.headers["content-type"].startswith("text/event-stream")
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            return line[4:]
+            raise AssertionError("no event id")
+
+        return in_thread(work)
+
+    @inlineCallbacks
+    def test_dead_follower_frees_its_session(self) -> Any:
+        """
+        A client that dies while following a process that keeps running
+        does not hold its session: once the grace is over the follow is
+        cancelled (the process runs on) and the idle session expires.
+        """
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        started = yield self.http(
+            "POST", _call(2, "process_start", {"command": "sleep 30"}), headers
+        )
+        pid = started.json()["result"]["structuredContent"]["pid"]
+        self.addCleanup(lambda: os.kill(pid, 9) if alive(pid) else None)
+        yield self._drop_after_priming(
+            headers, _call(3, "process_output", {"pid": pid, "follow": True})
+        )
+        yield _sleep(4.0)
+        after = yield self.http(
+            "POST", {"jsonrpc": "2.0", "id": 4, "method": "ping"}, headers
+        )
+        self.assertEqual(after.status_code, 404)
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
+        self.assertTrue(alive(pid), "the followed process was not the call's")
+
+    @inlineCallbacks
+    def test_resumed_within_the_grace(self) -> Any:
+        """
+        A call that outlasts the grace is not let go while its client came
+        back in time: the resumed stream gets its answer.
+        """
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        first = yield self._drop_after_priming(
+            headers, _call(3, "shell_stream", {"command": "sleep 3; echo b"})
+        )
+        yield _sleep(1.0)
+        url = self.mcp_url
+
+        async def resume() -> list[str]:
+            sent = {"accept": "text/event-stream", **headers, "last-event-id": first}
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("GET", url, headers=sent) as r:
+                    return [
+                        line[6:]
+                        async for line in r.aiter_lines()
+                        if line.startswith("data: {")
+                    ]
+
+        resumed = yield in_thread(resume)
+        answer = json.loads(resumed[-1])
+        self.assertEqual(answer["id"], 3)
+        self.assertEqual(answer["result"]["structuredContent"]["stdout"], "b\n")
+
+
+class SlowJsonCallTests(McpTestCase):
+    """A call still running after a moment is answered as SSE."""
+
+    _session_headers = TransportTests._session_headers
+
+    @inlineCallbacks
+    def test_docs_client_survives_a_long_call(self) -> Any:
+        """
+        The docs' client (httpx's 5 s read timeout) waits out a shell call
+        of 7 s: the answer turns into SSE with keep-alive comments.
+        """
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient() as http:
+                transport = streamable_http_client(self.mcp_url, http_client=http)
+                async with Client(transport) as client:
+                    return await client.call_tool(
+                        "shell", {"command": "sleep 7; echo done"}
+                    )
+
+        result = yield in_thread(work, 20)
+        self.assertEqual(result.structured_content["stdout"], "done\n")
+
+    @inlineCallbacks
+    def test_quick_call_stays_json(self) -> Any:
+        """A call answered at once is one JSON body, as before."""
+        opened = yield self.initialize()
+        answer = yield self.http(
+            "POST",
+            _call(2, "shell", {"command": "echo hi"}),
+            self._session_headers(opened),
+        )
+        self.assertTrue(answer.headers["content-type"].startswith("application/json"))
+        self.assertEqual(answer.json()["result"]["structuredContent"]["stdout"], "hi\n")
+
+
+#: A command printing 5 MB between two marks.
+BIG_OUTPUT = "printf START; head -c 5000000 /dev/zero | tr '\\0' x; printf END"
+
+
+class ResultBoundTests(McpTestCase):
+    """Every tool result fits one message of the SDK's, its cut said in its text."""
+
+    @inlineCallbacks
+    def test_shell_result_is_bounded(self) -> Any:
+        """
+        shell printing 5 MB answers well under 1 MiB: the output's head
+        and tail, truncated said in the structure and in the text.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": BIG_OUTPUT})
+
+        result = yield self.with_client(body)
+        out = result.structured_content
+        size = len(json.dumps(out)) + len(result.content[0].text)
+        self.assertLess(size, 1024 * 1024)
+        self.assertTrue(out["truncated"])
+        self.assertTrue(out["stdout"].startswith("START"))
+        self.assertTrue(out["stdout"].endswith("END"))
+        self.assertIn("[truncated", result.content[0].text)
+        self.assertTrue(result.content[0].text.startswith("START"))
+
+    @inlineCallbacks
+    def test_stream_cut_lands_near_the_bound(self) -> Any:
+        """
+        shell_stream printing 5 MB keeps about as much as one result can
+        carry (not a quarter of it), head and tail, and its text says so.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "shell_stream", {"command": BIG_OUTPUT + "; echo"}
+            )
+
+        result = yield self.with_client(body)
+        stdout = result.structured_content["stdout"]
+        self.assertGreater(len(stdout), 400_000)
+        self.assertTrue(stdout.startswith("START"))
+        self.assertTrue(stdout.endswith("END\n"))
+        self.assertIn("[truncated", result.content[0].text)
+
+    @inlineCallbacks
+    def test_stream_timeout_said_in_text(self) -> Any:
+        """A stream that timed out says why in the text a model reads."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "shell_stream", {"command": "echo start; sleep 5", "timeout": 1}
+            )
+
+        result = yield self.with_client(body)
+        self.assertTrue(result.is_error)
+        text = result.content[0].text
+        self.assertIn("timed out", text)
+        self.assertIn("[timeout", text)
+
+    @inlineCallbacks
+    def test_progress_keeps_newlines_and_names_stderr(self) -> Any:
+        """
+        The progress messages, joined, are the output as printed, stderr's
+        after a [stderr] line.
+        """
+        seen: list[str] = []
+
+        async def progress(done: float, total: Any, message: str | None) -> None:
+            seen.append(message or "")
+
+        command = (
+            "printf 'a\\nb\\n'; sleep 0.2; printf c; sleep 0.2; printf 'd\\n\\n\\n';"
+            " sleep 0.2; printf 'E\\n' >&2; sleep 0.2; printf 'x  \\n'"
+        )
+
+        async def follow(client: Any) -> Any:
+            started = await client.call_tool("process_start", {"command": command})
+            return await client.call_tool(
+                "process_output",
+                {"pid": started.structured_content["pid"], "follow": True},
+                progress_callback=progress,
+            )
+
+        yield self.with_client(follow)
+        self.assertEqual("".join(seen), "a\nb\ncd\n\n\n[stderr]\nE\n[stdout]\nx  \n")
+
+
+class InternalFailureTests(McpTestCase):
+    """A call that fails inside the server says so."""
+
+    _session_headers = TransportTests._session_headers
+
+    @inlineCallbacks
+    def test_failure_is_not_called_a_cancel(self) -> Any:
+        """
+        A call whose answer fails outside its handler (here, its audit
+        line) is a JSON-RPC internal error, logged: not "cancelled",
+        which would blame the client.
+        """
+        from sandboxd.mcp import calls
+
+        real = calls.gate.audit
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            if (kwargs.get("extra") or {}).get("tool"):
+                raise RuntimeError("audit broke")
+            real(*args, **kwargs)
+
+        self.patch(calls.gate, "audit", broken)
+        opened = yield self.initialize()
+        answer = yield self.http(
+            "POST",
+            _call(2, "files_list", {"path": "."}),
+            self._session_headers(opened),
+        )
+        self.assertEqual(answer.json()["error"]["code"], -32603)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)

@@ -145,3 +145,37 @@ class StreamTests(SynchronousTestCase):
             session.emit(stream, {"pad": "x" * (MCP_REPLAY_BYTES // 50)})
         self.assertLessEqual(session.replay_bytes, MCP_REPLAY_BYTES)
         self.assertEqual(session.replay[-1][1], 100)
+
+
+class LostStreamTests(SynchronousTestCase):
+    """A call whose stream was lost is let go after a grace, unless resumed."""
+
+    def test_let_go_after_the_grace(self) -> None:
+        """
+        Only a call whose stream has shown on no connection for the grace
+        is cancelled; a resume in time restarts the count.
+        """
+        now = [0.0]
+        session = SessionTable(lambda: now[0]).create(ALICE, "2025-11-25", 0.0)
+        cancelled: list[str] = []
+
+        class Call:
+            def __init__(self, key: str) -> None:
+                self.key = key
+
+            def cancel(self) -> None:
+                cancelled.append(self.key)
+
+        for key in ("lost", "resumed", "watched"):
+            session.calls[key] = Call(key)  # type: ignore[assignment]
+        channels = {}
+        for key in ("lost", "resumed", "watched"):
+            stream = session.open_stream(key)
+            channels[key] = FakeChannel()
+            session.attach(stream, channels[key], 0)  # type: ignore[arg-type]
+        channels["lost"].lose()
+        channels["resumed"].lose()
+        now[0] = 5.0
+        session.attach(session.streams[2], FakeChannel(), 0)  # type: ignore[arg-type]
+        self.assertEqual(session.let_go(9.0, 5.0), ["lost"])
+        self.assertEqual(cancelled, ["lost"])

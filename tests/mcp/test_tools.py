@@ -64,6 +64,67 @@ class ToolboxTests(SynchronousTestCase):
             box.tools["hello"].descriptor["inputSchema"]["additionalProperties"], True
         )
 
+    def test_template_route_path_parameters_are_its_own(self) -> None:
+        """
+        A template route's {name}, {id} or {pid} is described as part of
+        its path, as a string: not as the built-in routes' parameters.
+        """
+        table = builtin_table()
+        table.register("GET", "/hello/{name}/{pid}", lambda r: {}, name="hello")
+        properties = (
+            Toolbox(table).tools["hello"].descriptor["inputSchema"]["properties"]
+        )
+        self.assertEqual(
+            properties["name"],
+            {"type": "string", "description": "the {name} part of /hello/{name}/{pid}"},
+        )
+        self.assertEqual(properties["pid"]["type"], "string")
+
+    def test_descriptions_speak_mcp(self) -> None:
+        """
+        No tool's title, description or argument speaks of HTTP statuses or
+        SSE (a call runs to its end); every argument has a type, and the
+        file tools' arguments say what they are.
+        """
+        for name, tool in self.box.tools.items():
+            d = tool.descriptor
+            texts = [d["title"], d["description"]] + [
+                spec.get("description", "")
+                for spec in d["inputSchema"]["properties"].values()
+            ]
+            for text in texts:
+                self.assertNotRegex(text, r"\b(202|SSE)\b", name)
+            for arg, spec in d["inputSchema"]["properties"].items():
+                self.assertIn("type", spec, f"{name}.{arg}")
+        for name, arg in (
+            ("download", "path"),
+            ("upload", "path"),
+            ("upload", "content_base64"),
+            ("files_move", "source"),
+            ("files_move", "destination"),
+            ("files_edit", "new_text"),
+        ):
+            spec = self.tool(name).descriptor["inputSchema"]["properties"][arg]
+            self.assertIn("description", spec, f"{name}.{arg}")
+        self.assertEqual(self.tool("download").descriptor["title"], "Read a file")
+
+    def test_no_stdin_a_model_cannot_answer(self) -> None:
+        """
+        code_execute does not offer allow_stdin: input() would wait for an
+        answer a model waiting for the call's result cannot send.
+        """
+        schema = self.tool("code_execute").descriptor["inputSchema"]
+        self.assertNotIn("allow_stdin", schema["properties"])
+
+    def test_union_types_checked(self) -> None:
+        """An argument of two types takes either, and nothing else."""
+        schema = self.tool("process_signal").descriptor["inputSchema"]
+        check(schema, {"pid": 5, "signal": "TERM"})
+        check(schema, {"pid": 5, "signal": 15})
+        with self.assertRaises(ArgumentError) as caught:
+            check(schema, {"pid": 5, "signal": [15]})
+        self.assertIn("string or integer", str(caught.exception))
+
     def test_descriptor_from_the_schema(self) -> None:
         """Name, title, description and schemas come from the table and schema."""
         stat = self.tool("files_stat").descriptor
@@ -131,9 +192,19 @@ class ToolboxTests(SynchronousTestCase):
             }
             return {**defaults, **self.tool(name).descriptor["annotations"]}
 
-        for name in ("shell", "shell_stream", "process_start", "run_command"):
+        for name in (
+            "shell",
+            "shell_stream",
+            "process_start",
+            "run_command",
+            "code_execute",
+            "code_execution_input",
+        ):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertTrue(hints(name)["openWorldHint"], name)
+        for name in ("code_context_delete", "code_context_restart"):
+            # A context's state (its variables, imports) is lost.
+            self.assertTrue(hints(name)["destructiveHint"], name)
         for name in ("upload", "files_upload_stream", "files_extract"):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertFalse(hints(name)["readOnlyHint"], name)
@@ -263,6 +334,26 @@ class ResultTests(SynchronousTestCase):
         self.assertEqual(result["structuredContent"]["width"], 2)
         self.assertNotIn("image_base64", result["structuredContent"])
 
+    def test_screenshot_too_big_is_refused_with_a_hint(self) -> None:
+        """
+        A full page's screenshot taller than a model takes, or bigger than
+        one result carries, is a 413 saying how to take one that fits.
+        """
+        from sandboxd.errors import ApiError
+
+        tool = self.box.get("browser_screenshot")
+        assert tool is not None
+        small = base64.b64encode(b"\x89PNG....").decode()
+        big = base64.b64encode(b"\x89PNG" + b"\x00" * 2_000_000).decode()
+        for image, height in ((small, 211852), (big, 800)):
+            with self.assertRaises(ApiError) as caught:
+                value_result(
+                    tool, {"image_base64": image, "width": 1280, "height": height}
+                )
+            self.assertEqual(caught.exception.status, 413)
+            self.assertIn("full_page: false", caught.exception.message)
+            self.assertIn(f"1280x{height}", caught.exception.message)
+
     def test_browser_answers_fit_one_result(self) -> None:
         """
         A page's content of 3 MB (quotes, escaped twice in the message) is
@@ -349,29 +440,39 @@ class CollectingChannelTests(SynchronousTestCase):
     """An SSE handler's frames read back into one result."""
 
     def test_lines_progress_and_exit(self) -> None:
-        """Line events join with newlines; progress counts bytes and grows."""
-        seen: list[tuple[str, int]] = []
-        channel = CollectingChannel(lambda m, n: seen.append((m, n)))
+        """
+        Line events join with newlines; progress gets each line as printed
+        (its newline kept) and its stream, and counts bytes.
+        """
+        seen: list[tuple[str, int, str]] = []
+        channel = CollectingChannel(lambda m, n, s: seen.append((m, n, s)))
         channel.write_raw(b'event: stdout\ndata: {"data": "one"}\n\nevent: std')
         channel.write_raw(b'err\ndata: {"data": "two"}\n\n: keep-alive\n\n')
         channel.send("exit", {"exit_code": 3})
         channel.close()
         result = channel.result()
-        self.assertEqual(seen, [("one", 4), ("two", 8)])
+        self.assertEqual(seen, [("one\n", 4, "stdout"), ("two\n", 8, "stderr")])
         self.assertEqual(result["structuredContent"]["stdout"], "one\n")
         self.assertEqual(result["structuredContent"]["stderr"], "two\n")
         self.assertEqual(result["structuredContent"]["exit_code"], 3)
         self.assertFalse(result["isError"])
 
     def test_cap(self) -> None:
-        """Output past the cap is counted, not kept, and marked truncated."""
+        """
+        Output past the cap is counted, not kept: its head and its latest
+        lines are, the bytes between them named, and it is marked truncated.
+        """
         channel = CollectingChannel(None, cap=8)
-        for _ in range(4):
-            channel.send("stdout", {"data": "abc"})
-        result = channel.result()["structuredContent"]
-        self.assertEqual(result["stdout"], "abc\nabc\n")
-        self.assertTrue(result["truncated"])
+        for n in range(4):
+            channel.send("stdout", {"data": f"ab{n}"})
+        result = channel.result()
+        structured = result["structuredContent"]
+        self.assertEqual(
+            structured["stdout"], "ab0\n\n[... 8 bytes left out ...]\nab3\n"
+        )
+        self.assertTrue(structured["truncated"])
         self.assertEqual(channel.seen, 16)
+        self.assertIn("[truncated", result["content"][0]["text"])
 
     def test_disconnect_runs_callbacks(self) -> None:
         """A cancelled call disconnects: the handler's callbacks run once."""
