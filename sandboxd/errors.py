@@ -142,6 +142,17 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.extra = {k: v for k, v in extra.items() if v is not None}
 
+    def reworded(self, message: str) -> ApiError:
+        """The same error (status, type, code, fields, headers) saying ``message``."""
+        return ApiError(
+            self.status,
+            message,
+            self.type,
+            self.code,
+            dict(self.headers),
+            **self.extra,
+        )
+
     @property
     def rule(self) -> str | None:
         """The policy rule that decided this refusal, if one did."""

@@ -293,11 +293,12 @@ def identify(
 def needs_credential(endpoint: Endpoint, rule: EffectiveRule) -> bool:
     """
     Whether a call must identify itself: every route but those registered
-    with ``auth_required=False``, and those too once their rule names
-    scopes (SPEC §10: a custom route is gated by the policy like any
-    other, so a policy that gives it scopes is not silently ignored).
+    with ``auth_required=False``, and a custom one of those too once its
+    rule names scopes (SPEC §10: a custom route is gated by the policy like
+    any other, so a policy that gives it scopes is not silently ignored).
+    The built-in ones (the liveness probe, the console's page) stay open.
     """
-    return endpoint.auth_required or bool(rule.scopes)
+    return endpoint.auth_required or (endpoint.custom and bool(rule.scopes))
 
 
 def lacking_scope(

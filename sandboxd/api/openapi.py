@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from sandboxd._version import __version__
+from sandboxd.access.gate import needs_credential
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
 from sandboxd.endpoints import DOOR_METHODS, param_name
 from sandboxd.errors import Code
@@ -217,7 +218,7 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
         op["x-sandboxd-reason"] = rule.reason
     # As the gate decides it: a route registered without auth that the
     # policy gives scopes asks for a credential too.
-    if endpoint.auth_required or rule.scopes:
+    if needs_credential(endpoint, rule):
         op["security"] = [{"accessToken": []}, {"bearer": []}]
     else:
         op["security"] = []

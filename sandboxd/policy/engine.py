@@ -328,12 +328,11 @@ def effective_rule(
     reason = None if enabled else str(Code.ENDPOINT_DISABLED)
     if not endpoint.implemented:
         enabled, enabled_by, reason = False, NOT_IMPLEMENTED, "not_implemented"
+    # A built-in route that answers without a credential (the liveness
+    # probe, the console's static page) keeps the scopes the policy names,
+    # shown as the seed shows them, but stays open whatever they are
+    # (gate.needs_credential); lint warns about such a policy.
     scopes = tuple(leaves.get("scopes", endpoint.scopes))
-    if not endpoint.auth_required and not endpoint.custom:
-        # A built-in route that answers without a credential (the liveness
-        # probe, the console's static page) stays so whatever the policy
-        # says; lint warns about a policy that names scopes for it.
-        scopes = ()
     return EffectiveRule(
         endpoint_id=endpoint.id,
         enabled=bool(enabled),

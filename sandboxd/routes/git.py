@@ -1351,7 +1351,7 @@ async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:
     # git's hints (run "git rebase --continue") name what the abort undid.
     kept = [line for line in e.message.split("\n") if not line.startswith("hint:")]
     return noted(
-        ApiError(e.status, "\n".join(kept), e.type, e.code, **e.extra),
+        e.reworded("\n".join(kept)),
         "the rebase was aborted: the branch is as it was; a pull without "
         "rebase merges, and leaves a conflict to resolve and commit",
     )

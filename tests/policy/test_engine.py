@@ -1007,9 +1007,16 @@ class CredentialFreeRouteTests(SynchronousTestCase):
     """Scopes for a route that asks no credential are applied or reported."""
 
     def test_builtin_stays_open_and_warns(self) -> None:
-        """health keeps answering anyone; a policy naming scopes for it is told."""
+        """
+        health keeps answering anyone (its scopes shown as the seed shows
+        them, never asked for); a policy naming scopes for it is told.
+        """
+        from sandboxd.access.gate import needs_credential
+
         p = decide({"endpoints": {"health": {"scopes": ["core:read"]}}})
-        self.assertEqual(p.rule("health").scopes, ())
+        self.assertEqual(p.rule("health").scopes, ("core:read",))
+        health = builtin_table().get("health")
+        self.assertFalse(needs_credential(health, p.rule("health")))
         self.assertIn(
             "policy:endpoints.health.scopes: not applied: 'health' answers every "
             "caller without a credential",
