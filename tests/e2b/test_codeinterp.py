@@ -16,6 +16,7 @@ import time
 import urllib.request
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
@@ -476,3 +477,76 @@ class ReloadTests(InterpreterCase):
         self.assertIn("agent", execution.error.value)
         yield self.sdk(time.sleep, 8)
         self.assertFalse(os.path.exists(marker))
+
+
+def _held_for_clients() -> int:
+    """Bytes the reactor's TCP connections hold, waiting for their clients."""
+    held = 0
+    for writer in reactor.getWriters():
+        buffer = getattr(writer, "dataBuffer", None)
+        if buffer is not None:
+            held += len(buffer) - writer.offset + writer._tempDataLen
+    return held
+
+
+class SlowReaderTests(InterpreterCase):
+    """``/execute`` to a client that reads nothing: the daemon holds the log's bound."""
+
+    policy = code_policy(limits={"max_event_bytes": 2 * 1024 * 1024})
+
+    @inlineCallbacks
+    def test_unread_output_waits_in_the_log(self) -> Any:
+        """
+        40 MB printed to a ``run_code`` client that reads none of it: the
+        connection holds little (the rest waits in the execution's log,
+        bounded by ``max_event_bytes``); once the client reads, the stream
+        says how much was dropped meanwhile and ends as usual, with the
+        output's end (was: the whole output queued for the socket).
+        """
+        import http.client
+        import socket
+
+        def open_stream() -> Any:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.connect(("127.0.0.1", self.e2b_port))
+            conn = http.client.HTTPConnection("127.0.0.1", self.e2b_port)
+            conn.sock = sock
+            code = (
+                "import sys\nblock = ('x' * 1023 + '\\n') * 1024\n"
+                "for i in range(40):\n    sys.stdout.write(block)\n"
+                "print('the end')"
+            )
+            conn.request(
+                "POST",
+                "/execute",
+                json.dumps({"code": code}),
+                {"Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            return conn, response
+
+        conn, response = yield self.sdk(open_stream)
+        self.addCleanup(conn.close)
+        service = self.daemon.context.code.get()
+        for _ in range(1200):
+            runs = [
+                x for ctx in service.contexts.values() for x in ctx.executions.values()
+            ]
+            if runs and all(x.done for x in runs):
+                break
+            yield self.sdk(time.sleep, 0.05)
+        self.assertEqual([x.state for x in runs], ["ok"])
+        self.assertLess(runs[0].log.retained_bytes, 3 * 1024 * 1024)
+        held = _held_for_clients()
+        self.assertLess(held, 4 * 1024 * 1024, f"{held} bytes held for the client")
+        body = yield self.sdk(response.read)
+        lines = [json.loads(line) for line in body.splitlines()]
+        self.assertEqual(lines[-1], {"type": "end_of_execution"})
+        stdout = "".join(line["text"] for line in lines if line["type"] == "stdout")
+        self.assertTrue(stdout.endswith("the end\n"))
+        self.assertLess(len(stdout), 20 * 1024 * 1024)
+        notes = [line["text"] for line in lines if line["type"] == "stderr"]
+        self.assertEqual(len(notes), 1)
+        self.assertIn("outputs dropped", notes[0])
