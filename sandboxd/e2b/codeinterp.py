@@ -127,7 +127,18 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
     if kind == "execution.ended":
         state = data.get("state")
         out: list[dict[str, Any]] = []
-        if state in ("timeout", "lost"):
+        if state == "lost" and data.get("reason") == "restarted":
+            out.append(
+                {
+                    "type": "error",
+                    "name": "ContextRestarting",
+                    "value": "the context's kernel was restarted while this"
+                    " execution waited its turn: it did not run (its state is"
+                    " gone; send it again)",
+                    "traceback": "",
+                }
+            )
+        elif state in ("timeout", "lost"):
             out.append(
                 {
                     "type": "error",

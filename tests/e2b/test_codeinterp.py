@@ -550,3 +550,102 @@ class SlowReaderTests(InterpreterCase):
         notes = [line["text"] for line in lines if line["type"] == "stderr"]
         self.assertEqual(len(notes), 1)
         self.assertIn("outputs dropped", notes[0])
+
+
+#: Code that swallows every interrupt (a bare ``except:`` retry loop).
+DEAF_PYTHON = "import time\nwhile True:\n    try:\n        time.sleep(0.2)\n    except:\n        pass"
+
+
+class AbandonTests(InterpreterCase):
+    """
+    A ``run_code`` whose client leaves (the SDK's ``timeout``) on code that
+    will not be interrupted: the kernel is restarted after the grace, and
+    the next call says so.
+    """
+
+    policy = code_policy(limits={"interrupt_grace_seconds": 1})
+
+    @inlineCallbacks
+    def test_deaf_python_restarted_and_said(self) -> Any:
+        """
+        After a client timeout on a loop that catches KeyboardInterrupt, the
+        next run_code answers at once (not after the policy timeout) and
+        its stderr says the kernel was restarted, as its NameError shows
+        (was: it waited for the policy timeout, then ran in a fresh kernel
+        with no word of it).
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "y = 5")
+        left = yield self.sdk(caught, lambda: sbx.run_code(DEAF_PYTHON, timeout=2))
+        self.assertIsInstance(left, Exception)
+        yield self.sdk(time.sleep, 3)
+        started = time.monotonic()
+        after = yield self.sdk(sbx.run_code, "y")
+        self.assertLess(time.monotonic() - started, 20)
+        self.assertEqual(after.error.name, "NameError")
+        self.assertIn(
+            "the kernel was restarted (disconnected)", "".join(after.logs.stderr)
+        )
+
+
+class BashAbandonTests(InterpreterCase):
+    """The same with the built-in bash kernel and a shell that traps SIGINT."""
+
+    policy = AbandonTests.policy
+    kernel = "bash"
+
+    @inlineCallbacks
+    def test_deaf_shell_restarted_and_said(self) -> Any:
+        """
+        ``trap '' INT`` and a loop, left by its client: the next bash
+        run_code answers at once, in a fresh shell, and says so (was: 67 s
+        and an empty line).
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "X=kept", language="bash")
+        left = yield self.sdk(
+            caught,
+            lambda: sbx.run_code(
+                "trap '' INT; while true; do sleep 0.2; done",
+                language="bash",
+                timeout=2,
+            ),
+        )
+        self.assertIsInstance(left, Exception)
+        yield self.sdk(time.sleep, 3)
+        started = time.monotonic()
+        after = yield self.sdk(sbx.run_code, 'echo "[$X]"', language="bash")
+        self.assertLess(time.monotonic() - started, 20)
+        self.assertEqual("".join(after.logs.stdout), "[]\n")
+        self.assertIn(
+            "the kernel was restarted (disconnected)", "".join(after.logs.stderr)
+        )
+
+
+class QueuedBehindAbandonTests(InterpreterCase):
+    """A run_code queued behind an abandoned cell that will not stop."""
+
+    # Longer than the SDK takes to give up on its call: the deaf cell
+    # still holds the kernel when the next call is sent.
+    policy = code_policy(limits={"interrupt_grace_seconds": 8})
+
+    @inlineCallbacks
+    def test_queued_behind_a_deaf_cell_told(self) -> Any:
+        """
+        A run_code sent while the abandoned cell still holds the kernel
+        does not run in the fresh kernel: it ends ``ContextRestarting``
+        saying it did not run; the call after it runs normally.
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "y = 5")
+        left = yield self.sdk(caught, lambda: sbx.run_code(DEAF_PYTHON, timeout=1))
+        self.assertIsInstance(left, Exception)
+        ctx = next(iter(self.daemon.context.code.get().contexts.values()))
+        if ctx.current is None:
+            raise SkipTest("the kernel was restarted before the next call was sent")
+        queued = yield self.sdk(sbx.run_code, "open('ran', 'w').close()")
+        self.assertEqual(queued.error.name, "ContextRestarting")
+        self.assertIn("did not run", queued.error.value)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "ran")))
+        fresh = yield self.sdk(sbx.run_code, "1 + 1")
+        self.assertEqual(fresh.text, "2")
