@@ -305,6 +305,9 @@ class NdjsonStream:
         self.sent = 0
         self.over = False
         self.paused = False
+        #: The kernel's error line, kept back until the execution ends
+        #: (see :meth:`_lines`).
+        self._error: dict[str, Any] | None = None
         request = call.request
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"application/x-ndjson")
@@ -368,7 +371,7 @@ class NdjsonStream:
             if self.call.closed:
                 return
             self.sent = event.seq
-            for line in lines_of(event):
+            for line in self._lines(event):
                 for part in _line(line):
                     parts.append(part)
                     size += len(part)
@@ -384,6 +387,29 @@ class NdjsonStream:
             self._send(parts)
         if self.x.log.closed and self.x.log.last_seq <= self.sent:
             self._finish()
+
+    def _lines(self, event: Event) -> list[dict[str, Any]]:
+        """
+        The lines of ``event``, the kernel's error kept back to the end:
+        E2B's SDK keeps only the last error line it reads, and an execution
+        that times out would otherwise end with a bare ``TimeoutError``
+        after the kernel's ``KeyboardInterrupt``, whose traceback shows
+        where the code was stuck.  Ended ``timeout``, the one error line is
+        the ``TimeoutError`` carrying that traceback.
+        """
+        lines = lines_of(event)
+        if event.event == "error":
+            held, self._error = self._error, lines[0]
+            return [held] if held is not None else []
+        if event.event != "execution.ended" or self._error is None:
+            return lines
+        held, self._error = self._error, None
+        if event.data.get("state") == "timeout" and lines[0]["type"] == "error":
+            said = ": ".join(part for part in (held["name"], held["value"]) if part)
+            lines[0]["value"] += f" ({said})" if said else ""
+            lines[0]["traceback"] = held["traceback"]
+            return lines
+        return [held, *lines]
 
     def pauseProducing(self) -> None:
         """The client's connection is full: events wait in the log."""

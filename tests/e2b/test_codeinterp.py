@@ -649,3 +649,30 @@ class QueuedBehindAbandonTests(InterpreterCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "ran")))
         fresh = yield self.sdk(sbx.run_code, "1 + 1")
         self.assertEqual(fresh.text, "2")
+
+
+class PolicyTimeoutTests(InterpreterCase):
+    """A policy timeout through the E2B door: one error, with the kernel's traceback."""
+
+    policy = code_policy(limits={"timeout_seconds": 2, "interrupt_grace_seconds": 30})
+
+    @inlineCallbacks
+    def test_timeout_error_keeps_the_traceback(self) -> Any:
+        """
+        The execution's one error is ``TimeoutError``, and its traceback is
+        the kernel's, naming the function the code was stuck in (was: a
+        KeyboardInterrupt error line, then a bare TimeoutError, the one the
+        SDK keeps, with no traceback).
+        """
+        sbx = self.code_sandbox()
+        errors: list[Any] = []
+        out = yield self.sdk(
+            sbx.run_code,
+            "import time\ndef stuck_here():\n    time.sleep(100)\nstuck_here()",
+            timeout=0,
+            on_error=errors.append,
+        )
+        self.assertEqual(len(errors), 1)
+        self.assertEqual(out.error.name, "TimeoutError")
+        self.assertIn("KeyboardInterrupt", out.error.value)
+        self.assertIn("stuck_here", out.error.traceback)
