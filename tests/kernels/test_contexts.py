@@ -835,6 +835,33 @@ class RefusalTests(CodeTestCase):
         self.assertEqual(ok["state"], "ok")
 
     @inlineCallbacks
+    def test_env_value_with_nul(self) -> Any:
+        """
+        An ``env`` value holding NUL, at create and per execution, is 400
+        saying so (was: "must be a string" for a string); a value that is
+        not a string is still refused as such, and nothing is created.
+        """
+        ctx = yield self.context()
+        before = yield self.request("GET", "/code/contexts")
+        for path, body in (
+            ("/code/contexts", {"env": {"N": "a\x00b"}}),
+            (
+                f"/code/contexts/{ctx['id']}/execute",
+                {"code": "1", "env": {"N": "a\x00b"}},
+            ),
+        ):
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 400, path)
+            self.assertEqual(reply.json()["code"], "invalid_param")
+            self.assertEqual(
+                reply.json()["error"], "the value of 'N' must not contain NUL"
+            )
+        reply = yield self.request("POST", "/code/contexts", {"env": {"N": 1}})
+        self.assertEqual(reply.json()["error"], "the value of 'N' must be a string")
+        after = yield self.request("GET", "/code/contexts")
+        self.assertEqual(after.json(), before.json())
+
+    @inlineCallbacks
     def test_other_identity(self) -> Any:
         """Bob cannot see, run in or delete Alice's context: 404, as if it did not exist."""
         ctx = yield self.context()
