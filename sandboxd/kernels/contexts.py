@@ -420,6 +420,10 @@ class CodeContext:
         #: under an execution whose client had left): the next execution
         #: to start says so (:meth:`_tell_restart`).
         self._unseen_restart: dict[str, Any] | None = None
+        #: Output the kernel sent for an execution that had ended while no
+        #: other ran (a cell's thread printing on), by stream, for the next
+        #: execution to start (:meth:`_late_output`).
+        self._between: dict[str, HeadTail] = {}
         self.dir = service.context.scratch.mkdtemp("sandboxd-code-")
         if run_as is not None and os.geteuid() == 0:
             os.chown(self.dir, run_as.uid, run_as.gid)
@@ -691,6 +695,9 @@ class CodeContext:
         if kind == "ready":
             self._on_ready(event.get("info") or {})
             return
+        if kind == "late":
+            self._late_output(event)
+            return
         if kind == "failed":
             if self.state in ("starting", "restarting"):
                 tail = self.kernel_stderr.value().decode("utf-8", "replace").strip()
@@ -945,6 +952,7 @@ class CodeContext:
         x.state = "running"
         x.started_at = time.time()
         self._tell_restart(x)
+        self._give_between(x)
         x.timer = self.reactor.callLater(x.limits.timeout, self._timed_out, x)
         if x.env:
             before, _ = env_prologue(x.env, self.language)
@@ -998,6 +1006,47 @@ class CodeContext:
         # reads the result and one that assembles it from the events see
         # the same.
         self._on_stream(x, {"name": "stderr", "text": note})
+
+    def _late_output(self, event: dict[str, Any]) -> None:
+        """
+        Output the kernel sent for an execution that has ended (ipykernel
+        gives a thread's output the header of the last cell that ran):
+        the running execution's, if one runs (the kernel sends the thread's
+        next output with its header anyway); else kept, bounded, for the
+        next execution to start, which says where it came from.  Dropped,
+        it would be output nobody is told of.
+        """
+        if self.state in ("closed", "dead"):
+            return
+        x = self.current
+        if x is not None:
+            self._on_stream(x, event)
+            return
+        name = "stderr" if event.get("name") == "stderr" else "stdout"
+        raw = event.get("raw")
+        if not isinstance(raw, bytes | bytearray):
+            raw = str(event.get("text", "")).encode("utf-8", "surrogatepass")
+        kept = self._between.get(name)
+        if kept is None:
+            kept = self._between[name] = HeadTail(defaults.CODE_BETWEEN_OUTPUT_BYTES)
+        kept.write(raw)
+
+    def _give_between(self, x: Execution) -> None:
+        """``x`` starts: the output printed while none ran comes first, said as such."""
+        between, self._between = self._between, {}
+        if not between:
+            return
+        total = sum(kept.total_bytes for kept in between.values())
+        self._on_stream(
+            x,
+            {
+                "name": "stderr",
+                "text": f"[sandboxd] {total} bytes printed while no execution ran"
+                " (a thread an earlier cell started?) follow\n",
+            },
+        )
+        for name, kept in between.items():
+            self._on_stream(x, {"name": name, "raw": kept.value()})
 
     def abandon(self, x: Execution) -> None:
         """

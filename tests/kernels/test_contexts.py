@@ -397,6 +397,30 @@ class ContextTests(CodeTestCase):
         self.assertEqual(done.json()["state"], "ok")
 
     @inlineCallbacks
+    def test_thread_output_between_cells_kept(self) -> Any:
+        """
+        What a cell's thread prints while no execution runs is not lost:
+        the next execution starts with it, after a stderr line saying
+        where it came from (was: dropped, as output of an ended cell).
+        """
+        ctx = yield self.context()
+        yield self.execute(
+            ctx["id"],
+            "import threading, time\ngo = threading.Event()\n"
+            "def bg():\n    go.wait()\n    time.sleep(0.3)\n    for i in range(3):\n"
+            "        print('bg', i, flush=True)\n"
+            "threading.Thread(target=bg).start()",
+        )
+        second = yield self.execute(ctx["id"], "go.set()")
+        self.assertEqual(second["stdout"], "")
+        yield deferLater(reactor, 1.5, lambda: None)
+        third = yield self.execute(ctx["id"], "print('own')")
+        self.assertEqual(third["stdout"], "bg 0\nbg 1\nbg 2\nown\n")
+        self.assertIn("printed while no execution ran", third["stderr"])
+        fourth = yield self.execute(ctx["id"], "print('clean')")
+        self.assertEqual((fourth["stdout"], fourth["stderr"]), ("clean\n", ""))
+
+    @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
         """A restart gives a fresh kernel (new pid): the old names are gone."""
         ctx = yield self.context()
