@@ -300,7 +300,8 @@ class EventStream(Part[F]):
     """
     An open SSE stream (``files.watch``, ``agents.events``): iterate for
     its events (``async for`` on the asyncio client); it resumes after a
-    cut; ``close()`` (``aclose()``) ends it, as does leaving its ``with``.
+    cut; ``close()`` (``aclose()``) ends it, as does leaving its ``with``
+    or dropping it (a ``break`` out of its ``for``).
     """
 
     def __init__(self, face: F, source: AsyncGenerator[SSEEvent | None, None]) -> None:
@@ -330,6 +331,24 @@ class EventStream(Part[F]):
     def close(self: EventStream[BlockingFace]) -> None:
         """Stop reading (the connection is closed)."""
         self._face.run(self._source.aclose())
+
+    def __del__(self) -> None:
+        """
+        A blocking stream dropped open (a ``break`` out of its ``for``, no
+        ``with``): its source is closed here, by the face that ran it.
+        Left to the garbage collector, the source's cleanup, which asks
+        the face to close the response, is refused ("async generator
+        ignored GeneratorExit", printed) and the response is left open.
+        An asyncio stream is closed by the event loop's own hooks.
+        """
+        if isinstance(self._face, BlockingFace):
+            try:
+                # A source closed or run to its end already: nothing done.
+                self._face.run(self._source.aclose())
+            except Exception:
+                # Nothing to tell a collector: the connection goes with the
+                # client's pool.
+                pass
 
     def __enter__(self: EventStream[BlockingFace]) -> EventStream[BlockingFace]:
         on_face(self._face, BlockingFace)

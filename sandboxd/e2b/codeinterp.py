@@ -127,7 +127,18 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
     if kind == "execution.ended":
         state = data.get("state")
         out: list[dict[str, Any]] = []
-        if state in ("timeout", "lost"):
+        if state == "lost" and data.get("reason") == "restarted":
+            out.append(
+                {
+                    "type": "error",
+                    "name": "ContextRestarting",
+                    "value": "the context's kernel was restarted while this"
+                    " execution waited its turn: it did not run (its state is"
+                    " gone; send it again)",
+                    "traceback": "",
+                }
+            )
+        elif state in ("timeout", "lost"):
             out.append(
                 {
                     "type": "error",
@@ -259,8 +270,33 @@ def _line(line: dict[str, Any]) -> list[bytes]:
     return [line_safe(data)]
 
 
+def _gap_line(gap: tuple[int, int]) -> dict[str, Any]:
+    """
+    The ``stderr`` line that stands for events the execution's log let go
+    before a slow client took them (E2B's lines have no gap of their own).
+    """
+    count = gap[1] - gap[0] + 1
+    return {
+        "type": "stderr",
+        "text": f"\n[sandboxd] {count} outputs dropped here: this client read"
+        " more slowly than the code printed, and the execution's log keeps"
+        " only its newest output (max_event_bytes)\n",
+        "timestamp": _now(),
+    }
+
+
 class NdjsonStream:
-    """Writes one execution's events to an E2B client as NDJSON lines."""
+    """
+    Writes one execution's events to an E2B client as NDJSON lines.
+
+    It is the response's push producer: while the client's connection is
+    full (a slow ``on_stdout``, a stalled network) it stops taking events,
+    which wait in the execution's log, bounded by ``max_event_bytes`` as
+    the native stream's are, and catches up from there when the client
+    drains.  So what the daemon holds for a client that does not read is
+    the log's bound, never the whole output; events the log let go
+    meanwhile are said by one ``stderr`` line, as E2B has no gap line.
+    """
 
     def __init__(self, call: Call, ctx: Any, x: Any) -> None:
         self.call = call
@@ -268,6 +304,10 @@ class NdjsonStream:
         self.x = x
         self.sent = 0
         self.over = False
+        self.paused = False
+        #: The kernel's error line, kept back until the execution ends
+        #: (see :meth:`_lines`).
+        self._error: dict[str, Any] | None = None
         request = call.request
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"application/x-ndjson")
@@ -275,8 +315,11 @@ class NdjsonStream:
         self.clock = call.context.reactor
         self._beat = self.clock.callLater(E2B_CODE_KEEPALIVE_SECONDS, self._keepalive)
         self._unsubscribe = x.log.subscribe(self._on_event)
+        self._producing = False
         call.on_close(self._gone)
         if call.hold(self._revoked):
+            request.registerProducer(self, True)
+            self._producing = True
             self._pump()
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
@@ -286,6 +329,9 @@ class NdjsonStream:
         for line in lines:
             parts += _line(line)
             parts.append(b"\n")
+        self._send(parts)
+
+    def _send(self, parts: list[bytes]) -> None:
         size = sum(len(part) for part in parts)
         self.call.bytes_out += size
         if size >= BIG_WRITE_BYTES:
@@ -299,29 +345,97 @@ class NdjsonStream:
     def _keepalive(self) -> None:
         if self.over or self.call.closed:
             return
-        self._write([{"type": "keepalive"}])
+        if not self.paused:
+            # A paused client has not read what it was sent: nothing to add.
+            self._write([{"type": "keepalive"}])
         self._beat = self.clock.callLater(E2B_CODE_KEEPALIVE_SECONDS, self._keepalive)
 
     def _on_event(self, event: Event | None) -> None:
-        self._pump()
+        if not self.paused:
+            self._pump()
 
     def _pump(self) -> None:
+        """
+        Send the events after the last sent, in writes of about
+        :data:`BIG_WRITE_BYTES`, until the client's connection is full.
+        """
         if self.over:
             return
-        _, events = self.x.log.since(self.sent)
-        out: list[dict[str, Any]] = []
+        gap, events = self.x.log.since(self.sent)
+        parts: list[bytes] = []
+        size = 0
+        if gap is not None:
+            parts += _line(_gap_line(gap))
+            parts.append(b"\n")
         for event in events:
+            if self.call.closed:
+                return
             self.sent = event.seq
-            out.extend(lines_of(event))
-        self._write(out)
+            for line in self._lines(event):
+                for part in _line(line):
+                    parts.append(part)
+                    size += len(part)
+                parts.append(b"\n")
+            if size >= BIG_WRITE_BYTES:
+                self._send(parts)
+                parts, size = [], 0
+                if self.paused:
+                    # The write filled the connection: the rest waits in
+                    # the log for resumeProducing, not in the transport.
+                    return
+        if parts and not self.call.closed:
+            self._send(parts)
         if self.x.log.closed and self.x.log.last_seq <= self.sent:
             self._finish()
+
+    def _lines(self, event: Event) -> list[dict[str, Any]]:
+        """
+        The lines of ``event``, the kernel's error kept back to the end:
+        E2B's SDK keeps only the last error line it reads, and an execution
+        that times out would otherwise end with a bare ``TimeoutError``
+        after the kernel's ``KeyboardInterrupt``, whose traceback shows
+        where the code was stuck.  Ended ``timeout``, the one error line is
+        the ``TimeoutError`` carrying that traceback.
+        """
+        lines = lines_of(event)
+        if event.event == "error":
+            held, self._error = self._error, lines[0]
+            return [held] if held is not None else []
+        if event.event != "execution.ended" or self._error is None:
+            return lines
+        held, self._error = self._error, None
+        if event.data.get("state") == "timeout" and lines[0]["type"] == "error":
+            said = ": ".join(part for part in (held["name"], held["value"]) if part)
+            lines[0]["value"] += f" ({said})" if said else ""
+            lines[0]["traceback"] = held["traceback"]
+            return lines
+        return [held, *lines]
+
+    def pauseProducing(self) -> None:
+        """The client's connection is full: events wait in the log."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The client drained: catch up from the log."""
+        if self.paused:
+            self.paused = False
+            self._pump()
+
+    def stopProducing(self) -> None:
+        """The client left: :meth:`_gone` (by the call's close) lets go."""
+
+    def _unregister(self) -> None:
+        if self._producing:
+            self._producing = False
+            if self.call.request.channel is not None:
+                self.call.request.unregisterProducer()
 
     def _finish(self) -> None:
         self.over = True
         self._unsubscribe()
         if self._beat.active():
             self._beat.cancel()
+        self._unregister()
         if not self.call.closed:
             self.call.request.finish()
         self.call.done()
@@ -358,6 +472,7 @@ class NdjsonStream:
         self._unsubscribe()
         if self._beat.active():
             self._beat.cancel()
+        self._unregister()
         self.ctx.abandon(self.x)
 
 

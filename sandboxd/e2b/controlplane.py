@@ -53,7 +53,10 @@ def _token(call: Call) -> str | None:
 def sandbox(call: Call, _: Any) -> dict[str, Any]:
     """
     ``POST /v2/sandboxes``, ``POST [/v2]/sandboxes/ID/connect``: this sandbox,
-    with the caller's token as its envd access token (201, as E2B answers).
+    with the caller's token as its envd access token (201, as E2B answers)
+    and as its traffic access token: the code-interpreter SDKs send only
+    that one (``E2B-Traffic-Access-Token``) on ``/contexts*``, so without
+    it every context call of a sandbox made this way is refused.
     """
     call.request.setResponseCode(201)
     call.status = 201
@@ -66,6 +69,7 @@ def sandbox(call: Call, _: Any) -> dict[str, Any]:
     token = _token(call)
     if token is not None:
         answer["envdAccessToken"] = token
+        answer["trafficAccessToken"] = token
     return answer
 
 

@@ -133,6 +133,9 @@ class Execution:
     input_pending: bool = False
     interrupted: bool = False
     timing_out: bool = False
+    #: Its client left and asked for it to be interrupted: nobody reads
+    #: what it says from then on.
+    abandoned: bool = False
     log: EventLog = attrs.field(init=False)
     stdout: HeadTail = attrs.field(init=False)
     stderr: HeadTail = attrs.field(init=False)
@@ -413,6 +416,14 @@ class CodeContext:
         self._opened_on: tuple[Any, int] | None = None
         self._grace_timer: IDelayedCall | None = None
         self._pending_epilogue: str | None = None
+        #: A restart no client was told of (the kernel died while idle, or
+        #: under an execution whose client had left): the next execution
+        #: to start says so (:meth:`_tell_restart`).
+        self._unseen_restart: dict[str, Any] | None = None
+        #: Output the kernel sent for an execution that had ended while no
+        #: other ran (a cell's thread printing on), by stream, for the next
+        #: execution to start (:meth:`_late_output`).
+        self._between: dict[str, HeadTail] = {}
         self.dir = service.context.scratch.mkdtemp("sandboxd-code-")
         if run_as is not None and os.geteuid() == 0:
             os.chown(self.dir, run_as.uid, run_as.gid)
@@ -684,6 +695,9 @@ class CodeContext:
         if kind == "ready":
             self._on_ready(event.get("info") or {})
             return
+        if kind == "late":
+            self._late_output(event)
+            return
         if kind == "failed":
             if self.state in ("starting", "restarting"):
                 tail = self.kernel_stderr.value().decode("utf-8", "replace").strip()
@@ -937,6 +951,8 @@ class CodeContext:
         self.state = "busy"
         x.state = "running"
         x.started_at = time.time()
+        self._tell_restart(x)
+        self._give_between(x)
         x.timer = self.reactor.callLater(x.limits.timeout, self._timed_out, x)
         if x.env:
             before, _ = env_prologue(x.env, self.language)
@@ -971,14 +987,83 @@ class CodeContext:
         x.input_pending = False
         self._send({"op": "input", "cid": self.id, "value": value})
 
+    def _tell_restart(self, x: Execution) -> None:
+        """
+        ``x`` is the first execution since a restart that nobody was told
+        of: it says so first (``context.restarted``, and a line on stderr,
+        which every client shows), so code that relies on the old state
+        is not left to fail on its own with no word of why.
+        """
+        unseen, self._unseen_restart = self._unseen_restart, None
+        if unseen is None:
+            return
+        x.emit("context.restarted", before_start=True, **unseen)
+        note = (
+            f"[sandboxd] the kernel was restarted ({unseen['reason']}) before"
+            " this execution: its state (variables, imports, cwd) is gone\n"
+        )
+        # In its document too, as the kernel's own output: a client that
+        # reads the result and one that assembles it from the events see
+        # the same.
+        self._on_stream(x, {"name": "stderr", "text": note})
+
+    def _late_output(self, event: dict[str, Any]) -> None:
+        """
+        Output the kernel sent for an execution that has ended (ipykernel
+        gives a thread's output the header of the last cell that ran):
+        the running execution's, if one runs (the kernel sends the thread's
+        next output with its header anyway); else kept, bounded, for the
+        next execution to start, which says where it came from.  Dropped,
+        it would be output nobody is told of.
+        """
+        if self.state in ("closed", "dead"):
+            return
+        x = self.current
+        if x is not None:
+            self._on_stream(x, event)
+            return
+        name = "stderr" if event.get("name") == "stderr" else "stdout"
+        raw = event.get("raw")
+        if not isinstance(raw, bytes | bytearray):
+            raw = str(event.get("text", "")).encode("utf-8", "surrogatepass")
+        kept = self._between.get(name)
+        if kept is None:
+            kept = self._between[name] = HeadTail(defaults.CODE_BETWEEN_OUTPUT_BYTES)
+        kept.write(raw)
+
+    def _give_between(self, x: Execution) -> None:
+        """``x`` starts: the output printed while none ran comes first, said as such."""
+        between, self._between = self._between, {}
+        if not between:
+            return
+        total = sum(kept.total_bytes for kept in between.values())
+        self._on_stream(
+            x,
+            {
+                "name": "stderr",
+                "text": f"[sandboxd] {total} bytes printed while no execution ran"
+                " (a thread an earlier cell started?) follow\n",
+            },
+        )
+        for name, kept in between.items():
+            self._on_stream(x, {"name": name, "raw": kept.value()})
+
     def abandon(self, x: Execution) -> None:
         """
         The client of ``x`` left and asked for an interrupt: running, it is
-        interrupted; still queued, it never starts (``interrupted``,
+        interrupted, and if the kernel is still busy with it
+        ``interrupt_grace`` later (code that catches ``KeyboardInterrupt``,
+        a shell that traps SIGINT) the kernel is restarted, as on a
+        timeout, so the next execution does not wait behind it until the
+        timeout; still queued, it never starts (``interrupted``,
         ``started: false``).
         """
         if self.current is x:
-            self.interrupt()
+            x.abandoned = True
+            if self.interrupt() is not None and self._grace_timer is None:
+                self._grace_timer = self.reactor.callLater(
+                    x.limits.interrupt_grace, self._grace_over, x, "disconnected"
+                )
         elif x in self.queue:
             self.queue.remove(x)
             x.interrupted = True
@@ -1006,21 +1091,32 @@ class CodeContext:
             text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n",
         )
         self.interrupt()
+        if self._grace_timer is not None and self._grace_timer.active():
+            self._grace_timer.cancel()
         self._grace_timer = self.reactor.callLater(
-            x.limits.interrupt_grace, self._grace_over, x
+            x.limits.interrupt_grace, self._grace_over, x, "timeout"
         )
 
-    def _grace_over(self, x: Execution) -> None:
+    def _grace_over(self, x: Execution, reason: str) -> None:
+        """The interrupt of ``x`` was not heeded within the grace: a fresh kernel."""
         self._grace_timer = None
         if self.current is x and not x.done:
             # The waiter fails if the context is deleted meanwhile: nobody
             # else waits on it.
-            self.restart("timeout").addErrback(lambda _: None)
+            self.restart(reason).addErrback(lambda _: None)
 
     def restart(self, reason: str, exit_code: int | None = None) -> Deferred[None]:
         """
         Kill the kernel's whole tree and start a fresh one; the running
-        execution ends (``timeout`` or ``lost``) after ``context.restarted``.
+        execution ends (``timeout``, ``interrupted`` when its client had
+        left, or ``lost``) after ``context.restarted``.
+
+        Those queued end at once, ``lost`` and ``started: false`` after
+        their own ``context.restarted``: they were sent against the state
+        the kernel had, and run in a fresh one they would act on what is
+        not there (a ``chdir`` undone: files written in the wrong place),
+        as Jupyter aborts the cells queued when a kernel restarts.  Each is
+        safe to send again.
         """
         if self.state == "closed":
             raise conflict(f"the context {self.id} is closed", Code.CONTEXT_DEAD)
@@ -1033,6 +1129,22 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason=reason, exit_code=exit_code)
+        queued = list(self.queue)
+        self.queue.clear()
+        for q in queued:
+            q.emit(
+                "context.restarted",
+                reason=reason,
+                exit_code=exit_code,
+                before_start=True,
+            )
+            self._end(q, "lost", reason="restarted")
+        if reason == "user" or (x is not None and not x.abandoned) or queued:
+            # Its caller, the running execution's client or those queued
+            # are told.
+            self._unseen_restart = None
+        else:
+            self._unseen_restart = {"reason": reason, "exit_code": exit_code}
         self._hub_close()
         waiting = self._ready.wait()
         killed = old.kill("killed") if old is not None else Deferred()
@@ -1043,9 +1155,8 @@ class CodeContext:
             # The execution ends once the old tree is gone: whoever sees
             # execution.ended can rely on no survivor of that kernel.
             if x is not None:
-                self._end(
-                    x, "timeout" if reason == "timeout" else "lost", reason=reason
-                )
+                state = {"timeout": "timeout", "disconnected": "interrupted"}
+                self._end(x, state.get(reason, "lost"), reason=reason)
             self._pending_epilogue = None
             if self.state == "restarting":
                 self._spawn()

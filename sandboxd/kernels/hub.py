@@ -400,6 +400,23 @@ class Opening:
         self.idle = False
 
 
+def _stream_name(content: dict[str, Any]) -> str:
+    """A ``stream`` message's stream: ``stderr``, else ``stdout``."""
+    return "stderr" if content.get("name") == "stderr" else "stdout"
+
+
+def _stream_chunks(content: dict[str, Any]) -> list[Pieces]:
+    """
+    A ``stream`` message's text in chunks of whole UTF-8 characters:
+    views, not copies, written to the pipe as they are.
+    """
+    pieces = content.get("pieces")
+    if pieces is None:
+        text = str(content.get("text", ""))
+        pieces = [text.encode("utf-8", "surrogatepass")]
+    return utf8_pieces(pieces, STREAM_CHUNK_BYTES)
+
+
 class Kernel:
     """
     One connected kernel: its client's sockets, read by the hub's loop,
@@ -523,18 +540,23 @@ class Kernel:
 
     def _iopub(self, msg: dict[str, Any]) -> None:
         pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
-        if pending is None:
-            return
         kind = msg["msg_type"]
         content = msg["content"]
+        if pending is None:
+            if kind == "stream":
+                # Output whose execution has ended: a thread a cell started
+                # prints on, and ipykernel gives it the last cell's header.
+                # The daemon decides where it goes (``late``).
+                for chunk in _stream_chunks(content):
+                    self.hub.out.send(
+                        {"ev": "late", "cid": self.cid, "name": _stream_name(content)},
+                        chunk,
+                        True,
+                    )
+            return
         if kind == "stream":
-            pieces = content.get("pieces")
-            if pieces is None:
-                text = str(content.get("text", ""))
-                pieces = [text.encode("utf-8", "surrogatepass")]
-            # Views, not copies: written to the pipe as they are.
-            for chunk in utf8_pieces(pieces, STREAM_CHUNK_BYTES):
-                self._emit(pending, "stream", chunk, name=content.get("name", "stdout"))
+            for chunk in _stream_chunks(content):
+                self._emit(pending, "stream", chunk, name=_stream_name(content))
         elif kind in ("display_data", "execute_result", "update_display_data"):
             self._emit(
                 pending,

@@ -203,6 +203,11 @@ CODE_HUB_RESTARTS_PER_MINUTE = 3
 #: failed start itself at the same deadline.
 CODE_HUB_ANSWER_GRACE_SECONDS = 5.0
 
+#: Code contexts: output a kernel sends for an execution that has ended (a
+#: thread a cell started prints on while no execution runs), kept per
+#: stream, head and tail, for the next execution to start.
+CODE_BETWEEN_OUTPUT_BYTES = 64 * KIB
+
 #: Code contexts: display items spilled to disk, all contexts together.
 CODE_MAX_SPILL_BYTES = 512 * MIB
 

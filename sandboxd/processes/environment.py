@@ -233,10 +233,13 @@ def validate_env(value: Any) -> dict[str, str]:
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
             raise bad_request(f"invalid environment name {quoted(k)}")
-        if not isinstance(v, str) or "\x00" in v:
+        if not isinstance(v, str):
             # Strings only, as the schema says: a number would be a guess
             # at its spelling (1.0 or 1?).
             raise bad_request(f"the value of {quoted(k)} must be a string")
+        if "\x00" in v:
+            # The kernel's environment ends each entry at a NUL.
+            raise bad_request(f"the value of {quoted(k)} must not contain NUL")
         entry = len(os.fsencode(k)) + len(os.fsencode(v)) + 2  # '=' and NUL
         if entry > ARG_STRING_MAX_BYTES:
             raise bad_request(

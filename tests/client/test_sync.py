@@ -293,6 +293,38 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_break_out_of_watch(self) -> Any:
+        """
+        A ``break`` out of ``for event in stream`` with no ``with`` or
+        ``close()`` closes the stream quietly when it is dropped (was:
+        "async generator ignored GeneratorExit" printed as it was
+        collected).
+        """
+        import gc
+        import sys
+
+        os.makedirs(self.path("w"))
+        unraisable: list[Any] = []
+
+        def body() -> None:
+            sb = self.sandbox()
+            events = sb.files.watch("w")
+            sb.files.write_text("w/a.txt", "x")
+            for _event in events:
+                break
+            del events, _event
+            gc.collect()
+
+        saved = sys.unraisablehook
+        sys.unraisablehook = unraisable.append
+        self.addCleanup(setattr, sys, "unraisablehook", saved)
+        d = self.in_thread(body)
+
+        def check(_: Any) -> None:
+            self.assertEqual([repr(u.exc_value) for u in unraisable], [])
+
+        return d.addCallback(check)
+
 
 class CommandsTests(ClientCase):
     """``sandbox.commands``."""

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
@@ -476,3 +477,202 @@ class ReloadTests(InterpreterCase):
         self.assertIn("agent", execution.error.value)
         yield self.sdk(time.sleep, 8)
         self.assertFalse(os.path.exists(marker))
+
+
+def _held_for_clients() -> int:
+    """Bytes the reactor's TCP connections hold, waiting for their clients."""
+    held = 0
+    for writer in reactor.getWriters():
+        buffer = getattr(writer, "dataBuffer", None)
+        if buffer is not None:
+            held += len(buffer) - writer.offset + writer._tempDataLen
+    return held
+
+
+class SlowReaderTests(InterpreterCase):
+    """``/execute`` to a client that reads nothing: the daemon holds the log's bound."""
+
+    policy = code_policy(limits={"max_event_bytes": 2 * 1024 * 1024})
+
+    @inlineCallbacks
+    def test_unread_output_waits_in_the_log(self) -> Any:
+        """
+        40 MB printed to a ``run_code`` client that reads none of it: the
+        connection holds little (the rest waits in the execution's log,
+        bounded by ``max_event_bytes``); once the client reads, the stream
+        says how much was dropped meanwhile and ends as usual, with the
+        output's end (was: the whole output queued for the socket).
+        """
+        import http.client
+        import socket
+
+        def open_stream() -> Any:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.connect(("127.0.0.1", self.e2b_port))
+            conn = http.client.HTTPConnection("127.0.0.1", self.e2b_port)
+            conn.sock = sock
+            code = (
+                "import sys\nblock = ('x' * 1023 + '\\n') * 1024\n"
+                "for i in range(40):\n    sys.stdout.write(block)\n"
+                "print('the end')"
+            )
+            conn.request(
+                "POST",
+                "/execute",
+                json.dumps({"code": code}),
+                {"Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            return conn, response
+
+        conn, response = yield self.sdk(open_stream)
+        self.addCleanup(conn.close)
+        service = self.daemon.context.code.get()
+        for _ in range(1200):
+            runs = [
+                x for ctx in service.contexts.values() for x in ctx.executions.values()
+            ]
+            if runs and all(x.done for x in runs):
+                break
+            yield self.sdk(time.sleep, 0.05)
+        self.assertEqual([x.state for x in runs], ["ok"])
+        self.assertLess(runs[0].log.retained_bytes, 3 * 1024 * 1024)
+        held = _held_for_clients()
+        self.assertLess(held, 4 * 1024 * 1024, f"{held} bytes held for the client")
+        body = yield self.sdk(response.read)
+        lines = [json.loads(line) for line in body.splitlines()]
+        self.assertEqual(lines[-1], {"type": "end_of_execution"})
+        stdout = "".join(line["text"] for line in lines if line["type"] == "stdout")
+        self.assertTrue(stdout.endswith("the end\n"))
+        self.assertLess(len(stdout), 20 * 1024 * 1024)
+        notes = [line["text"] for line in lines if line["type"] == "stderr"]
+        self.assertEqual(len(notes), 1)
+        self.assertIn("outputs dropped", notes[0])
+
+
+#: Code that swallows every interrupt (a bare ``except:`` retry loop).
+DEAF_PYTHON = "import time\nwhile True:\n    try:\n        time.sleep(0.2)\n    except:\n        pass"
+
+
+class AbandonTests(InterpreterCase):
+    """
+    A ``run_code`` whose client leaves (the SDK's ``timeout``) on code that
+    will not be interrupted: the kernel is restarted after the grace, and
+    the next call says so.
+    """
+
+    policy = code_policy(limits={"interrupt_grace_seconds": 1})
+
+    @inlineCallbacks
+    def test_deaf_python_restarted_and_said(self) -> Any:
+        """
+        After a client timeout on a loop that catches KeyboardInterrupt, the
+        next run_code answers at once (not after the policy timeout) and
+        its stderr says the kernel was restarted, as its NameError shows
+        (was: it waited for the policy timeout, then ran in a fresh kernel
+        with no word of it).
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "y = 5")
+        left = yield self.sdk(caught, lambda: sbx.run_code(DEAF_PYTHON, timeout=2))
+        self.assertIsInstance(left, Exception)
+        yield self.sdk(time.sleep, 3)
+        started = time.monotonic()
+        after = yield self.sdk(sbx.run_code, "y")
+        self.assertLess(time.monotonic() - started, 20)
+        self.assertEqual(after.error.name, "NameError")
+        self.assertIn(
+            "the kernel was restarted (disconnected)", "".join(after.logs.stderr)
+        )
+
+
+class BashAbandonTests(InterpreterCase):
+    """The same with the built-in bash kernel and a shell that traps SIGINT."""
+
+    policy = AbandonTests.policy
+    kernel = "bash"
+
+    @inlineCallbacks
+    def test_deaf_shell_restarted_and_said(self) -> Any:
+        """
+        ``trap '' INT`` and a loop, left by its client: the next bash
+        run_code answers at once, in a fresh shell, and says so (was: 67 s
+        and an empty line).
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "X=kept", language="bash")
+        left = yield self.sdk(
+            caught,
+            lambda: sbx.run_code(
+                "trap '' INT; while true; do sleep 0.2; done",
+                language="bash",
+                timeout=2,
+            ),
+        )
+        self.assertIsInstance(left, Exception)
+        yield self.sdk(time.sleep, 3)
+        started = time.monotonic()
+        after = yield self.sdk(sbx.run_code, 'echo "[$X]"', language="bash")
+        self.assertLess(time.monotonic() - started, 20)
+        self.assertEqual("".join(after.logs.stdout), "[]\n")
+        self.assertIn(
+            "the kernel was restarted (disconnected)", "".join(after.logs.stderr)
+        )
+
+
+class QueuedBehindAbandonTests(InterpreterCase):
+    """A run_code queued behind an abandoned cell that will not stop."""
+
+    # Longer than the SDK takes to give up on its call: the deaf cell
+    # still holds the kernel when the next call is sent.
+    policy = code_policy(limits={"interrupt_grace_seconds": 8})
+
+    @inlineCallbacks
+    def test_queued_behind_a_deaf_cell_told(self) -> Any:
+        """
+        A run_code sent while the abandoned cell still holds the kernel
+        does not run in the fresh kernel: it ends ``ContextRestarting``
+        saying it did not run; the call after it runs normally.
+        """
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "y = 5")
+        left = yield self.sdk(caught, lambda: sbx.run_code(DEAF_PYTHON, timeout=1))
+        self.assertIsInstance(left, Exception)
+        ctx = next(iter(self.daemon.context.code.get().contexts.values()))
+        if ctx.current is None:
+            raise SkipTest("the kernel was restarted before the next call was sent")
+        queued = yield self.sdk(sbx.run_code, "open('ran', 'w').close()")
+        self.assertEqual(queued.error.name, "ContextRestarting")
+        self.assertIn("did not run", queued.error.value)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "ran")))
+        fresh = yield self.sdk(sbx.run_code, "1 + 1")
+        self.assertEqual(fresh.text, "2")
+
+
+class PolicyTimeoutTests(InterpreterCase):
+    """A policy timeout through the E2B door: one error, with the kernel's traceback."""
+
+    policy = code_policy(limits={"timeout_seconds": 2, "interrupt_grace_seconds": 30})
+
+    @inlineCallbacks
+    def test_timeout_error_keeps_the_traceback(self) -> Any:
+        """
+        The execution's one error is ``TimeoutError``, and its traceback is
+        the kernel's, naming the function the code was stuck in (was: a
+        KeyboardInterrupt error line, then a bare TimeoutError, the one the
+        SDK keeps, with no traceback).
+        """
+        sbx = self.code_sandbox()
+        errors: list[Any] = []
+        out = yield self.sdk(
+            sbx.run_code,
+            "import time\ndef stuck_here():\n    time.sleep(100)\nstuck_here()",
+            timeout=0,
+            on_error=errors.append,
+        )
+        self.assertEqual(len(errors), 1)
+        self.assertEqual(out.error.name, "TimeoutError")
+        self.assertIn("KeyboardInterrupt", out.error.value)
+        self.assertIn("stuck_here", out.error.traceback)

@@ -16,8 +16,14 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase
+from tests.kernels.test_contexts import (
+    KERNEL_CASE_SECONDS,
+    KERNEL_START,
+    need_ipykernel,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,8 +46,8 @@ def documented() -> tuple[dict[str, str], str]:
     return exports, py.group(1)
 
 
-class TokenModeTests(E2BCase):
-    """The documented token recipe works, and a wrong key is refused."""
+class DocumentedCase(E2BCase):
+    """A token-mode door, and the docs' exports for a fresh interpreter."""
 
     token = "e2b-token-mode-secret"
 
@@ -69,6 +75,10 @@ class TokenModeTests(E2BCase):
             timeout=60,
         )
         return done
+
+
+class TokenModeTests(DocumentedCase):
+    """The documented token recipe works, and a wrong key is refused."""
 
     @inlineCallbacks
     def test_documented_snippet(self) -> Any:
@@ -160,3 +170,48 @@ class TokenModeTests(E2BCase):
         done = yield self.run_python(snippet, "not-a-token")
         self.assertNotEqual(done.returncode, 0)
         self.assertIn("AuthenticationException", done.stderr)
+
+
+class CodeInterpreterTokenTests(DocumentedCase):
+    """
+    ``e2b_code_interpreter`` set up as the docs lead (``Sandbox.create()``
+    or ``connect()`` with the token as the API key): its context calls
+    carry the token too.
+    """
+
+    policy = {"groups": {"code": True}, **KERNEL_START}
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_contexts_after_create_and_connect(self) -> Any:
+        """
+        After ``Sandbox.create()`` and ``Sandbox.connect("sandboxd")``,
+        ``create/list/restart/remove_code_context`` and ``run_code`` in the
+        new context all work (was: 401 on every ``/contexts*`` call: the
+        SDK sends a token there only as the sandbox's traffic token, which
+        the door's answer did not give).
+        """
+        yield self.start()
+        snippet = (
+            "from e2b_code_interpreter import Sandbox\n"
+            "for sbx in (Sandbox.create(), Sandbox.connect('sandboxd')):\n"
+            "    ctx = sbx.create_code_context()\n"
+            "    sbx.run_code('v = 6 * 7', context=ctx)\n"
+            "    print(sbx.run_code('v', context=ctx).text)\n"
+            "    print(ctx.id in [c.id for c in sbx.list_code_contexts()])\n"
+            "    sbx.restart_code_context(ctx)\n"
+            "    print(sbx.run_code('v', context=ctx).error.name)\n"
+            "    sbx.remove_code_context(ctx)\n"
+            "    print(ctx.id in [c.id for c in sbx.list_code_contexts()])\n"
+        )
+        done = yield self.run_python(snippet, self.token)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, "42\nTrue\nNameError\nFalse\n" * 2)

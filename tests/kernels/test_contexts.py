@@ -397,6 +397,30 @@ class ContextTests(CodeTestCase):
         self.assertEqual(done.json()["state"], "ok")
 
     @inlineCallbacks
+    def test_thread_output_between_cells_kept(self) -> Any:
+        """
+        What a cell's thread prints while no execution runs is not lost:
+        the next execution starts with it, after a stderr line saying
+        where it came from (was: dropped, as output of an ended cell).
+        """
+        ctx = yield self.context()
+        yield self.execute(
+            ctx["id"],
+            "import threading, time\ngo = threading.Event()\n"
+            "def bg():\n    go.wait()\n    time.sleep(0.3)\n    for i in range(3):\n"
+            "        print('bg', i, flush=True)\n"
+            "threading.Thread(target=bg).start()",
+        )
+        second = yield self.execute(ctx["id"], "go.set()")
+        self.assertEqual(second["stdout"], "")
+        yield deferLater(reactor, 1.5, lambda: None)
+        third = yield self.execute(ctx["id"], "print('own')")
+        self.assertEqual(third["stdout"], "bg 0\nbg 1\nbg 2\nown\n")
+        self.assertIn("printed while no execution ran", third["stderr"])
+        fourth = yield self.execute(ctx["id"], "print('clean')")
+        self.assertEqual((fourth["stdout"], fourth["stderr"]), ("clean\n", ""))
+
+    @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
         """A restart gives a fresh kernel (new pid): the old names are gone."""
         ctx = yield self.context()
@@ -590,6 +614,80 @@ class DeathTests(CodeTestCase):
         self.assertEqual(fresh["stdout"], "back\n")
 
     @inlineCallbacks
+    def test_disconnect_escalates_to_a_restart(self) -> Any:
+        """
+        ``on_disconnect: "interrupt"`` on code that catches the interrupt:
+        ``interrupt_grace_seconds`` later the kernel is restarted (the
+        context is free again, its execution ``interrupted``), and the next
+        execution says the kernel was restarted before it (was: busy until
+        the policy timeout).
+        """
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "y = 5")
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import time\nprint('up', flush=True)\nwhile True:\n"
+                "    try:\n        time.sleep(0.2)\n    except:\n        pass",
+                "stream": True,
+                "on_disconnect": "interrupt",
+            },
+        )
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        xid = reader.events[0]["data"]["execution_id"]
+        reader.disconnect()
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=15"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        after = yield self.execute(ctx["id"], "y")
+        self.assertEqual(after["error"]["ename"], "NameError")
+        self.assertIn("the kernel was restarted (disconnected)", after["stderr"])
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(got.json()["restarts"], 1)
+
+    @inlineCallbacks
+    def test_queued_cells_not_run_after_a_death(self) -> Any:
+        """
+        Cells queued behind one that kills its kernel do not run in the
+        fresh kernel: each ends ``lost``, ``started: false``, after a
+        ``context.restarted`` event; the file one would have written is not
+        written anywhere (was: they ran in the fresh kernel, in its cwd).
+        """
+        ctx = yield self.context()
+        os.mkdir(os.path.join(self.base_dir, "proj"))
+        yield self.execute(ctx["id"], "import os\nos.chdir('proj')\nrows = [1, 2, 3]")
+        codes = [
+            "import os, time\ntime.sleep(0.5)\nos.kill(os.getpid(), 9)",
+            "open('report.txt', 'w').write('written in ' + os.getcwd())",
+            "len(rows)",
+        ]
+        xids = []
+        for code in codes:
+            reply = yield self.request(
+                "POST", f"/code/contexts/{ctx['id']}/execute", {"code": code, "wait": 0}
+            )
+            self.assertEqual(reply.status, 202, reply.body)
+            xids.append(reply.json()["execution_id"])
+        for xid in xids[1:]:
+            got = yield self.request(
+                "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=15"
+            )
+            self.assertEqual(
+                (got.json()["state"], got.json()["started"]), ("lost", False)
+            )
+            reader = yield self.stream(
+                f"/code/contexts/{ctx['id']}/executions/{xid}/events"
+            )
+            events = yield reader.done
+            self.assertIn("context.restarted", [e["event"] for e in events])
+        for where in ("", "proj"):
+            path = os.path.join(self.base_dir, where, "report.txt")
+            self.assertFalse(os.path.exists(path), path)
+        fresh = yield self.execute(ctx["id"], "print('back')")
+        self.assertEqual(fresh["stdout"], "back\n")
+
+    @inlineCallbacks
     def test_restart_leaves_no_setsid_survivor(self) -> Any:
         """A cell's child in its own session, deaf to SIGTERM, dies with the restart."""
         ctx = yield self.context()
@@ -759,6 +857,33 @@ class RefusalTests(CodeTestCase):
         self.assertEqual(reply.json()["code"], "payload_too_large")
         ok = yield self.execute(ctx["id"], "1")
         self.assertEqual(ok["state"], "ok")
+
+    @inlineCallbacks
+    def test_env_value_with_nul(self) -> Any:
+        """
+        An ``env`` value holding NUL, at create and per execution, is 400
+        saying so (was: "must be a string" for a string); a value that is
+        not a string is still refused as such, and nothing is created.
+        """
+        ctx = yield self.context()
+        before = yield self.request("GET", "/code/contexts")
+        for path, body in (
+            ("/code/contexts", {"env": {"N": "a\x00b"}}),
+            (
+                f"/code/contexts/{ctx['id']}/execute",
+                {"code": "1", "env": {"N": "a\x00b"}},
+            ),
+        ):
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 400, path)
+            self.assertEqual(reply.json()["code"], "invalid_param")
+            self.assertEqual(
+                reply.json()["error"], "the value of 'N' must not contain NUL"
+            )
+        reply = yield self.request("POST", "/code/contexts", {"env": {"N": 1}})
+        self.assertEqual(reply.json()["error"], "the value of 'N' must be a string")
+        after = yield self.request("GET", "/code/contexts")
+        self.assertEqual(after.json(), before.json())
 
     @inlineCallbacks
     def test_other_identity(self) -> Any:
