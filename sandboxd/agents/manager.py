@@ -233,6 +233,38 @@ class AgentManager(Service):
             }
             Deferred.fromCoroutine(session.close(reason="policy_reload"))
 
+    def owners_removed(self, before: Any) -> None:
+        """
+        After a reload, end every session whose owner the new policy no
+        longer lets drive it: the identity (or the minter of the link that
+        made it) was taken out of ``auth.tokens``, or no longer holds the
+        scope of the endpoint that created it.  An agent runs commands and
+        writes files for its owner, as a terminal does, so a leaked
+        identity taken out of the policy must not keep a running turn, nor
+        have the turns it queued (``/v1`` sessions and responses included)
+        run after its token answers 401.
+
+        :param before: the identities of the policy replaced
+            (:class:`~sandboxd.access.auth.TokenStore`): only a session
+            owned by one of them is asked about, never one owned by
+            something other than a policy identity.
+        """
+        from sandboxd.access.gate import still_allowed
+
+        table = self.context.table
+        for session in self.live():
+            if session.state in ("closing", "closed", "failed"):
+                continue
+            owner = before.current(session.identity)
+            if owner is None:
+                continue
+            endpoint = table.get(session.rule.endpoint_id)
+            _, error = still_allowed(self.context, owner, endpoint)
+            if error is None:
+                continue
+            session.error = {"code": "identity_removed", "message": error.message}
+            Deferred.fromCoroutine(session.close(reason="identity_removed"))
+
     # -- creating --------------------------------------------------------------
 
     def _new_session(

@@ -630,6 +630,9 @@ class DaemonService(MultiService):
         """
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
+        agents = self.context.agents.existing() if self.context.agents else None
+        if agents is not None and before is not None:
+            agents.owners_removed(before)
         end_revoked(self.context)
         end_revoked_held(self.context)
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.registry import registry
@@ -355,6 +356,98 @@ class ToolTableTests(OpenAICase):
         self.assertEqual(commands, ["one", "two"])
         face = registry(self.daemon.context.agents.get()).faces[sid]
         self.assertEqual(face._tools, {})
+
+
+def _message(text: str) -> dict[str, Any]:
+    """An ``agent.session.input.message`` event of ``text``."""
+    return {
+        "type": "agent.session.input.message",
+        "content": [{"type": "input_text", "text": text}],
+    }
+
+
+class RemovedIdentityTests(OpenAICase):
+    """An identity a reload takes out of the policy keeps no agent working for it."""
+
+    @inlineCallbacks
+    def reloadable(self) -> Any:
+        """Restart the daemon on a policy file; its path."""
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(openai_policy(), f)
+        yield self.daemon.stop()
+        yield self.start(policy=None, policy_file=path)
+        return path
+
+    def reload(self, path: str, policy: dict[str, Any]) -> None:
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        self.assertTrue(self.daemon.daemon.reload())
+
+    @inlineCallbacks
+    def test_turns_of_a_removed_identity_never_run(self) -> Any:
+        """
+        ``other`` holds a turn open, queues a turn that writes a file and
+        starts a background response; a reload takes ``other`` out of
+        ``auth.tokens``.  Its agents are stopped at once (the running turn
+        and the response cancelled, the queued turn dropped), so nothing is
+        written once the held turn's gate opens; ``user``'s session, still
+        in the policy, runs on.  With the token given back, the session
+        shows what happened.
+        """
+        from sandboxd.agents.process import is_alive
+
+        path = yield self.reloadable()
+        other = self.client("o-token")
+        mine = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+        target = os.path.join(self.base_dir, "after-removal.txt")
+        sessions = other.beta.agents.sessions
+
+        def run() -> Any:
+            kept = mine.beta.agents.sessions.create(**self.session_body())
+            session = sessions.create(**self.session_body())
+            sessions.events.create(
+                session.id, events=[_message(f"waitfor {gate} echo first")]
+            )
+            sessions.events.create(
+                session.id, events=[_message(f"write {target} late")]
+            )
+            response = other.responses.create(
+                model="fake", input=f"waitfor {gate} echo resp", background=True
+            )
+            return kept, session, response
+
+        kept, session, response = yield self.sdk(run)
+        door = registry(self.daemon.context.agents.get())
+        engines = [f.engine for f in door.faces.values() if f.owner == "other"]
+        self.assertEqual(len(engines), 2)
+        policy = openai_policy()
+        policy["auth"]["tokens"] = [
+            t for t in policy["auth"]["tokens"] if t["id"] != "other"
+        ]
+        self.reload(path, policy)
+        for engine in engines:
+            yield engine.wait_closed()
+            self.assertFalse(is_alive(engine.process.pid))
+            self.assertEqual(engine.error["code"], "identity_removed")
+        with open(gate, "w"):
+            pass
+        yield deferLater(reactor, 0.5, lambda: None)
+        self.assertFalse(os.path.exists(target))
+        self.reload(path, openai_policy())
+
+        def after() -> Any:
+            return (
+                [t.status for t in sessions.turns.list(session.id, order="asc")],
+                other.responses.retrieve(response.id).status,
+                mine.beta.agents.sessions.retrieve(kept.id).status,
+            )
+
+        turns, answered, still = yield self.sdk(after)
+        self.assertEqual(turns, ["cancelled", "cancelled"])
+        self.assertEqual(answered, "cancelled")
+        self.assertEqual(still, "idle")
 
 
 class DoorTests(OpenAICase):
