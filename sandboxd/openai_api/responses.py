@@ -36,7 +36,13 @@ from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
-from sandboxd.openai_api.face import NATIVE_TOOL_PREFIX, SessionFace, WireTurn, new_id
+from sandboxd.openai_api.face import (
+    NATIVE_TOOL_PREFIX,
+    IdempotencyBook,
+    SessionFace,
+    WireTurn,
+    new_id,
+)
 from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
@@ -499,11 +505,23 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     reg = door(request)
     book = reg.book(owner_of(request), "responses")
     key = request.headers.get("idempotency-key")
-    known = book.lookup(key, body)
+    known = await book.claim(key, body)
     if known is not None:
         _materialize(reg)  # the first may be from before a restart
     if known is not None and known in reg.responses:
         return await _answer(request, reg.responses[known], body)
+    try:
+        return await _create(request, book, key)
+    finally:
+        book.release(key)
+
+
+async def _create(
+    request: ServerRequest, book: IdempotencyBook, key: str | None
+) -> Any:
+    """:func:`agents_responses_create` once its ``Idempotency-Key`` is claimed."""
+    body = request.body
+    reg = door(request)
     ignored = _check(body)
     text, systems, items = _inputs(body)
     instructions = body.get("instructions")

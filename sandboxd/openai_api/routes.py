@@ -34,7 +34,7 @@ from sandboxd.openai_api import (
     tools,
     vaults,
 )
-from sandboxd.openai_api.face import SessionFace, WireTurn
+from sandboxd.openai_api.face import IdempotencyBook, SessionFace, WireTurn
 from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
@@ -352,9 +352,20 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     body = request.body
     book = door(request).book(owner_of(request), "sessions")
     key = request.headers.get("idempotency-key")
-    known = book.lookup(key, body)
+    known = await book.claim(key, body)
     if known is not None:
         return door(request).face(request, known).describe()
+    try:
+        return await _create_session(request, book, key)
+    finally:
+        book.release(key)
+
+
+async def _create_session(
+    request: ServerRequest, book: IdempotencyBook, key: str | None
+) -> Any:
+    """:func:`agents_sessions_create` once its ``Idempotency-Key`` is claimed."""
+    body = request.body
     known_keys(body, _SESSION_KEYS)
     declared_types(body, schema_for("agents_sessions_create").body, name_param=True)
     agent = _agent_spec(request, body)

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -593,6 +593,52 @@ class DoorTests(OpenAICase):
         self.assertEqual(other.response.headers["x-should-retry"], "false")
         self.assertEqual(len(turns), 1)
         self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
+    def test_idempotency_of_concurrent_creates(self) -> Any:
+        """
+        Creates sent at once with one Idempotency-Key and body (a proxy
+        retrying a call that looked lost) start one agent: the duplicates
+        wait for the first and are answered its response or session; a
+        concurrent one with another body is 409 idempotency.mismatch.
+        """
+        client = self.client()
+        key = {"Idempotency-Key": "race-1"}
+        responses = [
+            self.sdk(
+                client.responses.create,
+                model="fake",
+                input="echo race",
+                extra_headers=key,
+            )
+            for _ in range(4)
+        ]
+        answered = yield gatherResults(responses)
+        self.assertEqual(len({r.id for r in answered}), 1)
+        self.assertEqual([r.output_text for r in answered], ["race"] * 4)
+        key = {"Idempotency-Key": "race-2"}
+        sessions = [
+            self.sdk(
+                client.beta.agents.sessions.create,
+                **self.session_body(),
+                extra_headers=key,
+            )
+            for _ in range(4)
+        ]
+        sessions.append(
+            self.sdk(
+                caught,
+                lambda: client.beta.agents.sessions.create(
+                    **self.session_body(metadata={"a": "b"}), extra_headers=key
+                ),
+            )
+        )
+        *made, other = yield gatherResults(sessions)
+        self.assertEqual(len({s.id for s in made}), 1)
+        self.assertEqual(other.status_code, 409)
+        self.assertEqual(other.body["code"], "idempotency.mismatch")
+        # One conversation's agent and one session's.
+        self.assertEqual(len(self.daemon.context.agents.get().sessions), 2)
 
     @inlineCallbacks
     def test_audited_via_openai(self) -> Any:
