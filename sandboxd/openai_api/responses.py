@@ -33,9 +33,10 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
-from sandboxd.errors import bad_request, not_found
+from sandboxd.errors import ApiError, bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
+from sandboxd.openai_api.envelope import stream_error
 from sandboxd.openai_api.face import (
     NATIVE_TOOL_PREFIX,
     IdempotencyBook,
@@ -811,6 +812,10 @@ class ResponseStream(Follower):
         self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
             channel, "encode_event", frame
         )
+        if isinstance(channel, SSEChannel):
+            # Ended from the server side (a revoked link): OpenAI's error
+            # event, numbered as the stream's others are.
+            channel.error_frame = self._error_frame
         for type in ("response.created", "response.in_progress"):
             channel.write_raw(self.send_event(type, response=self._snapshot()))
         super().__init__(response.face.log, channel, response.log_from, self._translate)
@@ -835,6 +840,11 @@ class ResponseStream(Follower):
             return b""
         data = {"type": type, "sequence_number": number, **fields}
         return self.encode(type, data)
+
+    def _error_frame(self, error: ApiError) -> bytes:
+        fields = stream_error(error)
+        del fields["type"]
+        return self.send_event("error", **fields)
 
     def _translate(self, event: Event) -> bytes:
         data = event.data

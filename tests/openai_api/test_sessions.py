@@ -450,6 +450,70 @@ class RemovedIdentityTests(OpenAICase):
         self.assertEqual(still, "idle")
 
 
+def _minting_policy() -> dict[str, Any]:
+    """:func:`openai_policy`, ``user`` also minting capability links."""
+    policy = openai_policy()
+    policy["auth"]["tokens"][0]["scopes"] = ["agents:use", "links:mint"]
+    return policy
+
+
+class StreamEndTests(OpenAICase):
+    """A ``/v1`` stream the daemon ends itself ends as the SDK reads an error."""
+
+    policy = _minting_policy()
+
+    @inlineCallbacks
+    def test_revoked_link_ends_streams_with_openai_error(self) -> Any:
+        """
+        A capability link used as ``api_key`` is revoked while a streamed
+        response and a session's stream run: each ends with OpenAI's
+        ``error`` event, which the SDK raises as an ``APIError`` carrying
+        the code ``link_invalid`` and the message (not "An error occurred
+        during streaming").
+        """
+        from openai import APIError
+
+        url = self.daemon.url + "/auth/links"
+        mine = {"Authorization": "Bearer u-token"}
+
+        def mint() -> Any:
+            reply = httpx.post(
+                url, headers=mine, json={"audience": "console", "ttl_seconds": 600}
+            )
+            assert reply.status_code == 201, reply.text
+            return reply.json()
+
+        def revoked_while(events: Any, link: dict[str, Any]) -> Any:
+            seen = []
+            try:
+                for event in events:
+                    seen.append(event.type)
+                    if len(seen) == 4:
+                        httpx.delete(f"{url}/{link['link_id']}", headers=mine)
+            except APIError as e:
+                return seen, e
+            return seen, None
+
+        def run() -> Any:
+            link = mint()
+            linked = self.client(link["token"])
+            streamed = revoked_while(
+                linked.responses.create(model="fake", input="slow", stream=True), link
+            )
+            link = mint()
+            linked = self.client(link["token"])
+            session = linked.beta.agents.sessions.create(**self.session_body())
+            with linked.beta.agents.sessions.stream(session.id, input="slow") as stream:
+                followed = revoked_while(stream, link)
+            return streamed, followed
+
+        for seen, error in (yield self.sdk(run)):
+            self.assertIsInstance(error, APIError, seen)
+            self.assertEqual(error.code, "link_invalid")
+            self.assertIn("revoked", error.message)
+            self.assertEqual(error.type, "authentication_error")
+
+
 class DoorTests(OpenAICase):
     """The door's framing: errors, owners, scopes, idempotency, audit."""
 
