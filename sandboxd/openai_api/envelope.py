@@ -56,8 +56,8 @@ def openai_error(error: ApiError) -> tuple[dict[str, Any], dict[str, str]]:
         if key != "param":
             inner.setdefault(key, value)
     headers = dict(error.headers)
-    if error.code not in _RETRYABLE and "Retry-After" not in headers:
-        headers["x-should-retry"] = "false"
+    retryable = error.code in _RETRYABLE or "Retry-After" in headers
+    headers["x-should-retry"] = "true" if retryable else "false"
     return {"error": inner}, headers
 
 

@@ -176,6 +176,22 @@ class Registry:
         oldest = min(idle, key=lambda f: f.last_active_at)
         return Deferred.fromCoroutine(oldest.sleep().close(reason="evicted"))
 
+    def serving_turns(self, owner: str | None = None) -> int:
+        """
+        How many conversations behind responses (``owner``'s, or anyone's)
+        hold an agent only for the turn they run: once idle, each gives its
+        slot to whoever needs it (:meth:`make_room`).
+        """
+        return sum(
+            1
+            for f in self.faces.values()
+            if f.hidden
+            and owner in (None, f.owner)
+            and not f.dormant
+            and not f.log.closed
+            and not f.can_sleep
+        )
+
     def changed(self, face: SessionFace) -> None:
         """A session changed without an event (its metadata): keep the change."""
         if self.store is not None:
@@ -367,6 +383,7 @@ def _made(manager: AgentManager) -> Registry:
         manager.before_stop.append(store.freeze)
     manager.before_stop.append(made.deliveries.stop)
     manager.room_makers.append(made.make_room)
+    manager.slots_in_use.append(made.serving_turns)
     return made
 
 
