@@ -488,6 +488,34 @@ def page_limit(request: ServerRequest) -> int:
         raise bad_request(e.message, param="limit") from None
 
 
+def metadata_filter(request: ServerRequest) -> dict[str, str]:
+    """
+    A list's ``metadata[KEY]=VALUE`` filter (what the SDK sends for
+    ``metadata={...}``): every pair must match exactly.  At most 16 pairs,
+    keys 1-64 characters, values up to 512, as OpenAI documents; past that
+    a 400 naming ``metadata``.
+    """
+    wanted = {
+        key[len("metadata[") : -1]: value
+        for key, value in request.query.items()
+        if key.startswith("metadata[") and key.endswith("]")
+    }
+    if len(wanted) > 16 or any(
+        not 0 < len(k) <= 64 or len(v) > 512 for k, v in wanted.items()
+    ):
+        raise bad_request(
+            "metadata: at most 16 pairs, keys of 1-64 characters, values of at "
+            "most 512",
+            param="metadata",
+        )
+    return wanted
+
+
+def matches(metadata: dict[str, str], wanted: dict[str, str]) -> bool:
+    """Whether ``metadata`` holds every pair of ``wanted`` (:func:`metadata_filter`)."""
+    return all(metadata.get(k) == v for k, v in wanted.items())
+
+
 def page(
     request: ServerRequest, objects: list[dict[str, Any]], default_order: str = "desc"
 ) -> dict[str, Any]:

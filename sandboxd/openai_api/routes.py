@@ -46,6 +46,8 @@ from sandboxd.openai_api.registry import (
     door,
     face_of,
     manager,
+    matches,
+    metadata_filter,
     owner_of,
     page,
     restored_first,
@@ -402,14 +404,19 @@ async def _create_session(
 
 
 def agents_sessions_list(request: ServerRequest) -> dict[str, Any]:
-    """The caller's sessions (responses' own are not listed)."""
+    """
+    The caller's sessions (responses' own are not listed), filtered by
+    ``agent_id`` and ``metadata[KEY]=VALUE``.
+    """
     agent_id = request.query.get("agent_id")
+    wanted = metadata_filter(request)
     faces = [
         f.describe()
         for f in door(request).faces.values()
         if f.owner == owner_of(request)
         and not f.hidden
         and (agent_id is None or f.agent["id"] == agent_id)
+        and matches(f.metadata, wanted)
     ]
     return page(request, faces)
 

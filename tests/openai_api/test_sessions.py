@@ -250,6 +250,38 @@ class SessionTests(OpenAICase):
         self.assertEqual(listed, [])
 
     @inlineCallbacks
+    def test_list_by_metadata(self) -> Any:
+        """
+        ``sessions.list(metadata={...})`` lists only the sessions whose
+        metadata holds every pair (after an update too); a filter past
+        OpenAI's bounds is a 400 naming ``metadata``.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            red = self.create(client, metadata={"team": "red", "tier": "1"})
+            blue = self.create(client, metadata={"team": "blue"})
+            alone = [s.id for s in sessions.list(metadata={"team": "red"})]
+            sessions.update(blue.id, metadata={"team": "red", "tier": "2"})
+            return (
+                red,
+                blue,
+                alone,
+                [s.id for s in sessions.list(metadata={"team": "red"})],
+                [s.id for s in sessions.list(metadata={"team": "red", "tier": "1"})],
+                [s.id for s in sessions.list(metadata={"team": "green"})],
+                caught(lambda: sessions.list(metadata={"k" * 65: "v"})),
+            )
+
+        red, blue, alone, both, one, none, bad = yield self.sdk(run)
+        self.assertEqual(alone, [red.id])
+        self.assertEqual(sorted(both), sorted([red.id, blue.id]))
+        self.assertEqual(one, [red.id])
+        self.assertEqual(none, [])
+        self.assertEqual((bad.status_code, bad.body["param"]), (400, "metadata"))
+
+    @inlineCallbacks
     def test_update_and_delete(self) -> Any:
         """Metadata changes; the agent cannot; a deleted session is gone."""
         client = self.client()
