@@ -626,7 +626,7 @@ class DaemonService(MultiService):
         (terminal sockets, event streams, the doors' held streams) whose
         caller the policy no longer lets in, or whose link has ended; after
         a reload, ``before`` (the replaced policy's identities) also ends
-        the terminals of an identity taken out.
+        the terminals and the coding agents of an identity taken out.
         """
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
