@@ -150,6 +150,18 @@ def check_headless_servers(protocol: str, servers: list[dict[str, Any]]) -> None
         raise bad_request(str(e), param="mcp_servers") from None
 
 
+def _retry_when(busy: int) -> dict[str, Any]:
+    """
+    What a refusal at a slot limit adds when ``busy`` agents will give
+    their slots up on their own: a ``Retry-After``, so a client (the OpenAI
+    SDK) waits and tries again rather than give up.
+    """
+    if not busy:
+        return {}
+    seconds = defaults.AGENT_SLOT_RETRY_SECONDS
+    return {"headers": {"Retry-After": str(seconds)}, "retry_after": seconds}
+
+
 class AgentManager(Service):
     """
     Every agent session of the daemon: the agents group's service
@@ -175,6 +187,11 @@ class AgentManager(Service):
         #: idle agent (of that identity's) it keeps only to reuse it (the
         #: Deferred fires once it is gone), or answers None when it has none.
         self.room_makers: list[Callable[[str | None], Deferred[Any] | None]] = []
+        #: Asked, when no slot could be made, how many running agents (of
+        #: the identity given) hold theirs only while they serve a turn
+        #: (``/v1`` conversations behind responses): each gives it up once
+        #: idle, so the refusal is one to retry, not to act on.
+        self.slots_in_use: list[Callable[[str | None], int]] = []
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -232,6 +249,38 @@ class AgentManager(Service):
                 "message": "a policy reload turned this session's endpoint or agent off",
             }
             Deferred.fromCoroutine(session.close(reason="policy_reload"))
+
+    def owners_removed(self, before: Any) -> None:
+        """
+        After a reload, end every session whose owner the new policy no
+        longer lets drive it: the identity (or the minter of the link that
+        made it) was taken out of ``auth.tokens``, or no longer holds the
+        scope of the endpoint that created it.  An agent runs commands and
+        writes files for its owner, as a terminal does, so a leaked
+        identity taken out of the policy must not keep a running turn, nor
+        have the turns it queued (``/v1`` sessions and responses included)
+        run after its token answers 401.
+
+        :param before: the identities of the policy replaced
+            (:class:`~sandboxd.access.auth.TokenStore`): only a session
+            owned by one of them is asked about, never one owned by
+            something other than a policy identity.
+        """
+        from sandboxd.access.gate import still_allowed
+
+        table = self.context.table
+        for session in self.live():
+            if session.state in ("closing", "closed", "failed"):
+                continue
+            owner = before.current(session.identity)
+            if owner is None:
+                continue
+            endpoint = table.get(session.rule.endpoint_id)
+            _, error = still_allowed(self.context, owner, endpoint)
+            if error is None:
+                continue
+            session.error = {"code": "identity_removed", "message": error.message}
+            Deferred.fromCoroutine(session.close(reason="identity_removed"))
 
     # -- creating --------------------------------------------------------------
 
@@ -416,12 +465,20 @@ class AgentManager(Service):
                 None,
             )
             if freed is None:
+                busy = self._serving_turns(None)
                 raise limit_exceeded(
                     429,
-                    f"too many agent sessions (limit {limit})",
+                    f"too many agent sessions (limit {limit})"
+                    + (
+                        f"; {busy} of them serve responses in progress, retry "
+                        "once one completes"
+                        if busy
+                        else ""
+                    ),
                     Code.TOO_MANY_SESSIONS,
                     rule=limit_rule(rule, "max_sessions"),
                     limit=limit,
+                    **_retry_when(busy),
                 )
             await freed
 
@@ -444,15 +501,38 @@ class AgentManager(Service):
                 None,
             )
             if freed is None:
+                busy = self._serving_turns(owner)
+                if busy:
+                    # Conversations behind responses give their agents up
+                    # once their turn ends: the caller only has to wait.
+                    sessions = held - busy
+                    message = (
+                        f"your share of {limit} agents ({mine}, max_per_identity) "
+                        f"is in use: {busy} of your responses in progress"
+                        + (f" and {sessions} agent sessions" if sessions else "")
+                        + "; retry once a response completes"
+                    )
+                else:
+                    message = (
+                        f"you have {held} agent sessions running, your share of "
+                        f"{limit} (max_per_identity); close one first"
+                    )
                 raise limit_exceeded(
                     429,
-                    f"you have {held} agent sessions running, your share of "
-                    f"{limit} (max_per_identity); close one first",
+                    message,
                     Code.TOO_MANY_SESSIONS,
                     rule=limit_rule(rule, "max_per_identity"),
                     limit=mine,
+                    **_retry_when(busy),
                 )
             await freed
+
+    def _serving_turns(self, owner: str | None) -> int:
+        """
+        How many running agents (``owner``'s, or anyone's) hold their slot
+        only for the turn they serve (:attr:`slots_in_use`).
+        """
+        return sum(count(owner) for count in self.slots_in_use)
 
     async def _withdraw(self, session: AgentSession, reason: str) -> None:
         """

@@ -626,13 +626,19 @@ class DaemonService(MultiService):
         (terminal sockets, event streams, the doors' held streams) whose
         caller the policy no longer lets in, or whose link has ended; after
         a reload, ``before`` (the replaced policy's identities) also ends
-        the terminals of an identity taken out.
+        the terminals and the coding agents of an identity taken out.
         """
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
+<<<<<<< HEAD
         mcp = self.context.doors.get(b"/mcp")
         if mcp is not None:
             mcp.end_disallowed()
+=======
+        agents = self.context.agents.existing() if self.context.agents else None
+        if agents is not None and before is not None:
+            agents.owners_removed(before)
+>>>>>>> s42-v1
         end_revoked(self.context)
         end_revoked_held(self.context)
 

@@ -30,6 +30,7 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError, not_found
 from sandboxd.files.stream import FileProducer
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
+from sandboxd.openai_api.files import attachment
 from sandboxd.openai_api.registry import face_of, page, restored_first
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, StreamResponse
@@ -271,15 +272,14 @@ def agents_artifacts_content(request: ServerRequest) -> StreamResponse:
             f"No artifact found with id {artifact.id!r}", param="artifact_id"
         ) from None
     size = os.fstat(fd).st_size
-    name = os.path.basename(artifact.path).replace('"', "_").replace("\\", "_")
-    name = "".join(c if " " <= c < "\x7f" else "_" for c in name) or "artifact"
+    name = os.path.basename(artifact.path)
     producer = FileProducer(fd, 0, size)
     return StreamResponse(
         write_to=producer.start,
         headers={
             "content-type": "application/octet-stream",
             "content-length": str(size),
-            "content-disposition": f'attachment; filename="{name}"',
+            "content-disposition": attachment(name, "artifact"),
             "x-content-type-options": "nosniff",
             "cache-control": "no-store",
         },

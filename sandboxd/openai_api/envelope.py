@@ -56,8 +56,8 @@ def openai_error(error: ApiError) -> tuple[dict[str, Any], dict[str, str]]:
         if key != "param":
             inner.setdefault(key, value)
     headers = dict(error.headers)
-    if error.code not in _RETRYABLE and "Retry-After" not in headers:
-        headers["x-should-retry"] = "false"
+    retryable = error.code in _RETRYABLE or "Retry-After" in headers
+    headers["x-should-retry"] = "true" if retryable else "false"
     return {"error": inner}, headers
 
 
@@ -77,3 +77,29 @@ def socket_event(type: str, error: dict[str, Any], **fields: Any) -> dict[str, A
     ``response.steer.failed`` (with the steer it refuses).
     """
     return {"type": type, **fields, "error": error}
+
+
+def stream_error(error: ApiError) -> dict[str, Any]:
+    """
+    The data of the ``error`` event that ends a ``/v1`` stream from the
+    server side (a revoked link, a reload that took the caller's access
+    away): OpenAI's error event (``type``, ``code``, ``message``,
+    ``param``), with the envelope's ``error`` object, which the SDK raises
+    as an ``APIError`` carrying the code, so a client can tell a credential
+    that is gone for good from a transient failure.
+    """
+    inner = openai_error(error)[0]["error"]
+    return {
+        "type": "error",
+        "code": inner["code"],
+        "message": inner["message"],
+        "param": inner["param"],
+        "error": inner,
+    }
+
+
+def stream_error_frame(error: ApiError) -> bytes:
+    """:func:`stream_error` as an SSE ``error`` frame."""
+    from sandboxd.web.sse import frame
+
+    return frame("error", stream_error(error))

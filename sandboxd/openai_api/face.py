@@ -92,6 +92,9 @@ class IdempotencyBook:
         self._book: OrderedDict[str, tuple[str, Any, float]] = OrderedDict()
         #: Called after every :meth:`store` (the registry keeps the book).
         self.on_change = on_change
+        #: Keys claimed by a create still under way: body digest, and the
+        #: duplicates waiting for its outcome.
+        self._in_flight: dict[str, tuple[str, Waiters[None]]] = {}
 
     def lookup(self, key: str | None, body: Any) -> Any:
         """The result stored for ``key``, None when the key is new."""
@@ -107,11 +110,46 @@ class IdempotencyBook:
             raise idempotency_mismatch()
         return result
 
+    async def claim(self, key: str | None, body: Any) -> Any:
+        """
+        The result stored for ``key``; or None, and the key is the
+        caller's until it stores a result (:meth:`store`) or lets it go
+        (:meth:`release`).  A duplicate sent while the first is still
+        under way (a client or proxy that retried because the first looked
+        lost, or sent the same create twice at once) waits for the first's
+        outcome and is answered its result, so one key never starts two
+        agents; when the first fails, one waiting duplicate goes ahead in
+        its place.
+        """
+        if key is None:
+            return None
+        while True:
+            known = self.lookup(key, body)
+            if known is not None:
+                return known
+            pending = self._in_flight.get(key)
+            if pending is None:
+                self._in_flight[key] = (body_digest(body), Waiters())
+                return None
+            if pending[0] != body_digest(body):
+                raise idempotency_mismatch()
+            await pending[1].wait()
+
+    def release(self, key: str | None) -> None:
+        """
+        The claimer of ``key`` is done (it failed, or it stored): the
+        duplicates waiting for it look again.
+        """
+        pending = self._in_flight.pop(key, None) if key is not None else None
+        if pending is not None:
+            pending[1].fire(None)
+
     def store(self, key: str | None, body: Any, result: Any) -> None:
         """Remember ``result`` for ``key`` (the oldest key goes beyond the bound)."""
         if key is None:
             return
         self._put(key, body_digest(body), result, self._clock())
+        self.release(key)
         if self.on_change is not None:
             self.on_change()
 

@@ -20,6 +20,7 @@ import binascii
 import email.parser
 import email.policy
 import posixpath
+import urllib.parse
 from typing import Any
 
 import pybase64
@@ -66,13 +67,31 @@ def _filename(value: Any) -> str:
         return "upload"
     if not isinstance(value, str) or "\x00" in value:
         raise bad_request("filename must be a string", param="filename")
-    name = posixpath.basename(value.replace("\\", "/")) or "upload"
+    # A backslash is a legal character of a POSIX name, not a separator.
+    name = posixpath.basename(value) or "upload"
     if len(name) > defaults.OPENAI_MAX_FILENAME_CHARS:
         raise bad_request(
             f"filename is longer than {defaults.OPENAI_MAX_FILENAME_CHARS} characters",
             param="filename",
         )
     return name
+
+
+def attachment(name: str, fallback: str) -> str:
+    """
+    A ``Content-Disposition`` for a download named ``name`` (RFC 6266):
+    ``filename`` in printable ASCII for old clients (``_`` for each other
+    character, and for ``"`` and ``\\``, which a quoted string would need
+    escaped and some clients read as a path), and, when that is not the
+    name, ``filename*`` with the name whole in UTF-8 (RFC 8187), which
+    browsers and HTTP libraries prefer.
+    """
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in name)
+    plain = plain or fallback
+    if plain == name:
+        return f'attachment; filename="{plain}"'
+    whole = urllib.parse.quote(name, safe="")
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{whole}"
 
 
 def _multipart(content_type: str, body: bytes) -> tuple[str, str, bytes]:
@@ -237,14 +256,11 @@ async def agents_files_content(request: ServerRequest) -> ServerResponse:
     """One file's bytes, as an attachment never rendered by a browser."""
     record = await find(request, request.path_params["file_id"], "file_id")
     data = await stores(request).files.read(request.context.in_thread, record)
-    quoted = "".join(
-        c if " " <= c <= "~" and c not in '"\\' else "_" for c in record["filename"]
-    )
     return ServerResponse(
         raw=data,
         headers={
             "content-type": "application/octet-stream",
-            "content-disposition": f'attachment; filename="{quoted}"',
+            "content-disposition": attachment(record["filename"], "upload"),
             "x-content-type-options": "nosniff",
             "cache-control": "no-store",
         },

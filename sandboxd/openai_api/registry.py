@@ -176,6 +176,22 @@ class Registry:
         oldest = min(idle, key=lambda f: f.last_active_at)
         return Deferred.fromCoroutine(oldest.sleep().close(reason="evicted"))
 
+    def serving_turns(self, owner: str | None = None) -> int:
+        """
+        How many conversations behind responses (``owner``'s, or anyone's)
+        hold an agent only for the turn they run: once idle, each gives its
+        slot to whoever needs it (:meth:`make_room`).
+        """
+        return sum(
+            1
+            for f in self.faces.values()
+            if f.hidden
+            and owner in (None, f.owner)
+            and not f.dormant
+            and not f.log.closed
+            and not f.can_sleep
+        )
+
     def changed(self, face: SessionFace) -> None:
         """A session changed without an event (its metadata): keep the change."""
         if self.store is not None:
@@ -367,6 +383,7 @@ def _made(manager: AgentManager) -> Registry:
         manager.before_stop.append(store.freeze)
     manager.before_stop.append(made.deliveries.stop)
     manager.room_makers.append(made.make_room)
+    manager.slots_in_use.append(made.serving_turns)
     return made
 
 
@@ -469,6 +486,34 @@ def page_limit(request: ServerRequest) -> int:
         return integer(request.query.get("limit"), "limit", 20, low=1, high=100)
     except ApiError as e:
         raise bad_request(e.message, param="limit") from None
+
+
+def metadata_filter(request: ServerRequest) -> dict[str, str]:
+    """
+    A list's ``metadata[KEY]=VALUE`` filter (what the SDK sends for
+    ``metadata={...}``): every pair must match exactly.  At most 16 pairs,
+    keys 1-64 characters, values up to 512, as OpenAI documents; past that
+    a 400 naming ``metadata``.
+    """
+    wanted = {
+        key[len("metadata[") : -1]: value
+        for key, value in request.query.items()
+        if key.startswith("metadata[") and key.endswith("]")
+    }
+    if len(wanted) > 16 or any(
+        not 0 < len(k) <= 64 or len(v) > 512 for k, v in wanted.items()
+    ):
+        raise bad_request(
+            "metadata: at most 16 pairs, keys of 1-64 characters, values of at "
+            "most 512",
+            param="metadata",
+        )
+    return wanted
+
+
+def matches(metadata: dict[str, str], wanted: dict[str, str]) -> bool:
+    """Whether ``metadata`` holds every pair of ``wanted`` (:func:`metadata_filter`)."""
+    return all(metadata.get(k) == v for k, v in wanted.items())
 
 
 def page(

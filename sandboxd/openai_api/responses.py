@@ -33,10 +33,17 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
-from sandboxd.errors import bad_request, not_found
+from sandboxd.errors import ApiError, bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
-from sandboxd.openai_api.face import NATIVE_TOOL_PREFIX, SessionFace, WireTurn, new_id
+from sandboxd.openai_api.envelope import stream_error
+from sandboxd.openai_api.face import (
+    NATIVE_TOOL_PREFIX,
+    IdempotencyBook,
+    SessionFace,
+    WireTurn,
+    new_id,
+)
 from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
@@ -499,11 +506,23 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     reg = door(request)
     book = reg.book(owner_of(request), "responses")
     key = request.headers.get("idempotency-key")
-    known = book.lookup(key, body)
+    known = await book.claim(key, body)
     if known is not None:
         _materialize(reg)  # the first may be from before a restart
     if known is not None and known in reg.responses:
         return await _answer(request, reg.responses[known], body)
+    try:
+        return await _create(request, book, key)
+    finally:
+        book.release(key)
+
+
+async def _create(
+    request: ServerRequest, book: IdempotencyBook, key: str | None
+) -> Any:
+    """:func:`agents_responses_create` once its ``Idempotency-Key`` is claimed."""
+    body = request.body
+    reg = door(request)
     ignored = _check(body)
     text, systems, items = _inputs(body)
     instructions = body.get("instructions")
@@ -793,6 +812,10 @@ class ResponseStream(Follower):
         self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
             channel, "encode_event", frame
         )
+        if isinstance(channel, SSEChannel):
+            # Ended from the server side (a revoked link): OpenAI's error
+            # event, numbered as the stream's others are.
+            channel.error_frame = self._error_frame
         for type in ("response.created", "response.in_progress"):
             channel.write_raw(self.send_event(type, response=self._snapshot()))
         super().__init__(response.face.log, channel, response.log_from, self._translate)
@@ -817,6 +840,11 @@ class ResponseStream(Follower):
             return b""
         data = {"type": type, "sequence_number": number, **fields}
         return self.encode(type, data)
+
+    def _error_frame(self, error: ApiError) -> bytes:
+        fields = stream_error(error)
+        del fields["type"]
+        return self.send_event("error", **fields)
 
     def _translate(self, event: Event) -> bytes:
         data = event.data

@@ -34,7 +34,7 @@ from sandboxd.openai_api import (
     tools,
     vaults,
 )
-from sandboxd.openai_api.face import SessionFace, WireTurn
+from sandboxd.openai_api.face import IdempotencyBook, SessionFace, WireTurn
 from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
@@ -46,6 +46,8 @@ from sandboxd.openai_api.registry import (
     door,
     face_of,
     manager,
+    matches,
+    metadata_filter,
     owner_of,
     page,
     restored_first,
@@ -352,9 +354,20 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     body = request.body
     book = door(request).book(owner_of(request), "sessions")
     key = request.headers.get("idempotency-key")
-    known = book.lookup(key, body)
+    known = await book.claim(key, body)
     if known is not None:
         return door(request).face(request, known).describe()
+    try:
+        return await _create_session(request, book, key)
+    finally:
+        book.release(key)
+
+
+async def _create_session(
+    request: ServerRequest, book: IdempotencyBook, key: str | None
+) -> Any:
+    """:func:`agents_sessions_create` once its ``Idempotency-Key`` is claimed."""
+    body = request.body
     known_keys(body, _SESSION_KEYS)
     declared_types(body, schema_for("agents_sessions_create").body, name_param=True)
     agent = _agent_spec(request, body)
@@ -391,14 +404,19 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
 
 
 def agents_sessions_list(request: ServerRequest) -> dict[str, Any]:
-    """The caller's sessions (responses' own are not listed)."""
+    """
+    The caller's sessions (responses' own are not listed), filtered by
+    ``agent_id`` and ``metadata[KEY]=VALUE``.
+    """
     agent_id = request.query.get("agent_id")
+    wanted = metadata_filter(request)
     faces = [
         f.describe()
         for f in door(request).faces.values()
         if f.owner == owner_of(request)
         and not f.hidden
         and (agent_id is None or f.agent["id"] == agent_id)
+        and matches(f.metadata, wanted)
     ]
     return page(request, faces)
 

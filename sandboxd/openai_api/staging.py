@@ -94,6 +94,20 @@ def relative(path: Any, param: str) -> str:
     return "/".join(parts)
 
 
+def shown_prefix(path: str | None) -> str | None:
+    """
+    A listing's ``path`` prefix as answers show paths (under
+    ``/workspace``): ``/src/a.py`` and ``src/a.py`` name what
+    ``/workspace/src/a.py`` does, as when staging; None (or empty) for
+    every file.
+    """
+    if not path:
+        return None
+    if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
+        return path
+    return WORKSPACE + ("" if path.startswith("/") else "/") + path
+
+
 def shown_path(rel: str) -> str:
     """A workspace file's path as answers show it (under ``/workspace``)."""
     return f"{WORKSPACE}/{rel}"
@@ -203,6 +217,7 @@ def listing(
     ``max_entries`` entries looked at (a prefix that matches little in a
     big tree ends the walk early rather than late).
     """
+    prefix = shown_prefix(prefix)
     found: list[str] = []
     budget = max_entries * 10
     for top, dirs, names in os.walk(root, followlinks=False):

@@ -31,7 +31,13 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys, metadata
-from sandboxd.openai_api.registry import owner_of, page, restored_first
+from sandboxd.openai_api.registry import (
+    matches,
+    metadata_filter,
+    owner_of,
+    page,
+    restored_first,
+)
 from sandboxd.openai_api.stores import owned, room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -271,14 +277,8 @@ def _filtered(
         raise bad_request("status must be active or archived", param="status")
     if status == "archived":
         return []
-    wanted = {
-        key[len("metadata[") : -1]: value
-        for key, value in request.query.items()
-        if key.startswith("metadata[") and key.endswith("]")
-    }
-    return [
-        r for r in records if all(r["metadata"].get(k) == v for k, v in wanted.items())
-    ]
+    wanted = metadata_filter(request)
+    return [r for r in records if matches(r["metadata"], wanted)]
 
 
 # -- vault routes ------------------------------------------------------------------

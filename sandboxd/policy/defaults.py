@@ -240,6 +240,11 @@ AGENT_CANCEL_GRACE_SECONDS = 10.0
 #: Agents: how long a closing agent gets after stdin is closed before TERM.
 AGENT_STOP_GRACE_SECONDS = 2.0
 
+#: Agents: the ``Retry-After`` of a 429 at ``max_sessions`` or
+#: ``max_per_identity`` while conversations behind ``/v1`` responses hold
+#: the slots (each gives its slot up once its turn ends).
+AGENT_SLOT_RETRY_SECONDS = 2
+
 #: Agents: turns, messages, tool calls, files and terminals kept per session,
 #: and closed sessions kept listed.
 AGENT_KEPT_ITEMS = 1000

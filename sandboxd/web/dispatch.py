@@ -353,6 +353,10 @@ def _stream_events(
         headers=result.headers,
         streams=request.context.streams,
     )
+    if getattr(request.endpoint, "door", None) == "openai":
+        from sandboxd.openai_api.envelope import stream_error_frame
+
+        channel.error_frame = stream_error_frame
     if result.start is not None:
         started = maybeDeferred(result.start, channel)
         started.addErrback(lambda f: _stream_failed(channel, f))
@@ -396,5 +400,4 @@ def _stream_failed(channel: SSEChannel, failure: Failure) -> None:
     if failure.check(CancelledError) or not channel.open:
         return
     log.failure("event stream failed", failure)
-    channel.send("error", unexpected(failure.value).event())
-    channel.close()
+    channel.end_with(unexpected(failure.value))

@@ -165,6 +165,11 @@ class SSEChannel:
         self._every = heartbeat
         self._beat_call: Any = clock.callLater(heartbeat, self._beat)
         self._producer: _ProducerAdapter | None = None
+        #: How an end from the server side (:meth:`end_with`) is framed:
+        #: None for the ``error`` event of SPEC §9; a door whose clients
+        #: read errors their own way (the ``/v1`` door's OpenAI SDKs) sets
+        #: its own.
+        self.error_frame: Callable[[ApiError], bytes] | None = None
         # The status and headers leave now: a client whose command prints
         # nothing for a while would otherwise wait for them until the first
         # event or heartbeat, and one with a read timeout (httpx's default
@@ -245,7 +250,10 @@ class SSEChannel:
         """
         if not self.open:
             return
-        self.send("error", error.event())
+        if self.error_frame is not None:
+            self.write_raw(self.error_frame(error))
+        else:
+            self.send("error", error.event())
         callbacks, self._disconnect_callbacks = self._disconnect_callbacks, []
         for callback in callbacks:
             callback()

@@ -26,11 +26,11 @@ class RetryTests(SynchronousTestCase):
     def test_not_ready_yet_retried(self) -> None:
         """A 503 that names a Retry-After (state still loading) may be retried."""
         body, headers = openai_error(unavailable("still reading", retry_after=1))
-        self.assertNotIn("x-should-retry", headers)
+        self.assertEqual(headers["x-should-retry"], "true")
         self.assertEqual(headers["Retry-After"], "1")
         self.assertEqual(body["error"]["type"], "server_error")
 
     def test_rate_limited_retried(self) -> None:
         """A 429 is the caller being early: retried."""
         _, headers = openai_error(rate_limited("slow down", 2))
-        self.assertNotIn("x-should-retry", headers)
+        self.assertEqual(headers["x-should-retry"], "true")

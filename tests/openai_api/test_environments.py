@@ -152,6 +152,46 @@ class EnvironmentFilesTests(OpenAICase):
         self.assertTrue(deleted.deleted)
 
     @inlineCallbacks
+    def test_list_prefix_in_either_form(self) -> Any:
+        """
+        A listing's ``path`` prefix names files as staging does:
+        ``/workspace/src``, ``/src`` and ``src`` list the same files; a
+        prefix that matches nothing lists nothing.
+        """
+        client = self.client()
+        envs = client.beta.agents.environments
+        work = os.path.join(self.base_dir, "work")
+        os.makedirs(work)
+
+        def run() -> Any:
+            env = envs.create(
+                environment={
+                    "type": "self_hosted",
+                    "workspace_directory": work,
+                    "files": [
+                        {"type": "inline", "path": "/src/a.py", "data": b64(b"a")},
+                        {"type": "inline", "path": "/top.txt", "data": b64(b"t")},
+                    ],
+                }
+            )
+            return {
+                prefix: [f.path for f in envs.files.list(env.id, path=prefix)]
+                for prefix in ("/workspace/src", "/src", "src", "/src/a.py", "/x/")
+            }
+
+        listed = yield self.sdk(run)
+        self.assertEqual(
+            listed,
+            {
+                "/workspace/src": ["/workspace/src/a.py"],
+                "/src": ["/workspace/src/a.py"],
+                "src": ["/workspace/src/a.py"],
+                "/src/a.py": ["/workspace/src/a.py"],
+                "/x/": [],
+            },
+        )
+
+    @inlineCallbacks
     def test_all_or_nothing(self) -> Any:
         """
         An environment whose files include the agent's instructions file

@@ -162,6 +162,46 @@ class FilesTests(OpenAICase):
             self.assertEqual(answer.status_code, 200)
             self.assertEqual(answer.headers.get("X-Agent-Sandbox-Local"), "1")
 
+    @inlineCallbacks
+    def test_names_kept_whole(self) -> Any:
+        """
+        A name beyond ASCII downloads under its own name (``filename*`` in
+        UTF-8, RFC 6266, beside an ASCII ``filename``), and a backslash,
+        a legal character of a POSIX name, does not cut it.
+        """
+        state_of(self)
+        client = self.client()
+
+        def run() -> Any:
+            out = []
+            for name in ("é中文.txt", "back\\slash.txt"):
+                made = client.files.create(file=(name, b"x"), purpose="user_data")
+                content = client.files.with_raw_response.content(made.id)
+                out.append(
+                    (
+                        client.files.retrieve(made.id).filename,
+                        content.headers["content-disposition"],
+                    )
+                )
+            return out
+
+        named = yield self.sdk(run)
+        self.assertEqual(
+            named,
+            [
+                (
+                    "é中文.txt",
+                    'attachment; filename="___.txt"; '
+                    "filename*=UTF-8''%C3%A9%E4%B8%AD%E6%96%87.txt",
+                ),
+                (
+                    "back\\slash.txt",
+                    'attachment; filename="back_slash.txt"; '
+                    "filename*=UTF-8''back%5Cslash.txt",
+                ),
+            ],
+        )
+
 
 class FileLimitTests(OpenAICase):
     """The per-file and per-identity bounds."""

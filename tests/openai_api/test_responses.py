@@ -9,9 +9,11 @@ import os
 import time
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, inlineCallbacks
+from twisted.internet.task import deferLater
 
-from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.openai_api.sdk import CALL_SECONDS, OpenAICase, caught, openai_policy
 
 
 class ResponseTests(OpenAICase):
@@ -542,6 +544,57 @@ class SlotTests(OpenAICase):
             (refused.status_code, refused.body["code"]), (429, "too_many_sessions")
         )
         self.assertEqual((kept.status, kept.error), ("idle", None))
+
+
+class ShareTests(OpenAICase):
+    """A share held by responses in progress is a wait, not a refusal to act on."""
+
+    policy = openai_policy(limits={"max_sessions": 4, "max_per_identity": 2})
+
+    @inlineCallbacks
+    def test_running_responses_ask_for_a_retry(self) -> Any:
+        """
+        With the caller's share held by two responses in progress (and no
+        session of its own), a new response is a 429 ``too_many_sessions``
+        that says so and asks for a retry (``Retry-After``,
+        ``x-should-retry: true``); a client that retries as the SDK does by
+        default gets its response once one of them completes.
+        """
+        from openai import OpenAI
+
+        client = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+        yield self.sdk(
+            lambda: [
+                client.responses.create(
+                    model="fake", input=f"waitfor {gate} echo {n}", background=True
+                )
+                for n in "12"
+            ]
+        )
+        refused = yield self.sdk(
+            caught, lambda: client.responses.create(model="fake", input="echo more")
+        )
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "too_many_sessions")
+        )
+        self.assertEqual(refused.response.headers["x-should-retry"], "true")
+        self.assertEqual(refused.response.headers["retry-after"], "2")
+        self.assertIn("2 of your responses in progress", refused.message)
+        self.assertNotIn("close one", refused.message)
+        patient = OpenAI(
+            base_url=self.daemon.url + "/v1",
+            api_key="u-token",
+            max_retries=2,
+            timeout=CALL_SECONDS,
+        )
+        self.addCleanup(self._close, patient)
+        later = self.sdk(patient.responses.create, model="fake", input="echo later")
+        yield deferLater(reactor, 0.5, lambda: None)
+        with open(gate, "w"):
+            pass
+        answered = yield later
+        self.assertEqual(answered.output_text, "later")
 
 
 class QueueBoundTests(OpenAICase):

@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.registry import registry
@@ -249,6 +250,38 @@ class SessionTests(OpenAICase):
         self.assertEqual(listed, [])
 
     @inlineCallbacks
+    def test_list_by_metadata(self) -> Any:
+        """
+        ``sessions.list(metadata={...})`` lists only the sessions whose
+        metadata holds every pair (after an update too); a filter past
+        OpenAI's bounds is a 400 naming ``metadata``.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            red = self.create(client, metadata={"team": "red", "tier": "1"})
+            blue = self.create(client, metadata={"team": "blue"})
+            alone = [s.id for s in sessions.list(metadata={"team": "red"})]
+            sessions.update(blue.id, metadata={"team": "red", "tier": "2"})
+            return (
+                red,
+                blue,
+                alone,
+                [s.id for s in sessions.list(metadata={"team": "red"})],
+                [s.id for s in sessions.list(metadata={"team": "red", "tier": "1"})],
+                [s.id for s in sessions.list(metadata={"team": "green"})],
+                caught(lambda: sessions.list(metadata={"k" * 65: "v"})),
+            )
+
+        red, blue, alone, both, one, none, bad = yield self.sdk(run)
+        self.assertEqual(alone, [red.id])
+        self.assertEqual(sorted(both), sorted([red.id, blue.id]))
+        self.assertEqual(one, [red.id])
+        self.assertEqual(none, [])
+        self.assertEqual((bad.status_code, bad.body["param"]), (400, "metadata"))
+
+    @inlineCallbacks
     def test_update_and_delete(self) -> Any:
         """Metadata changes; the agent cannot; a deleted session is gone."""
         client = self.client()
@@ -355,6 +388,162 @@ class ToolTableTests(OpenAICase):
         self.assertEqual(commands, ["one", "two"])
         face = registry(self.daemon.context.agents.get()).faces[sid]
         self.assertEqual(face._tools, {})
+
+
+def _message(text: str) -> dict[str, Any]:
+    """An ``agent.session.input.message`` event of ``text``."""
+    return {
+        "type": "agent.session.input.message",
+        "content": [{"type": "input_text", "text": text}],
+    }
+
+
+class RemovedIdentityTests(OpenAICase):
+    """An identity a reload takes out of the policy keeps no agent working for it."""
+
+    @inlineCallbacks
+    def reloadable(self) -> Any:
+        """Restart the daemon on a policy file; its path."""
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(openai_policy(), f)
+        yield self.daemon.stop()
+        yield self.start(policy=None, policy_file=path)
+        return path
+
+    def reload(self, path: str, policy: dict[str, Any]) -> None:
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        self.assertTrue(self.daemon.daemon.reload())
+
+    @inlineCallbacks
+    def test_turns_of_a_removed_identity_never_run(self) -> Any:
+        """
+        ``other`` holds a turn open, queues a turn that writes a file and
+        starts a background response; a reload takes ``other`` out of
+        ``auth.tokens``.  Its agents are stopped at once (the running turn
+        and the response cancelled, the queued turn dropped), so nothing is
+        written once the held turn's gate opens; ``user``'s session, still
+        in the policy, runs on.  With the token given back, the session
+        shows what happened.
+        """
+        from sandboxd.agents.process import is_alive
+
+        path = yield self.reloadable()
+        other = self.client("o-token")
+        mine = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+        target = os.path.join(self.base_dir, "after-removal.txt")
+        sessions = other.beta.agents.sessions
+
+        def run() -> Any:
+            kept = mine.beta.agents.sessions.create(**self.session_body())
+            session = sessions.create(**self.session_body())
+            sessions.events.create(
+                session.id, events=[_message(f"waitfor {gate} echo first")]
+            )
+            sessions.events.create(
+                session.id, events=[_message(f"write {target} late")]
+            )
+            response = other.responses.create(
+                model="fake", input=f"waitfor {gate} echo resp", background=True
+            )
+            return kept, session, response
+
+        kept, session, response = yield self.sdk(run)
+        door = registry(self.daemon.context.agents.get())
+        engines = [f.engine for f in door.faces.values() if f.owner == "other"]
+        self.assertEqual(len(engines), 2)
+        policy = openai_policy()
+        policy["auth"]["tokens"] = [
+            t for t in policy["auth"]["tokens"] if t["id"] != "other"
+        ]
+        self.reload(path, policy)
+        for engine in engines:
+            yield engine.wait_closed()
+            self.assertFalse(is_alive(engine.process.pid))
+            self.assertEqual(engine.error["code"], "identity_removed")
+        with open(gate, "w"):
+            pass
+        yield deferLater(reactor, 0.5, lambda: None)
+        self.assertFalse(os.path.exists(target))
+        self.reload(path, openai_policy())
+
+        def after() -> Any:
+            return (
+                [t.status for t in sessions.turns.list(session.id, order="asc")],
+                other.responses.retrieve(response.id).status,
+                mine.beta.agents.sessions.retrieve(kept.id).status,
+            )
+
+        turns, answered, still = yield self.sdk(after)
+        self.assertEqual(turns, ["cancelled", "cancelled"])
+        self.assertEqual(answered, "cancelled")
+        self.assertEqual(still, "idle")
+
+
+def _minting_policy() -> dict[str, Any]:
+    """:func:`openai_policy`, ``user`` also minting capability links."""
+    policy = openai_policy()
+    policy["auth"]["tokens"][0]["scopes"] = ["agents:use", "links:mint"]
+    return policy
+
+
+class StreamEndTests(OpenAICase):
+    """A ``/v1`` stream the daemon ends itself ends as the SDK reads an error."""
+
+    policy = _minting_policy()
+
+    @inlineCallbacks
+    def test_revoked_link_ends_streams_with_openai_error(self) -> Any:
+        """
+        A capability link used as ``api_key`` is revoked while a streamed
+        response and a session's stream run: each ends with OpenAI's
+        ``error`` event, which the SDK raises as an ``APIError`` carrying
+        the code ``link_invalid`` and the message (not "An error occurred
+        during streaming").
+        """
+        from openai import APIError
+
+        url = self.daemon.url + "/auth/links"
+        mine = {"Authorization": "Bearer u-token"}
+
+        def mint() -> Any:
+            reply = httpx.post(
+                url, headers=mine, json={"audience": "console", "ttl_seconds": 600}
+            )
+            assert reply.status_code == 201, reply.text
+            return reply.json()
+
+        def revoked_while(events: Any, link: dict[str, Any]) -> Any:
+            seen = []
+            try:
+                for event in events:
+                    seen.append(event.type)
+                    if len(seen) == 4:
+                        httpx.delete(f"{url}/{link['link_id']}", headers=mine)
+            except APIError as e:
+                return seen, e
+            return seen, None
+
+        def run() -> Any:
+            link = mint()
+            linked = self.client(link["token"])
+            streamed = revoked_while(
+                linked.responses.create(model="fake", input="slow", stream=True), link
+            )
+            link = mint()
+            linked = self.client(link["token"])
+            session = linked.beta.agents.sessions.create(**self.session_body())
+            with linked.beta.agents.sessions.stream(session.id, input="slow") as stream:
+                followed = revoked_while(stream, link)
+            return streamed, followed
+
+        for seen, error in (yield self.sdk(run)):
+            self.assertIsInstance(error, APIError, seen)
+            self.assertEqual(error.code, "link_invalid")
+            self.assertIn("revoked", error.message)
+            self.assertEqual(error.type, "authentication_error")
 
 
 class DoorTests(OpenAICase):
@@ -500,6 +689,52 @@ class DoorTests(OpenAICase):
         self.assertEqual(other.response.headers["x-should-retry"], "false")
         self.assertEqual(len(turns), 1)
         self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
+    def test_idempotency_of_concurrent_creates(self) -> Any:
+        """
+        Creates sent at once with one Idempotency-Key and body (a proxy
+        retrying a call that looked lost) start one agent: the duplicates
+        wait for the first and are answered its response or session; a
+        concurrent one with another body is 409 idempotency.mismatch.
+        """
+        client = self.client()
+        key = {"Idempotency-Key": "race-1"}
+        responses = [
+            self.sdk(
+                client.responses.create,
+                model="fake",
+                input="echo race",
+                extra_headers=key,
+            )
+            for _ in range(4)
+        ]
+        answered = yield gatherResults(responses)
+        self.assertEqual(len({r.id for r in answered}), 1)
+        self.assertEqual([r.output_text for r in answered], ["race"] * 4)
+        key = {"Idempotency-Key": "race-2"}
+        sessions = [
+            self.sdk(
+                client.beta.agents.sessions.create,
+                **self.session_body(),
+                extra_headers=key,
+            )
+            for _ in range(4)
+        ]
+        sessions.append(
+            self.sdk(
+                caught,
+                lambda: client.beta.agents.sessions.create(
+                    **self.session_body(metadata={"a": "b"}), extra_headers=key
+                ),
+            )
+        )
+        *made, other = yield gatherResults(sessions)
+        self.assertEqual(len({s.id for s in made}), 1)
+        self.assertEqual(other.status_code, 409)
+        self.assertEqual(other.body["code"], "idempotency.mismatch")
+        # One conversation's agent and one session's.
+        self.assertEqual(len(self.daemon.context.agents.get().sessions), 2)
 
     @inlineCallbacks
     def test_audited_via_openai(self) -> Any:

@@ -306,7 +306,8 @@ SCHEMAS: dict[str, Schema] = {
                 "too_many_sessions",
                 "max_sessions are live, or the caller's share of them "
                 "(max_per_identity), none an idle conversation that can give its "
-                "agent up",
+                "agent up; with Retry-After (retried by the SDK) when responses "
+                "in progress hold them",
                 "ResourceError",
             ),
             E(503, "agent_unavailable", "the agent is not installed or cannot start"),
@@ -567,7 +568,8 @@ SCHEMAS: dict[str, Schema] = {
                 "too_many_sessions",
                 "max_sessions are live, or the caller's share of them "
                 "(max_per_identity), none an idle conversation that can give its "
-                "agent up",
+                "agent up; with Retry-After (retried by the SDK) when responses "
+                "in progress hold them",
                 "ResourceError",
             ),
         ),
