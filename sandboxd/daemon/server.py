@@ -630,15 +630,12 @@ class DaemonService(MultiService):
         """
         if self.context.terminals is not None:
             self.context.terminals.factory.policy_reloaded(before)
-<<<<<<< HEAD
         mcp = self.context.doors.get(b"/mcp")
         if mcp is not None:
             mcp.end_disallowed()
-=======
         agents = self.context.agents.existing() if self.context.agents else None
         if agents is not None and before is not None:
             agents.owners_removed(before)
->>>>>>> s42-v1
         end_revoked(self.context)
         end_revoked_held(self.context)
 
