@@ -300,6 +300,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         _first_output_noted(lambda: child, stream.feed),
         timeout=spec.timeout,
         idle_timeout=spec.idle_timeout,
+        claims_escapees=True,
     )
     try:
         spawn(
@@ -568,7 +569,9 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
     # have: that is still this process's to stop.
     left = processes.signal_exited_tree(managed.child, number)
     if not left:
-        raise not_found(f"process {pid} has exited, and nothing it started is running")
+        raise not_found(
+            f"process {pid} has exited, and no process it started was found running"
+        )
     return {"pid": pid, "signal": number, "exited": True, "leftovers": left}
 
 

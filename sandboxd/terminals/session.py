@@ -47,9 +47,11 @@ from sandboxd.processes.spawning import SessionPTYProcess, confined
 from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
+    member_alive,
     never_signalled,
     signal_member,
     signal_tree,
+    tree_members,
 )
 
 if TYPE_CHECKING:
@@ -287,6 +289,11 @@ class PtySession:
     _kill_timer: Any = None
     _hangup_timer: Any = None
     _closing: bool = False
+    #: Every member of the shell's tree seen since it began to close, as
+    #: ``{pid: start time}``: the KILL after the grace reaches a job that
+    #: ignored the hang-up even once the shell is gone and the job, no
+    #: longer below it, carries nothing else that ties it to the session.
+    _members: dict[int, int] = attrs.Factory(dict)
     _pending: list[bytes] = attrs.Factory(list)
     _pending_size: int = 0
     _flush_timer: Any = None
@@ -631,7 +638,7 @@ class PtySession:
         self._closing = True
         if self.pid:
             for sig in (signal.SIGHUP, signal.SIGCONT, signal.SIGTERM):
-                signal_tree(self.pid, sig, self.marker)
+                self._signal_tree(sig)
         if self._kill_timer is None:
             self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
         if self.alive and self._hangup_timer is None:
@@ -656,10 +663,17 @@ class PtySession:
                 HANG_UP_AGAIN_SECONDS, self._hang_up_again
             )
 
+    def _signal_tree(self, sig: int) -> None:
+        """``sig`` to the shell's tree as it is now and to every member seen before."""
+        self._members.update(tree_members(self.pid, self.marker))
+        signal_tree(self.pid, sig, self.marker)
+        for pid, start in list(self._members.items()):
+            signal_member(pid, start, sig)
+
     def _kill(self) -> None:
         self._kill_timer = None
         if self.pid:
-            signal_tree(self.pid, signal.SIGKILL, self.marker)
+            self._signal_tree(signal.SIGKILL)
         if self.transport is not None and not self.ended:
             # A process outside the session may hold the terminal open.
             self.transport.loseConnection()
@@ -686,8 +700,11 @@ class PtySession:
             for client in list(self.clients):
                 client.send_frame(frame)
         self.emitted = self.scrollback.end
-        if self.pid and descendants(self.pid, self.marker):
-            signal_tree(self.pid, signal.SIGKILL, self.marker)
+        if self.pid and (
+            descendants(self.pid, self.marker)
+            or any(member_alive(pid, start) for pid, start in self._members.items())
+        ):
+            self._signal_tree(signal.SIGKILL)
         timers = (self._kill_timer, self._hangup_timer, self._idle_timer)
         for timer in (*timers, *self._paused.values()):
             if timer is not None and timer.active():

@@ -27,6 +27,7 @@ from sandboxd.policy import defaults
 from sandboxd.processes import posix_spawn as spawn_module
 from sandboxd.processes import service as service_module
 from sandboxd.processes import spawning
+from sandboxd.processes.tree import TREE_MARKER, proc_info
 from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import (
     DaemonTestCase,
@@ -46,6 +47,40 @@ def rss_bytes() -> int:
 def sleep_(seconds: float = 0.05) -> Deferred[None]:
     """Let the reactor run a little."""
     return deferLater(reactor, seconds, lambda: None)
+
+
+def escaped(marker: str) -> bool:
+    """
+    Whether a ``sleep`` carrying ``marker`` has left its tree: adopted by
+    the daemon (this process), its environment already cleared.
+    """
+    for pid in marked_pids(marker):
+        info = proc_info(pid)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if (
+            info
+            and info.ppid == os.getpid()
+            and TREE_MARKER.encode() not in environ
+            and argv0 == b"sleep"
+        ):
+            return True
+    return False
+
+
+@inlineCallbacks
+def wait_until(predicate: Any, tries: int = 200) -> Any:
+    """Poll a condition outside the reactor (processes running) until it holds."""
+    for _ in range(tries):
+        if predicate():
+            return True
+        yield sleep_(0.05)
+    return False
 
 
 @inlineCallbacks
@@ -229,6 +264,25 @@ class ShellTests(ProcessCase):
         """A grandchild that leaves the group with setsid and ignores TERM is still killed."""
         script = (
             f"setsid sh -c 'trap \"\" TERM; sleep {self.marker}; sleep {self.marker}' & "
+            f"sleep {self.marker}"
+        )
+        self.daemon.context.processes.grace = 0.5
+        reply = yield self.request(
+            "POST", "/shell", {"command": script, "shell": "sh", "timeout": 1}
+        )
+        self.assertEqual(reply.status, 500)
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_escapee_that_cleared_its_environment_is_killed(self) -> Any:
+        """
+        A grandchild that leaves with ``setsid -f`` (its parent gone at
+        once, so the daemon adopts it), clears its environment and ignores
+        TERM still ends with the command on its timeout.
+        """
+        script = (
+            f"setsid -f env -i sh -c 'trap \"\" TERM; exec sleep {self.marker}'; "
             f"sleep {self.marker}"
         )
         self.daemon.context.processes.grace = 0.5
@@ -758,7 +812,7 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(left, [])
         reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 15})
         self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
-        self.assertIn("nothing it started is running", reply.json()["error"])
+        self.assertIn("no process it started was found running", reply.json()["error"])
 
     @inlineCallbacks
     def test_kill_what_an_exited_command_left(self) -> Any:
@@ -772,6 +826,55 @@ class BackgroundTests(ProcessCase):
         reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
         self.assertEqual(reply.status, 200, reply.body)
         self.assertTrue(reply.json()["exited"])
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_kill_escapee_that_cleared_its_environment(self) -> Any:
+        """
+        9 to a running process ends a descendant that left with ``setsid
+        -f`` and cleared its environment (nothing in it names its tree),
+        as it ends the rest; one the same way that started before the
+        process began is someone else's and is left alone.
+        """
+        m = self.marker
+        before = f"61.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, before)
+        earlier = yield self.start_process(f"setsid -f env -i sleep {before}")
+        yield self.wait_exited(earlier["pid"])
+        found = yield wait_until(lambda: escaped(before))
+        self.assertTrue(found)
+        yield sleep_(0.02)  # a clock tick: /proc's start times are no finer
+        started = yield self.start_process(
+            f"setsid -f env -i sh -c 'trap \"\" TERM HUP; exec sleep {m}'; sleep {m}"
+        )
+        found = yield wait_until(lambda: escaped(m))
+        self.assertTrue(found, marked_pids(m))
+        reply = yield self.request(
+            "POST", f"/process/{started['pid']}/signal", {"signal": 9}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+        self.assertEqual(len(marked_pids(before)), 1)
+
+    @inlineCallbacks
+    def test_kill_what_an_exited_command_left_without_environment(self) -> Any:
+        """
+        9 ends what an exited command left when that cleared its
+        environment and ignores TERM: it started while the command ran.
+        """
+        m = self.marker
+        started = yield self.start_process(
+            f"setsid -f env -i sh -c 'trap \"\" TERM; exec sleep {m}'; echo ok"
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        found = yield wait_until(lambda: escaped(m))
+        self.assertTrue(found)
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["leftovers"], 1)
         left = yield self.gone(m)
         self.assertEqual(left, [])
 

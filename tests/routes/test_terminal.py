@@ -402,6 +402,28 @@ class SessionTests(TerminalCase):
         self.assertTrue(gone, "the setsid job outlived its terminal session")
 
     @inlineCallbacks
+    def test_delete_ends_job_that_cleared_its_environment(self) -> Any:
+        """
+        A job that left with ``setsid -f`` (its parent gone at once), cleared
+        its environment and ignores TERM and HUP still ends with the
+        session: it stays below the shell, the subreaper of its jobs.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(
+            f"setsid -f env -i sh -c 'trap \"\" TERM HUP; exec sleep {marker}'"
+            " </dev/null >/dev/null 2>&1\n"
+        )
+        escaped = yield wait_until(lambda: marked_argv0(marker) == [b"sleep"])
+        self.assertTrue(escaped, marked_argv0(marker))
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        gone = yield wait_until(lambda: not marked_pids(marker))
+        self.assertTrue(gone, "the job outlived its terminal session")
+
+    @inlineCallbacks
     def test_shutdown_ends_sessions(self) -> Any:
         """Stopping the daemon ends every session and closes sockets with 1001."""
         created = yield self.create()
