@@ -685,13 +685,30 @@ class _PauseOnly:
         """The pipe closed (the child exited): the producer's owner decides."""
 
 
+#: The stops the kernel discards, when their action is the default one, in
+#: a process group with no parent in its session outside it (an orphaned
+#: group): every child's group, since each leads a session of its own.
+JOB_CONTROL_STOPS = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})
+
+
+def deliverable(sig: int) -> int:
+    """
+    What to send for ``sig``: SIGSTOP for a job-control stop (TSTP, TTIN,
+    TTOU), which would otherwise do nothing to a child's orphaned group, so
+    that "pause" pauses and 18 (CONT) has something to resume; else ``sig``.
+    """
+    return signal.SIGSTOP if sig in JOB_CONTROL_STOPS else sig
+
+
 def signal_child(child: Child, sig: int) -> None:
     """
     Send ``sig`` to a running child's process group and to the members of
-    its tree that left the group (never to a pid reused since).
+    its tree that left the group (never to a pid reused since); a stop
+    as SIGSTOP (:func:`deliverable`).
     """
     if child.has_exited or never_signalled(child.pid):
         return
+    sig = deliverable(sig)
     if sig == signal.SIGKILL and child.killing is None:
         # 9 is "kill it" (SPEC §7.4): the whole tree, every time, as a
         # timeout does, but with no TERM first and no grace; the kill keeps
@@ -723,8 +740,10 @@ def signal_exited_tree(child: Child, sig: int) -> int:
     """
     Send ``sig`` to what an exited child's tree left running (a command
     that started something in the background and ended): how many
-    processes that was.  9 then ends them all, as it does a running tree.
+    processes that was.  9 then ends them all, as it does a running tree;
+    a stop is sent as SIGSTOP (:func:`deliverable`).
     """
+    sig = deliverable(sig)
     found, unsettled = signal_leftovers(
         child.pid, child.marker, sig, window=child.window
     )

@@ -879,6 +879,28 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(left, [])
 
     @inlineCallbacks
+    def test_tstp_stops_and_cont_resumes(self) -> Any:
+        """
+        20 (TSTP) pauses a process (state T), though the kernel ignores a
+        terminal's stop in its group; 18 (CONT) resumes it.
+        """
+        started = yield self.start_process(f"exec sleep {self.marker}")
+        pid = started["pid"]
+
+        def state() -> str | None:
+            info = proc_info(pid)
+            return info.state if info else None
+
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": "TSTP"})
+        self.assertEqual(reply.json(), {"pid": pid, "signal": 20})
+        stopped = yield wait_until(lambda: state() == "T", tries=40)
+        self.assertTrue(stopped, state())
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 18})
+        self.assertEqual(reply.status, 200)
+        resumed = yield wait_until(lambda: state() == "S", tries=40)
+        self.assertTrue(resumed, state())
+
+    @inlineCallbacks
     def test_signal_rules(self) -> Any:
         """Signals outside the allowlist are 400; pid 1 and the daemon are 403."""
         started = yield self.start_process(f"sleep {self.marker}")

@@ -221,12 +221,14 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 404,
                 "not_found",
-                "not managed, or exited leaving nothing running",
+                "not managed, or exited leaving nothing found running",
                 "NotFoundError",
             ),
         ),
         notes="Also to descendants that left the group, and to what an exited "
-        "command left running.",
+        "command left running. 20 (TSTP) stops the process as STOP does: its group "
+        "has no terminal, and the kernel ignores a terminal's stop there; 18 (CONT) "
+        "resumes it.",
     ),
     "process_output": Schema(
         query=(
