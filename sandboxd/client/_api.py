@@ -1147,9 +1147,9 @@ class Env(_Namespace[F]):
 
     @api
     async def set(
-        self, variables: Mapping[str, str] | None = None, /, **more: str
+        self, variables: Mapping[str, str | None] | None = None, /, **more: str | None
     ) -> builtins.list[str]:
-        """Set variables; the names updated."""
+        """Set variables (None unsets one); the names updated."""
         merged = {**(variables or {}), **more}
         return cast(
             builtins.list[str],
