@@ -701,6 +701,7 @@ def _output_page(
         "pid": managed.pid,
         "state": described["state"],
         "exit_code": described["exit_code"],
+        "timed_out": described["timed_out"],
         "events": out,
         "next": following,
         "dropped": gap is not None or dropped > 0,

@@ -901,6 +901,24 @@ class BackgroundTests(ProcessCase):
         self.assertTrue(resumed, state())
 
     @inlineCallbacks
+    def test_timed_out_is_said_everywhere(self) -> Any:
+        """
+        A background process ended on its timeout says so in its document,
+        the list and its output page, not only in the follow stream.
+        """
+        started = yield self.start_process(f"sleep {self.marker}", timeout=0.3)
+        pid = started["pid"]
+        detail = yield self.wait_exited(pid)
+        self.assertIs(detail["timed_out"], True)
+        listed = (yield self.request("GET", "/process/list")).json()["processes"]
+        self.assertEqual([p["timed_out"] for p in listed if p["pid"] == pid], [True])
+        page = (yield self.request("GET", f"/process/{pid}/output?after=0")).json()
+        self.assertIs(page["timed_out"], True)
+        quick = yield self.start_process("true")
+        detail = yield self.wait_exited(quick["pid"])
+        self.assertIs(detail["timed_out"], False)
+
+    @inlineCallbacks
     def test_signal_rules(self) -> Any:
         """Signals outside the allowlist are 400; pid 1 and the daemon are 403."""
         started = yield self.start_process(f"sleep {self.marker}")

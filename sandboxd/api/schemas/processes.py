@@ -50,6 +50,11 @@ _PROC_FIELDS = (
         "null while running; -N when killed by signal N",
         nullable=True,
     ),
+    F(
+        "timed_out",
+        "boolean",
+        "ended by the daemon on its timeout or idle_timeout",
+    ),
     F("stdin", "boolean", "whether a stdin pipe is open"),
 )
 
@@ -262,6 +267,11 @@ SCHEMAS: dict[str, Schema] = {
             F("pid", "integer"),
             F("state"),
             F("exit_code", "integer", "null while running", nullable=True),
+            F(
+                "timed_out",
+                "boolean",
+                "ended on its timeout or idle_timeout (the stream's error event)",
+            ),
             F(
                 "events",
                 "array",
