@@ -43,6 +43,7 @@ from sandboxd.processes.tree import (
     Window,
     boot_ticks,
     kill_tree,
+    leftovers,
     never_signalled,
     reap_orphans,
     signal_group,
@@ -761,6 +762,16 @@ def signal_exited_tree(child: Child, sig: int) -> int:
             child, sig, frozenset(found), child.clock.seconds() + LEFTOVER_SETTLE_LIMIT
         )
     return len(found)
+
+
+def count_leftovers(children: list[Child]) -> list[int]:
+    """
+    How many processes each exited child's tree left running, as a signal
+    to it would find them (one look for all): a command that put something
+    in the background and ended shows that it did.
+    """
+    trees = [(child.pid, child.marker, child.window) for child in children]
+    return [len(found) for found in leftovers(trees)]
 
 
 def _settle_leftovers(

@@ -18,7 +18,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from twisted.internet import process as _twisted_process
@@ -158,11 +158,12 @@ def walkable() -> bool:
     return (_subreaper or os.getpid() == 1) and _children_files()
 
 
-def tree_table(leader: int) -> dict[int, ProcInfo]:
+def tree_table(leader: int, *others: int) -> dict[int, ProcInfo]:
     """
-    The processes that can belong to ``leader``'s tree: the leader, the
-    daemon's adopted orphans, and every descendant of either; every
-    process when the tree cannot be walked (see :func:`walkable`).
+    The processes that can belong to ``leader``'s tree (and the trees of
+    ``others``, in the same walk): the leader, the daemon's adopted
+    orphans, and every descendant of either; every process when the tree
+    cannot be walked (see :func:`walkable`).
 
     A walk costs a few reads per process of the tree; a scan costs them for
     every process on the machine, which the reactor pays before it reads
@@ -189,7 +190,7 @@ def tree_table(leader: int) -> dict[int, ProcInfo]:
     # was in neither, and a signal 9 missed a setsid'd one on a fresh
     # daemon one time in five).  Its own subtree is walked when it turns
     # up among the orphans; a few rounds catch moves made during a round.
-    walk([leader])
+    walk([leader, *others])
     for _ in range(_ORPHAN_ROUNDS):
         new = [pid for pid in adopted_orphans() if pid not in table]
         if not new:
@@ -485,6 +486,28 @@ def signal_leftovers(
         if pid not in done and not (by_id and not done and table[pid].pgid == leader):
             signal_member(pid, start, sig)
     return set(members), _unreadable_orphans(table, leader, members)
+
+
+def leftovers(
+    trees: Sequence[tuple[int, str | None, Window | None]],
+) -> list[set[int]]:
+    """
+    What each reaped leader's tree left running, for ``(leader, marker,
+    window)`` each, from one look at ``/proc`` shared by all (see
+    :func:`signal_leftovers`, which signals the same members).
+    """
+    if not trees:
+        return []
+    leaders = [leader for leader, _, _ in trees]
+    table = tree_table(*leaders) if walkable() else proc_table()
+    found: list[set[int]] = []
+    for leader, marker, window in trees:
+        if never_signalled(leader):
+            found.append(set())
+            continue
+        by_id = _names_tree(table, leader, None)
+        found.append(set(tree_members(leader, marker, table, by_id, window)))
+    return found
 
 
 def kill_tree(

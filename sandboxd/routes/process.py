@@ -511,7 +511,18 @@ def start_managed(
 def process_list(request: ServerRequest) -> dict[str, Any]:
     """``GET /process/list?tag=``: running and recently exited processes."""
     tag = request.arg("tag")
-    return {"processes": [m.describe() for m in _service(request).list(tag)]}
+    return {"processes": _described(_service(request).list(tag))}
+
+
+def _described(listed: list[processes.Managed]) -> list[dict[str, Any]]:
+    """
+    The documents of ``listed``, each exited one with ``leftovers``: how
+    many processes it started still run (one look at ``/proc`` for all).
+    """
+    exited = [m for m in listed if not m.running]
+    found = processes.count_leftovers([m.child for m in exited])
+    counts = dict(zip(map(id, exited), found, strict=True))
+    return [{**m.describe(), "leftovers": counts.get(id(m))} for m in listed]
 
 
 def _pid(request: ServerRequest) -> int:
@@ -528,7 +539,7 @@ def _managed(request: ServerRequest) -> processes.Managed:
 
 def process_detail(request: ServerRequest) -> dict[str, Any]:
     """``GET /process/{pid}``: one managed process."""
-    return _managed(request).describe()
+    return _described([_managed(request)])[0]
 
 
 #: The signals a process may be sent when no policy narrows the list.

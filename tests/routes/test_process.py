@@ -919,6 +919,31 @@ class BackgroundTests(ProcessCase):
         self.assertIs(detail["timed_out"], False)
 
     @inlineCallbacks
+    def test_leftovers_shown(self) -> Any:
+        """
+        An exited command that left something running says how many in its
+        document and the list; none once they are gone; null while running.
+        """
+        m = self.marker
+        started = yield self.start_process(f"(sleep {m}) & echo started")
+        pid = started["pid"]
+        detail = yield self.wait_exited(pid)
+        self.assertEqual((detail["exit_code"], detail["leftovers"]), (0, 1))
+        listed = (yield self.request("GET", "/process/list")).json()["processes"]
+        self.assertEqual([p["leftovers"] for p in listed if p["pid"] == pid], [1])
+        running = yield self.start_process(f"sleep {m}")
+        detail = (yield self.request("GET", f"/process/{running['pid']}")).json()
+        self.assertIsNone(detail["leftovers"])
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertEqual(reply.json()["leftovers"], 1)
+        for _ in range(100):
+            detail = (yield self.request("GET", f"/process/{pid}")).json()
+            if detail["leftovers"] == 0:
+                break
+            yield sleep_(0.05)
+        self.assertEqual(detail["leftovers"], 0)
+
+    @inlineCallbacks
     def test_signal_rules(self) -> Any:
         """Signals outside the allowlist are 400; pid 1 and the daemon are 403."""
         started = yield self.start_process(f"sleep {self.marker}")

@@ -56,6 +56,13 @@ _PROC_FIELDS = (
         "ended by the daemon on its timeout or idle_timeout",
     ),
     F("stdin", "boolean", "whether a stdin pipe is open"),
+    F(
+        "leftovers",
+        "integer",
+        "once exited: how many processes it started are still found running "
+        "(a signal to it reaches them); null while running",
+        nullable=True,
+    ),
 )
 
 
