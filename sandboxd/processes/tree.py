@@ -260,13 +260,17 @@ def _escapees(table: dict[int, ProcInfo], leader: int, window: Window) -> Iterat
     leader ran: processes that left some tree (reparented to the daemon)
     and cleared their environment.  Nothing the kernel keeps says which
     tree they left, so each is counted in every tree that was running when
-    it started; a spawn in flight (whose child is not adopted yet) is not
-    one of them.
+    it started.  A spawn in flight (whose child is not adopted yet) is not
+    one of them, nor a child of the daemon in the daemon's own session (one
+    it started some other way): every tree starts a session of its own, and
+    nothing in it can join the daemon's.
     """
+    own_session = os.getsid(0)
     for pid in _live_orphans(table, leader):
         start = table[pid].start
         if (
             _in_window(start, window)
+            and table[pid].sid != own_session
             and not reaping.may_be_unadopted(pid, start)
             and _unmarked(pid)
         ):

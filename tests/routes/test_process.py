@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from typing import Any
 from unittest import SkipTest
@@ -857,6 +858,28 @@ class BackgroundTests(ProcessCase):
         left = yield self.gone(m)
         self.assertEqual(left, [])
         self.assertEqual(len(marked_pids(before)), 1)
+
+    @inlineCallbacks
+    def test_kill_spares_the_daemons_own_children(self) -> Any:
+        """
+        A child the daemon's process started some other way (no marker, in
+        the daemon's own session, after the command began) is not taken
+        for the command's escapee: 9 to the command leaves it running.
+        """
+        m = self.marker
+        started = yield self.start_process(f"sleep {m}")
+        yield sleep_(0.02)  # a clock tick: /proc's start times are no finer
+        other = f"62.{secrets.randbelow(10**12):012d}"
+        own = subprocess.Popen(["sleep", other], env={})
+        self.addCleanup(lambda: (own.kill(), own.wait()))
+        reply = yield self.request(
+            "POST", f"/process/{started['pid']}/signal", {"signal": 9}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+        yield sleep_(0.2)
+        self.assertIsNone(own.poll())
 
     @inlineCallbacks
     def test_kill_what_an_exited_command_left_without_environment(self) -> Any:
