@@ -50,17 +50,12 @@ _PROC_FIELDS = (
         "null while running; -N when killed by signal N",
         nullable=True,
     ),
-    F(
-        "timed_out",
-        "boolean",
-        "ended by the daemon on its timeout or idle_timeout",
-    ),
+    F("timed_out", "boolean", "ended on its timeout or idle_timeout"),
     F("stdin", "boolean", "whether a stdin pipe is open"),
     F(
         "leftovers",
         "integer",
-        "once exited: how many processes it started are still found running "
-        "(a signal to it reaches them); null while running",
+        "exited: how many processes it left running; null while running",
         nullable=True,
     ),
 )
@@ -238,9 +233,7 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Also to descendants that left the group, and to what an exited "
-        "command left running. 20 (TSTP) stops the process as STOP does: its group "
-        "has no terminal, and the kernel ignores a terminal's stop there; 18 (CONT) "
-        "resumes it.",
+        "command left running. 20 (TSTP) stops it as STOP would; 18 resumes it.",
     ),
     "process_output": Schema(
         query=(
@@ -274,11 +267,7 @@ SCHEMAS: dict[str, Schema] = {
             F("pid", "integer"),
             F("state"),
             F("exit_code", "integer", "null while running", nullable=True),
-            F(
-                "timed_out",
-                "boolean",
-                "ended on its timeout or idle_timeout (the stream's error event)",
-            ),
+            F("timed_out", "boolean", "ended on its timeout or idle_timeout"),
             F(
                 "events",
                 "array",
