@@ -228,6 +228,10 @@ def _unmarked(pid: int) -> bool:
     not counted: it may carry a marker once the exec is done.
     """
     environ = _environ(pid)
+    if environ == b"":
+        # Opened just before an exec and read just after, the block reads
+        # empty too: a second read sees the new one.
+        environ = _environ(pid)
     if environ is None:
         return False
     if not environ:
@@ -356,13 +360,12 @@ def _unreadable_orphans(
     table: dict[int, ProcInfo], leader: int, members: dict[int, int]
 ) -> bool:
     """
-    Whether an adopted orphan outside ``members`` is in the middle of an
-    exec (its environment and command line read empty): it may carry the
-    marker a moment later.  One whose environment is empty for good (``env
-    -i``) has a command line.
+    Whether an adopted orphan outside ``members`` has an environment that
+    reads empty, as one does while it execs: it may carry the marker a
+    moment later.
     """
     return any(
-        pid not in members and _environ(pid) == b"" and not _cmdline(pid)
+        pid not in members and _environ(pid) == b""
         for pid in _live_orphans(table, leader)
     )
 
