@@ -89,6 +89,15 @@ class EventLogTests(SynchronousTestCase):
         with self.assertRaises(ApiError):
             resume_point({"after": "-1"}, {})
 
+    def test_resume_point_error_names_the_header(self) -> None:
+        """A bad Last-Event-ID is reported as that header, not as a parameter the client never sent."""
+        with self.assertRaises(ApiError) as caught:
+            resume_point({}, {"last-event-id": "abc"})
+        self.assertIn("'Last-Event-ID' must be an integer", str(caught.exception))
+        with self.assertRaises(ApiError) as caught:
+            resume_point({"after": "abc"}, {})
+        self.assertIn("'after' must be an integer", str(caught.exception))
+
 
 class FollowerTests(SynchronousTestCase):
     """A follower serves replay then live events, exactly once each."""

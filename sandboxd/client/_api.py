@@ -82,6 +82,8 @@ from sandboxd.client.errors import (
     ProtocolError,
     RequestTimeout,
     SandboxError,
+    Timeout,
+    error_for,
 )
 from sandboxd.client.models import (
     CodeResult,
@@ -617,9 +619,13 @@ class Process(Part[F]):
         Wait for the exit, passing output chunks on; its exit code.
 
         :raises RequestTimeout: still running after ``timeout`` seconds.
+        :raises Timeout: the daemon ended it on its own ``timeout``
+            (``IdleTimeout``: its ``idle_timeout``), as ``commands.run``
+            raises for a command.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         events = Process.stream.fn(self)
+        error: dict[str, Any] | None = None
         try:
             async for event in events:
                 data = event.data if isinstance(event.data, dict) else {}
@@ -627,7 +633,11 @@ class Process(Part[F]):
                     await tell(on_stdout, str(data.get("data", "")))
                 elif event.event == "stderr":
                     await tell(on_stderr, str(data.get("data", "")))
+                elif event.event == "error":
+                    error = data
                 elif event.event == "exit":
+                    if error is not None:
+                        raise error_for(None, error)
                     return self.exit_code
                 if deadline is not None and time.monotonic() > deadline:
                     break
@@ -635,7 +645,10 @@ class Process(Part[F]):
             await events.aclose()
         if deadline is not None and time.monotonic() > deadline:
             raise RequestTimeout(f"process {self.pid} still runs after {timeout} s")
-        return (await Process.info.fn(self))["exit_code"]
+        info = await Process.info.fn(self)
+        if info.get("timed_out"):
+            raise Timeout(f"process {self.pid} was ended on its timeout")
+        return info["exit_code"]
 
     @api
     async def send_stdin(self, data: str, *, eof: bool = False) -> int:
@@ -1147,9 +1160,9 @@ class Env(_Namespace[F]):
 
     @api
     async def set(
-        self, variables: Mapping[str, str] | None = None, /, **more: str
+        self, variables: Mapping[str, str | None] | None = None, /, **more: str | None
     ) -> builtins.list[str]:
-        """Set variables; the names updated."""
+        """Set variables (None unsets one); the names updated."""
         merged = {**(variables or {}), **more}
         return cast(
             builtins.list[str],

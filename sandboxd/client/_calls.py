@@ -384,7 +384,7 @@ def env_get(names: Sequence[str]) -> Req:
     return Req("GET", "/env", {"filter": ",".join(names)} if names else None)
 
 
-def env_set(variables: Mapping[str, str]) -> Req:
+def env_set(variables: Mapping[str, str | None]) -> Req:
     return Req("POST", "/env", json={"vars": dict(variables)}, idempotent=True)
 
 

@@ -1333,8 +1333,12 @@ def run_terminal(
         terminal.close()
         reader.join(timeout=2)
     if detached:
+        # The daemon closes a session with no client and no output after
+        # its idle timeout: a quiet job left running here would end with it.
         err.write(
-            f"\r\n[detached from session {terminal.session_id}; reattach with: sandboxd term {terminal.session_id}]\r\n"
+            f"\r\n[detached from session {terminal.session_id}; reattach with: sandboxd term {terminal.session_id}"
+            "\r\n with no client and no output the daemon closes it after its idle"
+            " timeout (30 min by default), ending what runs in it]\r\n"
         )
         return 0
     if failure and not isinstance(failure[0], ConnectionFailed):

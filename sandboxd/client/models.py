@@ -139,6 +139,8 @@ class ProcessInfo(TypedDict):
     state: Literal["running", "exited"]
     started_at: Any
     exit_code: int | None
+    #: Ended by the daemon on its timeout or idle_timeout.
+    timed_out: NotRequired[bool]
     stdin: NotRequired[bool]
 
 
@@ -156,6 +158,7 @@ class OutputPage(TypedDict):
     pid: int
     state: str
     exit_code: int | None
+    timed_out: NotRequired[bool]
     events: list[OutputEvent]
     next: int
     dropped_bytes: int

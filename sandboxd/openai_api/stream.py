@@ -35,15 +35,15 @@ def resume_after(
     The seq to resume after: ``after`` (``N`` or ``evt_N``), else
     ``Last-Event-ID``, else the log's end (now).
     """
-    raw = query.get("after")
+    raw, name = query.get("after"), "after"
     if raw is None:
-        raw = headers.get("last-event-id")
+        raw, name = headers.get("last-event-id"), "Last-Event-ID"
     if raw is None or raw == "":
         return face.log.last_seq
     text = raw[4:] if raw.startswith("evt_") else raw
     if not text.isdigit():
         raise bad_request(
-            "'after' must be a sequence number or an event_id (evt_…)", param="after"
+            f"'{name}' must be a sequence number or an event_id (evt_…)", param=name
         )
     return int(text)
 

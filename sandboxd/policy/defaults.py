@@ -440,6 +440,12 @@ PTY_COALESCE_SECONDS = 0.002
 #: WebSocket clients attached to one terminal session at once.
 PTY_MAX_CLIENTS = 8
 
+#: After a terminal's shell exits while something it left still holds the
+#: terminal open (a job that ignores the hang-up, until the KILL after the
+#: grace): how long that job's output still reaches clients before they are
+#: told the shell exited.
+PTY_EXIT_DRAIN_SECONDS = 0.25
+
 #: WebSocket connections the PTY port holds at once (all sessions).
 PTY_MAX_CONNECTIONS = 100
 

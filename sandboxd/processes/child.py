@@ -41,7 +41,10 @@ from sandboxd.policy.defaults import (
 from sandboxd.processes.command import exit_code
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
+    Window,
+    boot_ticks,
     kill_tree,
+    leftovers,
     never_signalled,
     reap_orphans,
     signal_group,
@@ -286,6 +289,9 @@ class Child(ProcessProtocol):
     :ivar ended: fires with the exit code once the pipes are closed too.
     :ivar reason: why the daemon ended it: ``timeout``, ``idle_timeout``,
         ``cancelled``, ``disconnected``, ``shutdown``, ``killed`` or None.
+    :ivar window: with ``claims_escapees``, the clock ticks during which
+        its leader ran (see :func:`sandboxd.processes.tree.tree_members`),
+        else None.
     """
 
     def __init__(
@@ -295,7 +301,15 @@ class Child(ProcessProtocol):
         timeout: float | None = None,
         idle_timeout: float | None = None,
         grace: float = KILL_GRACE_SECONDS,
+        claims_escapees: bool = False,
     ) -> None:
+        """
+        :param claims_escapees: its tree also counts the processes that
+            left some tree and cleared their environment while it ran
+            (a user's command: its kill must not miss ``setsid -f env -i
+            ...``, which nothing else ties to it; not a long-lived helper,
+            which would take every such process started in its lifetime).
+        """
         for name, bound in (("timeout", timeout), ("idle_timeout", idle_timeout)):
             # Refused here, before anything is spawned: the timer would
             # refuse it only once the child runs, leaving it untimed and
@@ -310,6 +324,10 @@ class Child(ProcessProtocol):
         self.idle_timeout = idle_timeout
         self.grace = grace
         self.marker = secrets.token_hex(8)
+        # Taken before the spawn: no process of its tree started earlier.
+        self.window: Window | None = (
+            (boot_ticks() - 1, None) if claims_escapees else None
+        )
         self.pid = 0
         self.started_at = time.time()
         self.exit_code: int | None = None
@@ -439,6 +457,9 @@ class Child(ProcessProtocol):
         """The command finished: this is its result; close the pipes soon."""
         self.has_exited = True
         self.exit_code = exit_code(reason)
+        if self.window is not None:
+            # Reaped by now: whatever it started, it started before this.
+            self.window = (self.window[0], boot_ticks() + 1)
         for timer in (self._hard, self._idle):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -524,6 +545,7 @@ class Child(ProcessProtocol):
                 self.marker,
                 self.grace,
                 leader_reaped=self.has_exited,
+                window=self.window,
             )
             self.killing.addBoth(lambda _: reap_orphans() and None)
         if self.paused:
@@ -671,26 +693,45 @@ class _PauseOnly:
         """The pipe closed (the child exited): the producer's owner decides."""
 
 
+#: The stops the kernel discards, when their action is the default one, in
+#: a process group with no parent in its session outside it (an orphaned
+#: group): every child's group, since each leads a session of its own.
+JOB_CONTROL_STOPS = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})
+
+
+def deliverable(sig: int) -> int:
+    """
+    What to send for ``sig``: SIGSTOP for a job-control stop (TSTP, TTIN,
+    TTOU), which would otherwise do nothing to a child's orphaned group, so
+    that "pause" pauses and 18 (CONT) has something to resume; else ``sig``.
+    """
+    return signal.SIGSTOP if sig in JOB_CONTROL_STOPS else sig
+
+
 def signal_child(child: Child, sig: int) -> None:
     """
     Send ``sig`` to a running child's process group and to the members of
-    its tree that left the group (never to a pid reused since).
+    its tree that left the group (never to a pid reused since); a stop
+    as SIGSTOP (:func:`deliverable`).
     """
     if child.has_exited or never_signalled(child.pid):
         return
+    sig = deliverable(sig)
     if sig == signal.SIGKILL and child.killing is None:
         # 9 is "kill it" (SPEC §7.4): the whole tree, every time, as a
         # timeout does, but with no TERM first and no grace; the kill keeps
         # looking until no member (also one forked meanwhile) is left.
         # ``reason`` stays unset: the output already read is the answer.
-        child.killing = kill_tree(child.clock, child.pid, child.marker, grace=0)
+        child.killing = kill_tree(
+            child.clock, child.pid, child.marker, grace=0, window=child.window
+        )
         child.killing.addBoth(lambda _: reap_orphans() and None)
         return
     # Look first, signal after: once the leader dies its setsid'd
     # children are reparented to the daemon, and a look taken while that
     # happens could find them under neither.
     table = tree_table(child.pid)
-    members = tree_members(child.pid, child.marker, table)
+    members = tree_members(child.pid, child.marker, table, window=child.window)
     signal_group(child.pid, sig)
     for pid, start in members.items():
         if table[pid].pgid != child.pid:
@@ -707,18 +748,37 @@ def signal_exited_tree(child: Child, sig: int) -> int:
     """
     Send ``sig`` to what an exited child's tree left running (a command
     that started something in the background and ended): how many
-    processes that was.  9 then ends them all, as it does a running tree.
+    processes that was.  9 then ends them all, as it does a running tree;
+    a stop is sent as SIGSTOP (:func:`deliverable`).
     """
-    found, unsettled = signal_leftovers(child.pid, child.marker, sig)
+    sig = deliverable(sig)
+    found, unsettled = signal_leftovers(
+        child.pid, child.marker, sig, window=child.window
+    )
     if found and sig == signal.SIGKILL:
         kill_tree(
-            child.clock, child.pid, child.marker, grace=0, leader_reaped=True
+            child.clock,
+            child.pid,
+            child.marker,
+            grace=0,
+            leader_reaped=True,
+            window=child.window,
         ).addBoth(lambda _: reap_orphans() and None)
     elif unsettled:
         _settle_leftovers(
             child, sig, frozenset(found), child.clock.seconds() + LEFTOVER_SETTLE_LIMIT
         )
     return len(found)
+
+
+def count_leftovers(children: list[Child]) -> list[int]:
+    """
+    How many processes each exited child's tree left running, as a signal
+    to it would find them (one look for all): a command that put something
+    in the background and ended shows that it did.
+    """
+    trees = [(child.pid, child.marker, child.window) for child in children]
+    return [len(found) for found in leftovers(trees)]
 
 
 def _settle_leftovers(
@@ -732,7 +792,9 @@ def _settle_leftovers(
     """
 
     def look() -> None:
-        found, unsettled = signal_leftovers(child.pid, child.marker, sig, done)
+        found, unsettled = signal_leftovers(
+            child.pid, child.marker, sig, done, child.window
+        )
         if unsettled and child.clock.seconds() < until:
             _settle_leftovers(child, sig, done | found, until)
 

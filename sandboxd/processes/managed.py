@@ -122,5 +122,15 @@ class Managed:
             "state": "running" if self.running else "exited",
             "started_at": self.child.started_at,
             "exit_code": None if self.running else self.child.exit_code,
+            "timed_out": self.timed_out,
             "stdin": self.child.stdin_open,
         }
+
+    @property
+    def timed_out(self) -> bool:
+        """
+        Whether the daemon ended it on its ``timeout`` or ``idle_timeout``:
+        its exit code alone (-15, or -9 after the grace) reads like any
+        other kill.
+        """
+        return self.child.reason in ("timeout", "idle_timeout")

@@ -65,7 +65,7 @@ _BEGAN: list[int] = []
 _ADOPTING: set[int] = set()
 
 #: Nanoseconds in one clock tick, the unit of ``/proc/PID/stat``'s start time.
-_TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
+TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
 #: Whether a look stopped at a zombie of theirs and is owed at an adoption.
 _owed = False
@@ -185,7 +185,7 @@ def may_be_unadopted(pid: int, start: int) -> bool:
     """
     if pid in _ADOPTING:
         return True
-    return bool(_BEGAN) and start >= min(_BEGAN) // _TICK_NS
+    return bool(_BEGAN) and start >= min(_BEGAN) // TICK_NS
 
 
 def install() -> bool:

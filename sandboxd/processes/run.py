@@ -258,7 +258,13 @@ async def run_collect(
         if observe is not None:
             observe(fd, data)
 
-    child = Child(reactor, on_output, timeout=timeout, idle_timeout=idle_timeout)
+    child = Child(
+        reactor,
+        on_output,
+        timeout=timeout,
+        idle_timeout=idle_timeout,
+        claims_escapees=True,
+    )
     began = time.monotonic()
     spawn(
         reactor,

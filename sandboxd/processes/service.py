@@ -189,7 +189,11 @@ class ProcessService(Service):
             holder[0].on_output(fd, data)
 
         child = Child(
-            self.reactor, on_output, timeout=timeout, idle_timeout=idle_timeout
+            self.reactor,
+            on_output,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            claims_escapees=True,
         )
         managed = Managed(child, command, tag, retention)
         managed.owner = owner

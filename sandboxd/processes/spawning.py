@@ -40,6 +40,7 @@ from sandboxd.processes import posix_spawn as _spawn
 from sandboxd.processes import reaping
 from sandboxd.processes.command import NICE, SETPRIV
 from sandboxd.processes.priority import CHILD_PRIORITY, holding_gil
+from sandboxd.processes.tree import reaps_own_orphans
 
 _IGNORED_SIGNALS: list[int] | None = None
 
@@ -120,7 +121,15 @@ class SignalsHeldAtFork:
 
 
 class SessionPTYProcess(SignalsHeldAtFork, _twisted_process.PTYProcess):
-    """Twisted's PTY process transport (a terminal's shell), its signals held at fork."""
+    """
+    Twisted's PTY process transport (a terminal's shell), its signals held
+    at fork, and the shell the subreaper of its jobs
+    (:func:`sandboxd.processes.tree.reaps_own_orphans`).
+    """
+
+    def _setupChild(self, *args: Any, **kwargs: Any) -> None:
+        reaps_own_orphans()
+        super()._setupChild(*args, **kwargs)
 
 
 class SessionProcess(SignalsHeldAtFork, _twisted_process.Process):

@@ -18,7 +18,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from twisted.internet import process as _twisted_process
@@ -158,11 +158,12 @@ def walkable() -> bool:
     return (_subreaper or os.getpid() == 1) and _children_files()
 
 
-def tree_table(leader: int) -> dict[int, ProcInfo]:
+def tree_table(leader: int, *others: int) -> dict[int, ProcInfo]:
     """
-    The processes that can belong to ``leader``'s tree: the leader, the
-    daemon's adopted orphans, and every descendant of either; every
-    process when the tree cannot be walked (see :func:`walkable`).
+    The processes that can belong to ``leader``'s tree (and the trees of
+    ``others``, in the same walk): the leader, the daemon's adopted
+    orphans, and every descendant of either; every process when the tree
+    cannot be walked (see :func:`walkable`).
 
     A walk costs a few reads per process of the tree; a scan costs them for
     every process on the machine, which the reactor pays before it reads
@@ -189,7 +190,7 @@ def tree_table(leader: int) -> dict[int, ProcInfo]:
     # was in neither, and a signal 9 missed a setsid'd one on a fresh
     # daemon one time in five).  Its own subtree is walked when it turns
     # up among the orphans; a few rounds catch moves made during a round.
-    walk([leader])
+    walk([leader, *others])
     for _ in range(_ORPHAN_ROUNDS):
         new = [pid for pid in adopted_orphans() if pid not in table]
         if not new:
@@ -209,6 +210,75 @@ def _environ(pid: int) -> bytes | None:
 
 def _has_marker(pid: int, marker: bytes) -> bool:
     return marker in (_environ(pid) or b"").split(b"\0")
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _unmarked(pid: int) -> bool:
+    """
+    Whether a process carries no tree's marker at all: it (or a process it
+    descends from) cleared its environment.  One in the middle of an exec,
+    whose environment and command line both read empty for a moment, is
+    not counted: it may carry a marker once the exec is done.
+    """
+    environ = _environ(pid)
+    if environ == b"":
+        # Opened just before an exec and read just after, the block reads
+        # empty too: a second read sees the new one.
+        environ = _environ(pid)
+    if environ is None:
+        return False
+    if not environ:
+        return bool(_cmdline(pid))
+    prefix = f"{TREE_MARKER}=".encode()
+    return not any(entry.startswith(prefix) for entry in environ.split(b"\0"))
+
+
+#: Clock ticks since boot during which a tree's leader ran, ``(since,
+#: until)``; ``until`` is None while it runs (see :func:`boot_ticks`).
+Window = tuple[int, int | None]
+
+
+def boot_ticks() -> int:
+    """
+    Now, in the unit and clock of ``/proc/PID/stat``'s start time (clock
+    ticks of ``CLOCK_BOOTTIME``).
+    """
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // reaping.TICK_NS
+
+
+def _in_window(start: int, window: Window) -> bool:
+    since, until = window
+    return since <= start and (until is None or start <= until)
+
+
+def _escapees(table: dict[int, ProcInfo], leader: int, window: Window) -> Iterator[int]:
+    """
+    Adopted orphans that carry no marker and started while the tree's
+    leader ran: processes that left some tree (reparented to the daemon)
+    and cleared their environment.  Nothing the kernel keeps says which
+    tree they left, so each is counted in every tree that was running when
+    it started.  A spawn in flight (whose child is not adopted yet) is not
+    one of them, nor a child of the daemon in the daemon's own session (one
+    it started some other way): every tree starts a session of its own, and
+    nothing in it can join the daemon's.
+    """
+    own_session = os.getsid(0)
+    for pid in _live_orphans(table, leader):
+        start = table[pid].start
+        if (
+            _in_window(start, window)
+            and table[pid].sid != own_session
+            and not reaping.may_be_unadopted(pid, start)
+            and _unmarked(pid)
+        ):
+            yield pid
 
 
 def _live_orphans(table: dict[int, ProcInfo], leader: int) -> Iterator[int]:
@@ -246,11 +316,14 @@ def tree_members(
     marker: str | None,
     table: dict[int, ProcInfo] | None = None,
     by_id: bool = True,
+    window: Window | None = None,
 ) -> dict[int, int]:
     """
     The live members of ``leader``'s tree as ``{pid: start time}``: its
     session and group, every descendant by parent link, and adopted
-    orphans (with their descendants) that carry ``marker``.
+    orphans (with their descendants) that carry ``marker``; with
+    ``window``, also the unmarked orphans that started within it
+    (:func:`_escapees`).
 
     ``by_id=False`` says the number ``leader`` no longer names the tree
     (see :func:`kill_tree`): only the marked orphans and their descendants
@@ -269,6 +342,8 @@ def tree_members(
     if marker is not None:
         needle = f"{TREE_MARKER}={marker}".encode()
         found.update(p for p in _live_orphans(table, leader) if _has_marker(p, needle))
+    if window is not None:
+        found.update(_escapees(table, leader, window))
     children: dict[int, list[int]] = {}
     for p in table.values():
         children.setdefault(p.ppid, []).append(p.pid)
@@ -295,7 +370,8 @@ def _unreadable_orphans(
     )
 
 
-def _alive(pid: int, start: int) -> bool:
+def member_alive(pid: int, start: int) -> bool:
+    """Whether ``pid`` still names the live process that started at ``start``."""
     info = proc_info(pid)
     return info is not None and info.start == start and info.state != "Z"
 
@@ -317,7 +393,7 @@ def never_signalled(target: int) -> bool:
 def signal_member(pid: int, start: int | None, sig: int) -> None:
     if never_signalled(pid):
         return
-    if start is not None and not _alive(pid, start):
+    if start is not None and not member_alive(pid, start):
         return
     try:
         os.kill(pid, sig)
@@ -391,7 +467,11 @@ def _names_tree(
 
 
 def signal_leftovers(
-    leader: int, marker: str | None, sig: int, done: frozenset[int] = frozenset()
+    leader: int,
+    marker: str | None,
+    sig: int,
+    done: frozenset[int] = frozenset(),
+    window: Window | None = None,
 ) -> tuple[set[int], bool]:
     """
     Send ``sig`` to what a reaped leader's tree left running: its group
@@ -399,18 +479,42 @@ def signal_leftovers(
     ``marker`` (but those in ``done``, signalled already).  The members
     found, and whether an adopted orphan was in the middle of an exec (its
     environment reads empty, so it may carry the marker a moment later).
+    With ``window``, the unmarked orphans that started while the leader
+    ran are members too (:func:`tree_members`).
     """
     if never_signalled(leader):
         return set(), False
     table = _look(leader)
     by_id = _names_tree(table, leader, None)
-    members = tree_members(leader, marker, table, by_id)
+    members = tree_members(leader, marker, table, by_id, window)
     if by_id and not done:
         signal_group(leader, sig)
     for pid, start in members.items():
         if pid not in done and not (by_id and not done and table[pid].pgid == leader):
             signal_member(pid, start, sig)
     return set(members), _unreadable_orphans(table, leader, members)
+
+
+def leftovers(
+    trees: Sequence[tuple[int, str | None, Window | None]],
+) -> list[set[int]]:
+    """
+    What each reaped leader's tree left running, for ``(leader, marker,
+    window)`` each, from one look at ``/proc`` shared by all (see
+    :func:`signal_leftovers`, which signals the same members).
+    """
+    if not trees:
+        return []
+    leaders = [leader for leader, _, _ in trees]
+    table = tree_table(*leaders) if walkable() else proc_table()
+    found: list[set[int]] = []
+    for leader, marker, window in trees:
+        if never_signalled(leader):
+            found.append(set())
+            continue
+        by_id = _names_tree(table, leader, None)
+        found.append(set(tree_members(leader, marker, table, by_id, window)))
+    return found
 
 
 def kill_tree(
@@ -420,6 +524,7 @@ def kill_tree(
     grace: float = KILL_GRACE_SECONDS,
     leader_start: int | None = None,
     leader_reaped: bool = False,
+    window: Window | None = None,
 ) -> Deferred[None]:
     """
     End ``leader``'s whole tree: TERM now, KILL to survivors after ``grace``.
@@ -439,6 +544,9 @@ def kill_tree(
     new process, whose children, session and group are strangers; from
     the first look that shows this, only the members already known and
     the marked orphans are signalled.
+
+    ``window`` counts the unmarked orphans that started while the leader
+    ran as members (:func:`tree_members`).
     """
     if never_signalled(leader):
         return succeed(None)
@@ -449,7 +557,7 @@ def kill_tree(
     first = _look(leader)
     by_id = _names_tree(first, leader, leader_start)
     state = {"polls": 0, "killed": False}
-    members = tree_members(leader, marker, first, by_id)
+    members = tree_members(leader, marker, first, by_id, window)
     if leader_start is not None:
         members[leader] = leader_start
     deadline = clock.seconds() + grace
@@ -474,7 +582,7 @@ def kill_tree(
         # read at the first look) get the signal of the current phase.
         late = {
             pid: start
-            for pid, start in tree_members(leader, marker, table, by_id).items()
+            for pid, start in tree_members(leader, marker, table, by_id, window).items()
             if pid not in members
         }
         members.update(late)
@@ -489,7 +597,7 @@ def kill_tree(
         # An orphan in the middle of exec shows an empty environment: look
         # again shortly before saying the tree is gone.
         unsettled = (
-            marker is not None
+            (marker is not None or window is not None)
             and clock.seconds() < settle_until
             and _unreadable_orphans(table, leader, members)
         )
@@ -572,11 +680,23 @@ def become_subreaper() -> bool:
     found, killed and reaped, instead of to init.
     """
     global _subreaper
-    prctl = getattr(libc(), "prctl", None)
-    if prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if not reaps_own_orphans():
         return False
     _subreaper = True
     return True
+
+
+def reaps_own_orphans() -> bool:
+    """
+    Make the calling process the child subreaper of its own descendants
+    (Linux; kept across ``execve``, not passed on to its children).  A
+    terminal's shell calls it before it execs: a job that leaves with
+    ``setsid`` and whose parent dies is then reparented to the shell, where
+    a walk down from the shell still finds it, whatever it did to its
+    environment.  Interactive shells reap whatever children they have.
+    """
+    prctl = getattr(libc(), "prctl", None)
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 class OrphanReaper:

@@ -301,6 +301,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         _first_output_noted(lambda: child, stream.feed),
         timeout=spec.timeout,
         idle_timeout=spec.idle_timeout,
+        claims_escapees=True,
     )
     try:
         spawn(
@@ -511,7 +512,18 @@ def start_managed(
 def process_list(request: ServerRequest) -> dict[str, Any]:
     """``GET /process/list?tag=``: running and recently exited processes."""
     tag = request.arg("tag")
-    return {"processes": [m.describe() for m in _service(request).list(tag)]}
+    return {"processes": _described(_service(request).list(tag))}
+
+
+def _described(listed: list[processes.Managed]) -> list[dict[str, Any]]:
+    """
+    The documents of ``listed``, each exited one with ``leftovers``: how
+    many processes it started still run (one look at ``/proc`` for all).
+    """
+    exited = [m for m in listed if not m.running]
+    found = processes.count_leftovers([m.child for m in exited])
+    counts = dict(zip(map(id, exited), found, strict=True))
+    return [{**m.describe(), "leftovers": counts.get(id(m))} for m in listed]
 
 
 def _pid(request: ServerRequest) -> int:
@@ -528,7 +540,7 @@ def _managed(request: ServerRequest) -> processes.Managed:
 
 def process_detail(request: ServerRequest) -> dict[str, Any]:
     """``GET /process/{pid}``: one managed process."""
-    return _managed(request).describe()
+    return _described([_managed(request)])[0]
 
 
 #: The signals a process may be sent when no policy narrows the list.
@@ -569,7 +581,9 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
     # have: that is still this process's to stop.
     left = processes.signal_exited_tree(managed.child, number)
     if not left:
-        raise not_found(f"process {pid} has exited, and nothing it started is running")
+        raise not_found(
+            f"process {pid} has exited, and no process it started was found running"
+        )
     return {"pid": pid, "signal": number, "exited": True, "leftovers": left}
 
 
@@ -699,6 +713,7 @@ def _output_page(
         "pid": managed.pid,
         "state": described["state"],
         "exit_code": described["exit_code"],
+        "timed_out": described["timed_out"],
         "events": out,
         "next": following,
         "dropped": gap is not None or dropped > 0,

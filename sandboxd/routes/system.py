@@ -219,7 +219,10 @@ def _protection(request: ServerRequest, name: str) -> str | None:
 def env_set(request: ServerRequest) -> dict[str, Any]:
     """
     ``POST /env {"vars": {...}}``: set variables that later children
-    inherit (the daemon's own helpers start from the boot environment).
+    inherit (the daemon's own helpers start from the boot environment);
+    a ``null`` value unsets one (JSON's usual "remove"), so a variable set
+    by mistake (an ``LD_PRELOAD`` every later command trips over) can be
+    taken back without a restart.  ``unset`` lists those, when any.
 
     All or nothing: every name and value is checked before any is set.
 
@@ -231,9 +234,13 @@ def env_set(request: ServerRequest) -> dict[str, Any]:
     if not isinstance(updates, dict):
         raise bad_request("'vars' must be an object of names to string values")
     checked: dict[str, str] = {}
+    unset: set[str] = set()
     for name, value in updates.items():
-        checked[_check_name(name)] = _check_value(name, value)
-    for name in sorted(checked):
+        if value is None:
+            unset.add(_check_name(name))
+        else:
+            checked[_check_name(name)] = _check_value(name, value)
+    for name in sorted({*checked, *unset}):
         rule = _protection(request, name)
         if rule is not None:
             raise forbidden(
@@ -243,7 +250,12 @@ def env_set(request: ServerRequest) -> dict[str, Any]:
                 variable=name,
             )
     os.environ.update(checked)
-    return {"updated": sorted(checked)}
+    for name in unset:
+        os.environ.pop(name, None)
+    answer: dict[str, Any] = {"updated": sorted({*checked, *unset})}
+    if unset:
+        answer["unset"] = sorted(unset)
+    return answer
 
 
 # --- /ports -----------------------------------------------------------------

@@ -36,6 +36,7 @@ from sandboxd.policy.confinement import Confinement
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PTY_COALESCE_SECONDS,
+    PTY_EXIT_DRAIN_SECONDS,
     PTY_FRAME_BYTES,
     PTY_MAX_CLIENTS,
     PTY_SCROLLBACK_BYTES,
@@ -47,9 +48,11 @@ from sandboxd.processes.spawning import SessionPTYProcess, confined
 from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
+    member_alive,
     never_signalled,
     signal_member,
     signal_tree,
+    tree_members,
 )
 
 if TYPE_CHECKING:
@@ -287,6 +290,15 @@ class PtySession:
     _kill_timer: Any = None
     _hangup_timer: Any = None
     _closing: bool = False
+    #: Every member of the shell's tree seen since it began to close, as
+    #: ``{pid: start time}``: the KILL after the grace reaches a job that
+    #: ignored the hang-up even once the shell is gone and the job, no
+    #: longer below it, carries nothing else that ties it to the session.
+    _members: dict[int, int] = attrs.Factory(dict)
+    #: Whether clients were told the shell exited before the terminal
+    #: closed (see :meth:`shell_exited`), and the timer that tells them.
+    _told: bool = False
+    _tell_timer: Any = None
     _pending: list[bytes] = attrs.Factory(list)
     _pending_size: int = 0
     _flush_timer: Any = None
@@ -430,7 +442,7 @@ class PtySession:
             client.send_frame(
                 output_frame(kept.decode("utf-8", "replace"), begin, begin + len(kept))
             )
-        if self.ended:
+        if self.ended or self._told:
             client.session_ended(self._exited_frame())
             return True
         first = not self.clients
@@ -631,7 +643,7 @@ class PtySession:
         self._closing = True
         if self.pid:
             for sig in (signal.SIGHUP, signal.SIGCONT, signal.SIGTERM):
-                signal_tree(self.pid, sig, self.marker)
+                self._signal_tree(sig)
         if self._kill_timer is None:
             self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
         if self.alive and self._hangup_timer is None:
@@ -656,10 +668,17 @@ class PtySession:
                 HANG_UP_AGAIN_SECONDS, self._hang_up_again
             )
 
+    def _signal_tree(self, sig: int) -> None:
+        """``sig`` to the shell's tree as it is now and to every member seen before."""
+        self._members.update(tree_members(self.pid, self.marker))
+        signal_tree(self.pid, sig, self.marker)
+        for pid, start in list(self._members.items()):
+            signal_member(pid, start, sig)
+
     def _kill(self) -> None:
         self._kill_timer = None
         if self.pid:
-            signal_tree(self.pid, signal.SIGKILL, self.marker)
+            self._signal_tree(signal.SIGKILL)
         if self.transport is not None and not self.ended:
             # A process outside the session may hold the terminal open.
             self.transport.loseConnection()
@@ -672,6 +691,28 @@ class PtySession:
             CHILD_PRIORITY.ended(self.pid)
         self.exit_code = exit_code(reason)
         self._terminate()
+        if not self.ended and self._tell_timer is None:
+            # The terminal usually closes at once; a job that ignores the
+            # hang-up keeps it open until the KILL after the grace, and
+            # clients would wait that long to hear the shell exited.
+            self._tell_timer = self.clock.callLater(
+                PTY_EXIT_DRAIN_SECONDS, self._tell_exited
+            )
+
+    def _tell_exited(self) -> None:
+        """
+        Tell every client the shell exited, and let them go, while what it
+        left is still being ended (:meth:`shell_ended` finishes the job).
+        """
+        self._tell_timer = None
+        if self.ended:
+            return
+        self._flush()
+        self._told = True
+        frame = self._exited_frame()
+        clients, self.clients = self.clients, []
+        for client in clients:
+            client.session_ended(frame)
 
     def shell_ended(self, reason: Failure) -> None:
         """Shell reaped and terminal drained: tell every client, clean up."""
@@ -686,13 +727,22 @@ class PtySession:
             for client in list(self.clients):
                 client.send_frame(frame)
         self.emitted = self.scrollback.end
-        if self.pid and descendants(self.pid, self.marker):
-            signal_tree(self.pid, signal.SIGKILL, self.marker)
-        timers = (self._kill_timer, self._hangup_timer, self._idle_timer)
+        if self.pid and (
+            descendants(self.pid, self.marker)
+            or any(member_alive(pid, start) for pid, start in self._members.items())
+        ):
+            self._signal_tree(signal.SIGKILL)
+        timers = (
+            self._kill_timer,
+            self._hangup_timer,
+            self._idle_timer,
+            self._tell_timer,
+        )
         for timer in (*timers, *self._paused.values()):
             if timer is not None and timer.active():
                 timer.cancel()
         self._kill_timer = self._hangup_timer = self._idle_timer = None
+        self._tell_timer = None
         self._paused.clear()
         frame = self._exited_frame()
         clients, self.clients = self.clients, []

@@ -106,7 +106,14 @@ class LineStream:
             block = buf[:cut]
             buf = buf[cut + 1 :]
             size = len(block) + 1
-            if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
+            # A line longer than max_line is cut into pieces below: the
+            # kept start of a line joined with this read's end of it can be
+            # one, and so can a line inside a read longer than max_line.
+            first = block.find(b"\n")
+            short = (first if first >= 0 else len(block)) <= self.max_line and (
+                len(data) <= self.max_line
+            )
+            if short and size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
                 # Whole lines of plain text: their frames in one pass.
                 self._live[fd] -= size
                 frames = (
@@ -119,6 +126,10 @@ class LineStream:
                 self._add(frames)
             else:
                 for line in block.split(b"\n"):
+                    while len(line) > self.max_line:
+                        piece = _between_characters(line, self.max_line)
+                        self._line(fd, line[:piece], newline=False)
+                        line = line[piece:]
                     self._line(fd, line)
         while len(buf) > self.max_line:
             cut = _between_characters(buf, self.max_line)

@@ -301,11 +301,14 @@ def end_revoked(context: Any) -> None:
 
 
 def resume_point(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
-    """``after`` from the query, else ``Last-Event-ID``, else 0."""
-    raw = query.get("after")
+    """
+    ``after`` from the query, else ``Last-Event-ID``, else 0; an error names
+    the one the client sent.
+    """
+    raw, name = query.get("after"), "after"
     if raw is None:
-        raw = headers.get("last-event-id")
-    return integer(raw, "after", 0, low=0)
+        raw, name = headers.get("last-event-id"), "Last-Event-ID"
+    return integer(raw, name, 0, low=0)
 
 
 EventFormatter = Callable[[Event], bytes | list[bytes]]

@@ -861,6 +861,8 @@ class TermTests(ClientCase):
                 self.fail("the new window size never reached the shell")
             child.send("\x10\x11")
             child.expect(r"detached from session")
+            # A quiet job does not keep a detached session: the user is told.
+            child.expect(r"no client and no output the daemon closes it")
             child.expect(pexpect_eof())
             child.wait()
             self.assertEqual(child.exitstatus, 0)

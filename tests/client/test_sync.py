@@ -23,6 +23,7 @@ from sandboxd.client import (
     NotFound,
     PreconditionFailed,
     Sandbox,
+    Timeout,
 )
 from tests.client.base import ROOT, ClientCase, CutProxy
 
@@ -382,6 +383,25 @@ class CommandsTests(ClientCase):
             killed = sb.commands.start("sleep 30")
             killed.kill()
             self.assertEqual(killed.wait(timeout=20), -9)
+
+        return self.in_thread(body)
+
+    def test_wait_raises_timeout(self) -> Any:
+        """
+        ``wait`` on a process the daemon ended on its own ``timeout``
+        raises ``Timeout``, as ``run`` does, rather than return -15 like
+        any other kill; ``info`` says ``timed_out``.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            p = sb.commands.start("sleep 30", timeout=0.3)
+            with self.assertRaises(Timeout):
+                p.wait(timeout=20)
+            self.assertIs(p.info()["timed_out"], True)
+            done = sb.commands.start("true")
+            self.assertEqual(done.wait(timeout=20), 0)
+            self.assertIs(done.info()["timed_out"], False)
 
         return self.in_thread(body)
 

@@ -264,7 +264,11 @@ class ChildProtocolTests(SynchronousTestCase):
         calls: list[frozenset[int]] = []
 
         def look(
-            pid: int, marker: str | None, sig: int, done: frozenset[int] = frozenset()
+            pid: int,
+            marker: str | None,
+            sig: int,
+            done: frozenset[int] = frozenset(),
+            window: object = None,
         ) -> tuple[set[int], bool]:
             calls.append(done)
             return script.pop(0) if script else (set(), True)

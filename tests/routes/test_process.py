@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from typing import Any
 from unittest import SkipTest
@@ -27,6 +28,7 @@ from sandboxd.policy import defaults
 from sandboxd.processes import posix_spawn as spawn_module
 from sandboxd.processes import service as service_module
 from sandboxd.processes import spawning
+from sandboxd.processes.tree import TREE_MARKER, proc_info
 from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import (
     DaemonTestCase,
@@ -46,6 +48,40 @@ def rss_bytes() -> int:
 def sleep_(seconds: float = 0.05) -> Deferred[None]:
     """Let the reactor run a little."""
     return deferLater(reactor, seconds, lambda: None)
+
+
+def escaped(marker: str) -> bool:
+    """
+    Whether a ``sleep`` carrying ``marker`` has left its tree: adopted by
+    the daemon (this process), its environment already cleared.
+    """
+    for pid in marked_pids(marker):
+        info = proc_info(pid)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if (
+            info
+            and info.ppid == os.getpid()
+            and TREE_MARKER.encode() not in environ
+            and argv0 == b"sleep"
+        ):
+            return True
+    return False
+
+
+@inlineCallbacks
+def wait_until(predicate: Any, tries: int = 200) -> Any:
+    """Poll a condition outside the reactor (processes running) until it holds."""
+    for _ in range(tries):
+        if predicate():
+            return True
+        yield sleep_(0.05)
+    return False
 
 
 @inlineCallbacks
@@ -229,6 +265,25 @@ class ShellTests(ProcessCase):
         """A grandchild that leaves the group with setsid and ignores TERM is still killed."""
         script = (
             f"setsid sh -c 'trap \"\" TERM; sleep {self.marker}; sleep {self.marker}' & "
+            f"sleep {self.marker}"
+        )
+        self.daemon.context.processes.grace = 0.5
+        reply = yield self.request(
+            "POST", "/shell", {"command": script, "shell": "sh", "timeout": 1}
+        )
+        self.assertEqual(reply.status, 500)
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_escapee_that_cleared_its_environment_is_killed(self) -> Any:
+        """
+        A grandchild that leaves with ``setsid -f`` (its parent gone at
+        once, so the daemon adopts it), clears its environment and ignores
+        TERM still ends with the command on its timeout.
+        """
+        script = (
+            f"setsid -f env -i sh -c 'trap \"\" TERM; exec sleep {self.marker}'; "
             f"sleep {self.marker}"
         )
         self.daemon.context.processes.grace = 0.5
@@ -758,7 +813,7 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(left, [])
         reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 15})
         self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
-        self.assertIn("nothing it started is running", reply.json()["error"])
+        self.assertIn("no process it started was found running", reply.json()["error"])
 
     @inlineCallbacks
     def test_kill_what_an_exited_command_left(self) -> Any:
@@ -774,6 +829,142 @@ class BackgroundTests(ProcessCase):
         self.assertTrue(reply.json()["exited"])
         left = yield self.gone(m)
         self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_kill_escapee_that_cleared_its_environment(self) -> Any:
+        """
+        9 to a running process ends a descendant that left with ``setsid
+        -f`` and cleared its environment (nothing in it names its tree),
+        as it ends the rest; one the same way that started before the
+        process began is someone else's and is left alone.
+        """
+        m = self.marker
+        before = f"61.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, before)
+        earlier = yield self.start_process(f"setsid -f env -i sleep {before}")
+        yield self.wait_exited(earlier["pid"])
+        found = yield wait_until(lambda: escaped(before))
+        self.assertTrue(found)
+        yield sleep_(0.02)  # a clock tick: /proc's start times are no finer
+        started = yield self.start_process(
+            f"setsid -f env -i sh -c 'trap \"\" TERM HUP; exec sleep {m}'; sleep {m}"
+        )
+        found = yield wait_until(lambda: escaped(m))
+        self.assertTrue(found, marked_pids(m))
+        reply = yield self.request(
+            "POST", f"/process/{started['pid']}/signal", {"signal": 9}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+        self.assertEqual(len(marked_pids(before)), 1)
+
+    @inlineCallbacks
+    def test_kill_spares_the_daemons_own_children(self) -> Any:
+        """
+        A child the daemon's process started some other way (no marker, in
+        the daemon's own session, after the command began) is not taken
+        for the command's escapee: 9 to the command leaves it running.
+        """
+        m = self.marker
+        started = yield self.start_process(f"sleep {m}")
+        yield sleep_(0.02)  # a clock tick: /proc's start times are no finer
+        other = f"62.{secrets.randbelow(10**12):012d}"
+        own = subprocess.Popen(["sleep", other], env={})
+        self.addCleanup(lambda: (own.kill(), own.wait()))
+        reply = yield self.request(
+            "POST", f"/process/{started['pid']}/signal", {"signal": 9}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+        yield sleep_(0.2)
+        self.assertIsNone(own.poll())
+
+    @inlineCallbacks
+    def test_kill_what_an_exited_command_left_without_environment(self) -> Any:
+        """
+        9 ends what an exited command left when that cleared its
+        environment and ignores TERM: it started while the command ran.
+        """
+        m = self.marker
+        started = yield self.start_process(
+            f"setsid -f env -i sh -c 'trap \"\" TERM; exec sleep {m}'; echo ok"
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        found = yield wait_until(lambda: escaped(m))
+        self.assertTrue(found)
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["leftovers"], 1)
+        left = yield self.gone(m)
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_tstp_stops_and_cont_resumes(self) -> Any:
+        """
+        20 (TSTP) pauses a process (state T), though the kernel ignores a
+        terminal's stop in its group; 18 (CONT) resumes it.
+        """
+        started = yield self.start_process(f"exec sleep {self.marker}")
+        pid = started["pid"]
+
+        def state() -> str | None:
+            info = proc_info(pid)
+            return info.state if info else None
+
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": "TSTP"})
+        self.assertEqual(reply.json(), {"pid": pid, "signal": 20})
+        stopped = yield wait_until(lambda: state() == "T", tries=40)
+        self.assertTrue(stopped, state())
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 18})
+        self.assertEqual(reply.status, 200)
+        resumed = yield wait_until(lambda: state() == "S", tries=40)
+        self.assertTrue(resumed, state())
+
+    @inlineCallbacks
+    def test_timed_out_is_said_everywhere(self) -> Any:
+        """
+        A background process ended on its timeout says so in its document,
+        the list and its output page, not only in the follow stream.
+        """
+        started = yield self.start_process(f"sleep {self.marker}", timeout=0.3)
+        pid = started["pid"]
+        detail = yield self.wait_exited(pid)
+        self.assertIs(detail["timed_out"], True)
+        listed = (yield self.request("GET", "/process/list")).json()["processes"]
+        self.assertEqual([p["timed_out"] for p in listed if p["pid"] == pid], [True])
+        page = (yield self.request("GET", f"/process/{pid}/output?after=0")).json()
+        self.assertIs(page["timed_out"], True)
+        quick = yield self.start_process("true")
+        detail = yield self.wait_exited(quick["pid"])
+        self.assertIs(detail["timed_out"], False)
+
+    @inlineCallbacks
+    def test_leftovers_shown(self) -> Any:
+        """
+        An exited command that left something running says how many in its
+        document and the list; none once they are gone; null while running.
+        """
+        m = self.marker
+        started = yield self.start_process(f"(sleep {m}) & echo started")
+        pid = started["pid"]
+        detail = yield self.wait_exited(pid)
+        self.assertEqual((detail["exit_code"], detail["leftovers"]), (0, 1))
+        listed = (yield self.request("GET", "/process/list")).json()["processes"]
+        self.assertEqual([p["leftovers"] for p in listed if p["pid"] == pid], [1])
+        running = yield self.start_process(f"sleep {m}")
+        detail = (yield self.request("GET", f"/process/{running['pid']}")).json()
+        self.assertIsNone(detail["leftovers"])
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertEqual(reply.json()["leftovers"], 1)
+        for _ in range(100):
+            detail = (yield self.request("GET", f"/process/{pid}")).json()
+            if detail["leftovers"] == 0:
+                break
+            yield sleep_(0.05)
+        self.assertEqual(detail["leftovers"], 0)
 
     @inlineCallbacks
     def test_signal_rules(self) -> Any:

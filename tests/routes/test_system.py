@@ -274,6 +274,37 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
         self.assertEqual((yield self.post({})), {"updated": []})
 
     @inlineCallbacks
+    def test_null_unsets(self) -> Any:
+        """
+        A null value removes the variable: later commands no longer see it,
+        and the answer names it; a name not set is no error.
+        """
+        self.forget_env("SANDBOXD_TEST_GONE", "SANDBOXD_TEST_KEPT")
+        yield self.post({"SANDBOXD_TEST_GONE": "x", "SANDBOXD_TEST_KEPT": "y"})
+        body = yield self.post(
+            {"SANDBOXD_TEST_GONE": None, "SANDBOXD_TEST_NEVER": None}
+        )
+        self.assertEqual(
+            body,
+            {
+                "updated": ["SANDBOXD_TEST_GONE", "SANDBOXD_TEST_NEVER"],
+                "unset": ["SANDBOXD_TEST_GONE", "SANDBOXD_TEST_NEVER"],
+            },
+        )
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {
+                "command": 'echo "${SANDBOXD_TEST_GONE-unset}" $SANDBOXD_TEST_KEPT',
+                "shell": "sh",
+            },
+        )
+        self.assertEqual(reply.json()["stdout"], "unset y\n")
+        body = yield self.post({"PATH": None}, expect=403)
+        self.assertEqual(body["code"], "protected_variable")
+        self.assertIn("PATH", os.environ)
+
+    @inlineCallbacks
     def test_later_child_inherits(self) -> Any:
         """A child started after POST /env sees the variable; secrets stay out."""
         self.forget_env("SANDBOXD_TEST_CHILD")
@@ -328,7 +359,6 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
             {"A=B": "x"},
             {"A\x00B": "x"},
             {"SANDBOXD_TEST_V": "a\x00b"},
-            {"SANDBOXD_TEST_V": None},
             {"SANDBOXD_TEST_V": True},
             {"SANDBOXD_TEST_V": ["x"]},
         ]

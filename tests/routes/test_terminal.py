@@ -18,6 +18,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
+from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.processes.tree import descendants, proc_info
 from tests.helpers import (
     DaemonTestCase,
@@ -400,6 +401,53 @@ class SessionTests(TerminalCase):
         self.assertEqual(reply.status, 200)
         gone = yield wait_until(lambda: not marked_pids(marker))
         self.assertTrue(gone, "the setsid job outlived its terminal session")
+
+    @inlineCallbacks
+    def test_exit_told_while_a_job_holds_the_terminal(self) -> Any:
+        """
+        ``exit 3`` with a job still holding the terminal (it ignores the
+        hang-up, so it lasts until the KILL after the grace): clients hear
+        ``exited`` with 3 when the shell exits, not after the grace; the job
+        ends all the same.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(f"setsid sh -c 'trap \"\" TERM HUP; exec sleep {marker}' &\n")
+        started = yield wait_until(lambda: marked_argv0(marker) == [b"sleep"])
+        self.assertTrue(started, marked_argv0(marker))
+        began = time.monotonic()
+        client.type("exit 3\n")
+        exited = yield client.wait_for(is_exited)
+        self.assertLess(time.monotonic() - began, KILL_GRACE_SECONDS / 2)
+        self.assertEqual(exited["exit_code"], 3)
+        code, _ = yield client.closed
+        self.assertEqual(code, 1000)
+        gone = yield wait_until(lambda: not marked_pids(marker))
+        self.assertTrue(gone, "the job outlived its terminal session")
+
+    @inlineCallbacks
+    def test_delete_ends_job_that_cleared_its_environment(self) -> Any:
+        """
+        A job that left with ``setsid -f`` (its parent gone at once), cleared
+        its environment and ignores TERM and HUP still ends with the
+        session: it stays below the shell, the subreaper of its jobs.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(
+            f"setsid -f env -i sh -c 'trap \"\" TERM HUP; exec sleep {marker}'"
+            " </dev/null >/dev/null 2>&1\n"
+        )
+        escaped = yield wait_until(lambda: marked_argv0(marker) == [b"sleep"])
+        self.assertTrue(escaped, marked_argv0(marker))
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        gone = yield wait_until(lambda: not marked_pids(marker))
+        self.assertTrue(gone, "the job outlived its terminal session")
 
     @inlineCallbacks
     def test_shutdown_ends_sessions(self) -> Any:

@@ -5,6 +5,9 @@ child's output becomes, and how many writes carry them.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -33,6 +36,15 @@ def stream_of(cap: int = 1 << 20) -> tuple[LineStream, Clock, list[bytes]]:
     clock.advance(100)
     writes: list[bytes] = []
     return LineStream(clock, writes.append, cap), clock, writes
+
+
+def _data(frames: bytes) -> list[dict[str, Any]]:
+    """The data of each event in ``frames``."""
+    return [
+        json.loads(line[len(b"data: ") :])
+        for line in frames.split(b"\n")
+        if line.startswith(b"data: ")
+    ]
 
 
 def events(name: str, lines: list[bytes]) -> bytes:
@@ -88,6 +100,28 @@ class LineStreamTests(SynchronousTestCase):
                 b'event: stdout\ndata: {"data":"second"}\n\n',
             ],
         )
+
+    def test_long_line_pieces_within_the_bound(self) -> None:
+        """
+        A line over the bound comes in pieces none longer than it, whatever
+        its reads: many small ones, or one bigger than the bound; together
+        they are the line, only the last piece followed by a newline.
+        """
+        bound = 1000
+        line = b"x" * 3100
+        for reads in ([line[i : i + 300] for i in range(0, len(line), 300)], [line]):
+            writes: list[bytes] = []
+            stream = LineStream(Clock(), writes.append, 1 << 20, max_line=bound)
+            for read in [*reads[:-1], reads[-1] + b"\nnext\n"]:
+                stream.feed(1, read)
+            stream.flush()
+            pieces = [
+                (p["data"].encode(), p.get("newline", True))
+                for p in _data(b"".join(writes))
+            ]
+            self.assertLessEqual(max(len(p) for p, _ in pieces), bound)
+            self.assertEqual(b"".join(p for p, _ in pieces[:-1]), line)
+            self.assertEqual([n for _, n in pieces], [False] * 3 + [True, True])
 
     def test_reads_within_the_window_coalesced(self) -> None:
         """A read soon after a write waits for the window's end, then leaves with the next one."""

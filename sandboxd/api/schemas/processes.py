@@ -50,7 +50,14 @@ _PROC_FIELDS = (
         "null while running; -N when killed by signal N",
         nullable=True,
     ),
+    F("timed_out", "boolean", "ended on its timeout or idle_timeout"),
     F("stdin", "boolean", "whether a stdin pipe is open"),
+    F(
+        "leftovers",
+        "integer",
+        "exited: how many processes it left running; null while running",
+        nullable=True,
+    ),
 )
 
 
@@ -221,12 +228,12 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 404,
                 "not_found",
-                "not managed, or exited leaving nothing running",
+                "not managed, or exited leaving nothing found running",
                 "NotFoundError",
             ),
         ),
         notes="Also to descendants that left the group, and to what an exited "
-        "command left running.",
+        "command left running. 20 (TSTP) stops it as STOP would; 18 resumes it.",
     ),
     "process_output": Schema(
         query=(
@@ -260,6 +267,7 @@ SCHEMAS: dict[str, Schema] = {
             F("pid", "integer"),
             F("state"),
             F("exit_code", "integer", "null while running", nullable=True),
+            F("timed_out", "boolean", "ended on its timeout or idle_timeout"),
             F(
                 "events",
                 "array",

@@ -40,12 +40,20 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "vars",
                 "object",
-                "{name: value}",
+                "{name: value}; null unsets the name",
                 required=True,
                 example={"LANG": "C.UTF-8"},
             ),
         ),
-        response=(F("updated", "array", "sorted names", items="string"),),
+        response=(
+            F("updated", "array", "sorted names (set or unset)", items="string"),
+            F(
+                "unset",
+                "array",
+                "sorted names unset (only when some were)",
+                items="string",
+            ),
+        ),
         errors=(
             E(
                 400,
@@ -59,7 +67,8 @@ SCHEMAS: dict[str, Schema] = {
                 "names, deny_vars or outside allow_vars (variable names it)",
             ),
         ),
-        notes="All or nothing. Later children inherit the variables.",
+        notes="All or nothing. Later children inherit the variables; a null value "
+        "removes one (a name not set is no error).",
     ),
     "ports": Schema(
         query=(

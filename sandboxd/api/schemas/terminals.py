@@ -52,7 +52,9 @@ SCHEMAS: dict[str, Schema] = {
             E(500, "internal", "the PTY could not be created", "OSError"),
         ),
         notes="TERM=xterm-256color; the shell runs in its own session. Closed after "
-        "idle_timeout_seconds (1800) with no client and no I/O.",
+        "idle_timeout_seconds (1800) with no client and no I/O, ending what runs "
+        "in it (a job that prints nothing included: detaching does not keep a "
+        "quiet job alive).",
     ),
     "pty_list_sessions": Schema(
         response=(
