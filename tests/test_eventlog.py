@@ -169,6 +169,40 @@ class FollowerTests(SynchronousTestCase):
         self.assertTrue(any(f.startswith(b"gap:") for f in channel.frames))
         self.assertEqual(channel.ids()[-1], 20)
 
+    def test_resume_id_of_another_log_starts_over(self) -> None:
+        """
+        An id past the log's end (from a log before a restart) gets the
+        log's events from its start, not the ones after that id only.
+        """
+        log = EventLog(10_000)
+        log.append("created", {"i": 0})
+        self.assertEqual([e.seq for e in log.since(30)[1]], [1])
+        channel = FakeChannel()
+        Follower(log, channel, after=30)  # type: ignore[arg-type]
+        for i in range(1, 5):
+            log.append("created", {"i": i})
+        self.assertEqual(channel.ids(), [1, 2, 3, 4, 5])
+
+    def test_resume_id_before_the_start_gets_one_gap(self) -> None:
+        """
+        A log numbered from a later start answers an id of an earlier log
+        with one gap, then its own events; no resume point is no gap.
+        """
+        log = EventLog(10_000, start=1000)
+        self.assertEqual(log.since(0), (None, []))
+        self.assertEqual(log.since(10), ((11, 1000), []))
+        channel = FakeChannel()
+        Follower(log, channel, after=10)  # type: ignore[arg-type]
+        log.append("created", {"i": 1})
+        log.append("created", {"i": 2})
+        gaps = [f for f in channel.frames if f.startswith(b"gap:")]
+        self.assertEqual(gaps, [b"gap:{'from': 11, 'to': 1000}"])
+        self.assertEqual(channel.ids(), [1001, 1002])
+        fresh = FakeChannel()
+        Follower(log, fresh, after=0)  # type: ignore[arg-type]
+        self.assertEqual(fresh.ids(), [1001, 1002])
+        self.assertFalse(any(f.startswith(b"gap:") for f in fresh.frames))
+
     def test_disconnect_unsubscribes(self) -> None:
         """After the client goes, new events are not written anywhere."""
         log = EventLog(10_000)

@@ -336,7 +336,8 @@ class Follower:
         """
         self.log = log
         self.channel = channel
-        self.sent = after
+        # An id past the log's end is another log's: from the start.
+        self.sent = log.resumed(after)
         self.paused = False
         self.format = formatter
         self.ending = ending
@@ -354,6 +355,9 @@ class Follower:
         gap, events = self.log.since(self.sent)
         if gap is not None:
             self.channel.send("gap", {"from": gap[0], "to": gap[1]})
+            # Said once, even when no event follows it yet (an id from
+            # before a log that numbers from a later start).
+            self.sent = max(self.sent, gap[1])
         for event in events:
             if not self.channel.open:
                 return
