@@ -133,10 +133,19 @@ class _Namespace(Part[F]):
         self._http = client._http
 
     async def _open(
-        self, path: str, params: Mapping[str, Any], after: int | None
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        after: int | None,
+        final: str | None = None,
     ) -> EventStream[F]:
-        """A GET stream, connected (its refusal raised here)."""
-        source = self._http.stream("GET", path, params, after=after, announce=True)
+        """
+        A GET stream, connected (its refusal raised here); ``final`` as
+        :meth:`~sandboxd.client._http.Http.stream` takes it.
+        """
+        source = self._http.stream(
+            "GET", path, params, after=after, announce=True, final=final
+        )
         stream = EventStream(self._face, source)
         await stream._connect()
         return stream
@@ -535,7 +544,9 @@ class Files(_Namespace[F]):
         """
         Changes under a directory as they happen (``event``: created,
         modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
-        resumed after a cut.  The watch is live when this returns;
+        resumed after a cut, a daemon's restart included (``gap`` then
+        says what was missed).  The watch is live when this returns; it
+        ends with an ``end`` event when the directory goes away;
         ``close()`` the stream (or use it in a ``with``) to stop.
         """
         params: dict[str, Any] = {
@@ -544,7 +555,7 @@ class Files(_Namespace[F]):
         }
         if path is not None:
             params["path"] = path
-        return await self._open("/files/watch", params, after)
+        return await self._open("/files/watch", params, after, final="end")
 
 
 class Process(Part[F]):

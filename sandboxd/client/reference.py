@@ -108,7 +108,11 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
   `agents.events` reconnect after a cut with `Last-Event-ID` (and `after`)
   set to the last event seen: the daemon replays exactly the events after it
   that it still keeps, so nothing is lost or repeated; events it no longer
-  keeps are announced by one `gap` event. `/shell/stream` (`commands.run`
+  keeps are announced by one `gap` event. A watch ends for good only with
+  its `end` event (the watched directory was deleted); one the daemon ends
+  without it (it stopped or restarted) is resumed the same way, and raises
+  `ConnectionFailed` when the daemon is not back within the client's
+  `retries` (raise them to ride out a restart). `/shell/stream` (`commands.run`
   with callbacks) is the process itself and is not resumed: the daemon kills
   the command when its client goes away.
 - **Downloads resume.** `files.download` writes `LOCAL.part` (and the file's

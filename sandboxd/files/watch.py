@@ -260,6 +260,9 @@ class Watch:
         #: The identity that started it (its share is counted against it).
         self.owner = ""
         self.log = EventLog(retention, start=first_seq(service.reactor.seconds()))
+        #: Whether it ended because its directory went away (its streams
+        #: end for good) rather than with the daemon (they are cut).
+        self.deleted = False
         self.clients = 0
         self.pending: list[dict[str, Any]] = []
         self._flush_call: Any = None
@@ -309,7 +312,7 @@ class Watch:
             if path == self.root:
                 self._add({"event": "deleted", "path": path, "type": "directory"})
                 self._flush()
-                self.close()
+                self.close(deleted=True)
             return
         if mask & inotify.IN_CREATE:
             self._add({"event": "created", "path": path, "type": kind})
@@ -456,8 +459,14 @@ class Watch:
                 WATCH_IDLE_SECONDS, self.close
             )
 
-    def close(self) -> None:
-        """Stop watching; streams still attached end."""
+    def close(self, deleted: bool = False) -> None:
+        """
+        Stop watching; streams still attached end.
+
+        :param deleted: the watched directory went away (else the daemon
+            is stopping, or no client is left).
+        """
+        self.deleted = self.deleted or deleted
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None

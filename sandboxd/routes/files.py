@@ -1028,7 +1028,17 @@ def files_watch(request: ServerRequest) -> Any:
             channel.done.addBoth(lambda _: watch.release())
             if window is None:
                 channel.comment("watching")
-                return Follower(watch.log, channel, after, our_format).done
+
+                def ending() -> bytes:
+                    # Only a watch whose directory went away ends: one the
+                    # daemon closes as it stops is cut, to be resumed.
+                    if watch.deleted:
+                        return frame("end", {"reason": "deleted"})
+                    return b""
+
+                return Follower(
+                    watch.log, channel, after, our_format, ending=ending
+                ).done
             channel.send("ready", {"path": root})
             follower = Follower(
                 watch.log,

@@ -332,7 +332,8 @@ class Follower:
     ) -> None:
         """
         :param ending: the last frame to write when the log closes, before
-            the stream ends (a stream whose clients expect an ``end`` event).
+            the stream ends (a stream whose clients expect an ``end`` event);
+            nothing when it gives no bytes.
         """
         self.log = log
         self.channel = channel
@@ -369,8 +370,9 @@ class Follower:
                 return
         if self.log.closed and self.channel.open:
             self._unsubscribe()
-            if self.ending is not None:
-                self.channel.write_raw(self.ending())
+            last = self.ending() if self.ending is not None else b""
+            if last:
+                self.channel.write_raw(last)
             self.channel.close()
 
     def pauseProducing(self) -> None:

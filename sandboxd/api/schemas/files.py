@@ -732,7 +732,9 @@ SCHEMAS: dict[str, Schema] = {
             ),
             Event(
                 "end",
-                '{"reason": "timeout"|"closed"}: last (without follow)',
+                '{"reason": "timeout"|"closed"}: last (without follow); '
+                '{"reason": "deleted"}: last, the watched directory went away '
+                "(follow=true; a stream that ends without it was cut: resume it)",
             ),
             Event("created", '{"event", "path", "type"} (follow=true)'),
             Event("modified", '{"event", "path", "type"} (follow=true)'),
