@@ -82,6 +82,7 @@ from sandboxd.client.errors import (
     ProtocolError,
     RequestTimeout,
     SandboxError,
+    TooManySessions,
 )
 from sandboxd.client.models import (
     CodeResult,
@@ -214,8 +215,9 @@ class Files(_Namespace[F]):
         ``resume=True``, goes as a resumable upload (``/files/uploads``):
         after a cut connection the client asks the daemon how many bytes it
         has and sends only the rest (up to ``retries`` times).  Smaller
-        files, ``resume=False``, or a daemon that does not serve
-        ``/files/uploads`` (older, or switched off by its policy) get one
+        files, ``resume=False``, a daemon that does not serve
+        ``/files/uploads`` (older, or switched off by its policy) or one
+        whose upload slots are all taken (``too_many_sessions``) get one
         ``POST /files/raw``, sent again whole after a cut.
 
         To carry on in a later process, keep the id ``on_upload_id(id)`` is
@@ -282,6 +284,11 @@ class Files(_Namespace[F]):
                 # The resumable path has a max_bytes of its own
                 # (files_uploads_create); a policy that raised only
                 # files_write_raw's still takes the file as one raw write.
+                return None
+            except TooManySessions:
+                # Every upload slot is held (by uploads of clients that
+                # died, most often): one raw write needs none, and is as
+                # atomic; it only cannot resume after a cut.
                 return None
             if not steps.on_record(created):
                 raise ProtocolError("the daemon created an upload of another size")

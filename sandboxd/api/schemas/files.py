@@ -605,7 +605,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions (16) uploads are open",
+                "max_sessions (16) uploads are open (or the identity's share), "
+                "none of them without a byte for 5 minutes (such an upload, "
+                "left by a client that died, is dropped to make room)",
                 "ResourceError",
             ),
         ),
