@@ -518,6 +518,17 @@ class RawTests(FilesCase):
         self.assertEqual((reply.status, reply.body), (304, b""))
 
     @inlineCallbacks
+    def test_suffix_range_of_an_empty_file_is_416(self) -> Any:
+        """
+        A suffix Range on an empty file cannot be satisfied (RFC 9110): 416
+        with ``bytes */0``, never a ``bytes 0--1/0`` Content-Range.
+        """
+        self.put("empty.bin", b"")
+        reply = yield self.get("/files/raw", "empty.bin", headers={"Range": "bytes=-5"})
+        self.assertEqual(reply.status, 416)
+        self.assertEqual(reply.header("content-range"), "bytes */0")
+
+    @inlineCallbacks
     def test_write_raw_if_match_and_overwrite(self) -> Any:
         """Raw write with a stale If-Match is 412; overwrite=false on an existing file 409; old bytes kept."""
         self.put("w.txt", b"old")
