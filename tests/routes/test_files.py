@@ -24,6 +24,7 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.api.schema import schema_for
 from sandboxd.files import walk
 from sandboxd.files.stream import FileShrank
 from sandboxd.testing import memory_context, memory_site
@@ -527,6 +528,15 @@ class RawTests(FilesCase):
         reply = yield self.get("/files/raw", "empty.bin", headers={"Range": "bytes=-5"})
         self.assertEqual(reply.status, 416)
         self.assertEqual(reply.header("content-range"), "bytes */0")
+
+    @inlineCallbacks
+    def test_nul_in_a_path_is_invalid_path_as_documented(self) -> Any:
+        """A NUL in a path is 400 invalid_path, the code the endpoint's errors list for it."""
+        reply = yield self.request("GET", "/download?path=in.txt%00x")
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_path"))
+        documented = {(e.status, e.code): e.when for e in schema_for("download").errors}
+        self.assertIn("NUL", documented[(400, "invalid_path")])
+        self.assertNotIn("NUL", documented[(400, "invalid_param")])
 
     @inlineCallbacks
     def test_write_raw_if_match_and_overwrite(self) -> Any:
