@@ -811,6 +811,30 @@ class TreeTests(FilesCase):
         reply = yield self.request("POST", "/files/search", {})
         self.assertEqual(reply.status, 400)
 
+    @inlineCallbacks
+    def test_search_path_globs(self) -> Any:
+        """
+        A path glob's leading ``**/`` finds what the name pattern finds; a
+        pattern still holding ``/`` (which no name can match) is 400 with a
+        hint, not an empty result; grep's include is taken the same way.
+        """
+        for i in range(3):
+            self.put(f"s/d{i}/f{i}.py", b"hit\n")
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "**/*.py"}
+        )
+        self.assertEqual(len(reply.json()["results"]), 3)
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "d1/*.py"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+        self.assertIn("not paths", reply.json()["error"])
+        reply = yield self.request(
+            "POST", "/files/grep", {"path": "s", "pattern": "hit", "include": "**/*.py"}
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["files_matched"], 3)
+
 
 class SeedFormTests(FilesCase):
     """The seed's file options and answers, which its SDK depends on."""

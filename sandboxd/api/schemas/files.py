@@ -358,7 +358,8 @@ SCHEMAS: dict[str, Schema] = {
             F("path", doc="default: base_dir (see paths.allow)"),
             F(
                 "pattern",
-                doc="fnmatch on names, recursive",
+                doc="fnmatch on names (not paths), recursive; a leading **/ is "
+                "dropped, another / refused",
                 required=True,
                 min_length=1,
                 example="*.py",
@@ -370,7 +371,14 @@ SCHEMAS: dict[str, Schema] = {
             F("timed_out", "boolean", "the 10 s walk limit (timeout_seconds) ran out"),
             F("truncated", "boolean"),
         ),
-        errors=(*GUARD, E(400, "invalid_param", "a pattern over 1024 characters")),
+        errors=(
+            *GUARD,
+            E(
+                400,
+                "invalid_param",
+                "a pattern over 1024 characters, or one holding / (past a leading **/)",
+            ),
+        ),
     ),
     "files_grep": Schema(
         body=(
@@ -392,7 +400,11 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
-            F("include", doc="fnmatch on file names (*.py)"),
+            F(
+                "include",
+                doc="fnmatch on file names (*.py); a leading **/ is dropped, "
+                "another / refused",
+            ),
             F(
                 "context",
                 "integer",
