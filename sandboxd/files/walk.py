@@ -86,15 +86,21 @@ def display_name(name: str) -> str:
 
 
 def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
-    """Whether a walked entry may be shown: policy allows it, links stay inside."""
+    """
+    Whether a walked entry may be shown: policy allows it, links stay
+    inside.  A loop of links leads nowhere rather than out: it is shown
+    (as a dangling link is), so that it can be seen and removed.
+    """
     if not guard.decide(path).allowed:
         return False
     if stat.S_ISLNK(st.st_mode):
         try:
             with guard.locate(path, "read", follow=True):
                 pass
-        except ApiError:
-            return False
+        except ApiError as e:
+            # The guard's answer to a loop (a name from a listing holds
+            # no NUL, the other cause of this code).
+            return e.code == Code.INVALID_PATH
     return True
 
 

@@ -812,6 +812,26 @@ class TreeTests(FilesCase):
         self.assertEqual(reply.status, 400)
 
     @inlineCallbacks
+    def test_link_loops_are_listed(self) -> Any:
+        """
+        Links that lead to each other (a loop, inside the base) are listed
+        and found as symlinks, as a dangling link is, so that an agent can
+        see them and delete them.
+        """
+        os.makedirs(os.path.join(self.base_dir, "loop"))
+        os.symlink("b", os.path.join(self.base_dir, "loop", "a"))
+        os.symlink("a", os.path.join(self.base_dir, "loop", "b"))
+        reply = yield self.request("GET", "/files/list?path=loop")
+        self.assertEqual(
+            [(e["name"], e["type"]) for e in reply.json()["entries"]],
+            [("a", "symlink"), ("b", "symlink")],
+        )
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "loop", "pattern": "*"}
+        )
+        self.assertEqual([r["name"] for r in reply.json()["results"]], ["a", "b"])
+
+    @inlineCallbacks
     def test_search_path_globs(self) -> Any:
         """
         A path glob's leading ``**/`` finds what the name pattern finds; a
