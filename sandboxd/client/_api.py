@@ -453,12 +453,14 @@ class Files(_Namespace[F]):
         """
         if (edits is None) == (old_text is None or new_text is None):
             raise TypeError("give old_text and new_text, or edits")
-        listed = (
+        listed: list[dict[str, Any]] | dict[str, Any] = (
             [dict(e) for e in edits]
             if edits is not None
-            else [
-                {"old_text": old_text, "new_text": new_text, "replace_all": replace_all}
-            ]
+            else {
+                "old_text": old_text,
+                "new_text": new_text,
+                "replace_all": replace_all,
+            }
         )
         return cast(
             Edited,

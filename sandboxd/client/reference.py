@@ -170,7 +170,9 @@ sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that 
 `cp` does), and a directory tree with `-r` (packed into a tar.gz on one side
 and unpacked on the other through `files_archive` and `files_extract`, so
 their `max_bytes`, 100 MB by default, bound it; the daemon's archive holds
-files, so an empty directory is copied in but not out). `-` is stdin as the
+files, so an empty directory is copied in but not out; a link that leads out
+of the tree copied in, such as a virtualenv's `bin/python`, is left out with
+a warning, as the daemon would refuse it). `-` is stdin as the
 source and stdout as the destination, as in other Unix tools (`./-` names a
 file called `-`); stdin is read to its end before it is sent, and nothing but
 the file's bytes goes to stdout.

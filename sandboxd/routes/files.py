@@ -799,6 +799,11 @@ def _edit(raw: Any, where: str) -> Edit:
             )
         after = integer(raw.get("insert_line"), f"{where}insert_line", low=0)
         return Edit("", new, insert_line=after)
+    if raw.get("old_text") == "":
+        raise bad_request(
+            f"'{where}old_text' is empty: give the text to replace, or "
+            f"'{where}insert_line' to add new_text after a line"
+        )
     old = required(raw.get("old_text"), f"{where}old_text")
     replace_all = flag(
         raw.get("replace_all", False), f"{where}replace_all", False, words=False

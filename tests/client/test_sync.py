@@ -295,6 +295,25 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_edit_with_empty_old_text_says_so(self) -> Any:
+        """
+        ``edit(path, "", new)`` is refused naming the field the caller gave
+        (``old_text``, empty), not an ``edits[0]`` it never wrote.
+        """
+        with open(self.path("e.txt"), "w") as f:
+            f.write("hi\n")
+
+        def body() -> None:
+            with self.assertRaises(InvalidParam) as caught:
+                self.sandbox().files.edit("e.txt", "", "x")
+            self.assertEqual(
+                caught.exception.message,
+                "'old_text' is empty: give the text to replace, or 'insert_line' "
+                "to add new_text after a line",
+            )
+
+        return self.in_thread(body)
+
     def test_watch_resumes_a_stream_the_daemon_ended(self) -> Any:
         """
         A watch stream the daemon ends without its ``end`` event (as when

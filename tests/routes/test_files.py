@@ -648,6 +648,23 @@ class TreeTests(FilesCase):
         )
 
     @inlineCallbacks
+    def test_move_into_a_directory_names_the_entry_in_the_way(self) -> Any:
+        """
+        A move into a directory that already holds the name is 409, and the
+        message names that entry, not the directory it was moved into.
+        """
+        self.put("app.py")
+        self.put("dest/app.py", b"kept")
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "app.py", "destination": "dest", "overwrite": False},
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+        self.assertEqual(reply.json()["error"], "destination: File exists: dest/app.py")
+        self.assertEqual(self.read("dest/app.py"), b"kept")
+
+    @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
         """mkdir with parents (twice is fine), delete recursively, move with prefixes and 404."""
         reply = yield self.request("POST", "/files/mkdir", {"path": "m/n/o"})
