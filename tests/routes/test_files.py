@@ -15,6 +15,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import time
 import zipfile
 from typing import Any
 from urllib.parse import quote
@@ -109,6 +110,28 @@ def _read_while_truncating(port: int, url: str, path: str) -> tuple[int, int]:
         except ConnectionResetError:
             pass
         return length, received
+
+
+def _write_while_moving(port: int, base: str) -> tuple[int, bytes]:
+    """
+    ``POST /files/raw?path=dd/sub/f.bin`` with half its body sent, then
+    ``dd/sub`` renamed to ``dd/moved``, then the rest: the answer's status
+    and body.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(
+            b"POST /files/raw?path=dd/sub/f.bin HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/octet-stream\r\n"
+            b"Content-Length: 200000\r\nConnection: close\r\n\r\n" + b"x" * 100000
+        )
+        time.sleep(0.5)  # the write has begun in dd/sub
+        os.rename(os.path.join(base, "dd/sub"), os.path.join(base, "dd/moved"))
+        s.sendall(b"x" * 100000)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
 
 
 class FilesCase(DaemonTestCase):
@@ -537,6 +560,20 @@ class RawTests(FilesCase):
         documented = {(e.status, e.code): e.when for e in schema_for("download").errors}
         self.assertIn("NUL", documented[(400, "invalid_path")])
         self.assertNotIn("NUL", documented[(400, "invalid_param")])
+
+    @inlineCallbacks
+    def test_directory_moved_during_a_raw_write(self) -> Any:
+        """
+        A raw write whose directory is renamed before its body ends is 404,
+        as one whose directory is deleted, and writes nothing: never a 200
+        naming a path where the file is not.
+        """
+        os.makedirs(os.path.join(self.base_dir, "dd", "sub"))
+        status, body = yield deferToThread(
+            _write_while_moving, self.daemon.port, self.base_dir
+        )
+        self.assertEqual((status, json.loads(body)["code"]), (404, "not_found"))
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "dd", "moved")), [])
 
     @inlineCallbacks
     def test_write_raw_if_match_and_overwrite(self) -> Any:
