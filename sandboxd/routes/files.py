@@ -74,7 +74,7 @@ from sandboxd.web.messages import (
     SSEResponse,
     StreamResponse,
 )
-from sandboxd.web.params import flag, integer, number, required, string
+from sandboxd.web.params import flag, integer, name_glob, number, required, string
 from sandboxd.web.sse import (
     Follower,
     SSEChannel,
@@ -703,26 +703,6 @@ def _crossing_bounds(request: ServerRequest, gone: threading.Event) -> crossing.
     )
 
 
-def name_pattern(pattern: str, name: str) -> str:
-    """
-    ``pattern`` as a pattern over names: the leading ``**/`` of a path glob
-    (as agents' own glob tools take them) dropped, since the walk is
-    recursive already; a ``/`` left could never match a name, and is
-    refused with a hint rather than answered with no results.
-
-    :raises ApiError: 400 ``invalid_param``.
-    """
-    while pattern.startswith("**/"):
-        pattern = pattern[3:]
-    if "/" in pattern or not pattern:
-        raise bad_request(
-            f"'{name}' is matched against file names, not paths, so it cannot "
-            "hold '/'; the search is recursive: give the name's pattern "
-            "('*.py') and the directory as 'path'"
-        )
-    return pattern
-
-
 def files_search(request: ServerRequest) -> Any:
     """``POST /files/search``: fnmatch on names, recursive, time-boxed, in a thread."""
     guard = PathGuard.for_request(request)
@@ -734,7 +714,7 @@ def files_search(request: ServerRequest) -> Any:
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
-    pattern = name_pattern(pattern, "pattern")
+    pattern = name_glob(pattern, "pattern")
     limits = request.rule.limits
     cap = smallest(limits.max_results, limits.max_entries) or _default(
         "files_search", "max_entries"
@@ -858,12 +838,12 @@ def files_grep(request: ServerRequest) -> Any:
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
-    pattern = name_pattern(pattern, "pattern")
+    pattern = name_glob(pattern, "pattern")
     include = string(body.get("include"), "include", None)
     if include is not None and len(include) > MAX_PATTERN_CHARS:
         raise bad_request(f"'include' is longer than {MAX_PATTERN_CHARS} characters")
     if include:
-        include = name_pattern(include, "include")
+        include = name_glob(include, "include")
     query = grep.Query(
         pattern,
         fixed_strings=flag(
