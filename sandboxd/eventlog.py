@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any, TypeVar
 
 import attrs
@@ -119,7 +120,18 @@ class EventLog:
             if after + 1 < first and self.last_seq >= after + 1
             else None
         )
-        return gap, [e for e in self._events if e.seq > after]
+        # The retained seqs are consecutive, so the wanted ones are the
+        # last ``count``, taken from the end: a live follower asks after
+        # every event, and a scan of the whole log each time made a burst
+        # cost its length times the log's on the reactor.
+        count = self.last_seq - max(after, first - 1)
+        if count <= 0:
+            return gap, []
+        if count >= len(self._events):
+            return gap, list(self._events)
+        tail = list(islice(reversed(self._events), count))
+        tail.reverse()
+        return gap, tail
 
     def resumed(self, after: int) -> int:
         """
