@@ -358,8 +358,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", doc="default: base_dir (see paths.allow)"),
             F(
                 "pattern",
-                doc="fnmatch on names (not paths), recursive; a leading **/ is "
-                "dropped, another / refused",
+                doc="fnmatch on names, recursive (a leading **/ is dropped)",
                 required=True,
                 min_length=1,
                 example="*.py",
@@ -400,11 +399,7 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
-            F(
-                "include",
-                doc="fnmatch on file names (*.py); a leading **/ is dropped, "
-                "another / refused",
-            ),
+            F("include", doc="fnmatch on file names (*.py)"),
             F(
                 "context",
                 "integer",
