@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any, TypeVar
 
 import attrs
@@ -44,17 +45,23 @@ def json_size(data: Any) -> int:
 
 class EventLog:
     """
-    A bounded, ordered log; ``seq`` starts at 1.
+    A bounded, ordered log; ``seq`` starts at ``start + 1`` (1 by default).
 
     :param max_bytes: retention bound; the oldest events go first, but the
         newest event is always kept, so a finished stream keeps its ``exit``.
+    :param start: the seq before the first event.  A stream that one URL
+        serves from a new log each time (a directory's watch, started again
+        after a restart or an idle close) numbers from a point in time, so
+        that an id of an earlier log falls before this one's first event
+        and is answered with a ``gap``, not taken for one of its own.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, start: int = 0) -> None:
         self.max_bytes = max_bytes
         self._events: deque[Event] = deque()
         self._bytes = 0
-        self.last_seq = 0
+        self.start = start
+        self.last_seq = start
         self.dropped_bytes = 0
         self.closed = False
         self._listeners: list[Callable[[Event | None], None]] = []
@@ -100,14 +107,43 @@ class EventLog:
         """
         The retained events with ``seq > after``, and the ``(from, to)``
         range of asked-for events already dropped, if any.
+
+        An ``after`` this log never reached is not one of its ids (it came
+        from another log: before a restart, or of a watch closed since):
+        the events are given from the log's start (:meth:`resumed`), never
+        filtered by it, which would hide the first ones without a word.
         """
+        after = self.resumed(after)
         first = self.first_seq
         gap = (
             (after + 1, first - 1)
             if after + 1 < first and self.last_seq >= after + 1
             else None
         )
-        return gap, [e for e in self._events if e.seq > after]
+        # The retained seqs are consecutive, so the wanted ones are the
+        # last ``count``, taken from the end: a live follower asks after
+        # every event, and a scan of the whole log each time made a burst
+        # cost its length times the log's on the reactor.
+        count = self.last_seq - max(after, first - 1)
+        if count <= 0:
+            return gap, []
+        if count >= len(self._events):
+            return gap, list(self._events)
+        tail = list(islice(reversed(self._events), count))
+        tail.reverse()
+        return gap, tail
+
+    def resumed(self, after: int) -> int:
+        """
+        Where a reader resuming after ``after`` starts: ``after`` itself;
+        the log's start for 0 (no resume point: every event) and for an
+        ``after`` past its last event (an id no reader of this log was
+        given).  An ``after`` before the start is kept: the events between
+        are another log's, missed, and :meth:`since` says so with a gap.
+        """
+        if after == 0 or after > self.last_seq:
+            return self.start
+        return after
 
     def subscribe(self, listener: Callable[[Event | None], None]) -> Callable[[], None]:
         """Call ``listener`` with each new event (None at close); returns unsubscribe."""

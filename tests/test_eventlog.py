@@ -6,6 +6,7 @@ memory grow.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -71,6 +72,48 @@ class EventLogTests(SynchronousTestCase):
         assert gap is not None
         self.assertEqual(gap, (1, events[0].seq - 1))
         self.assertEqual(events[-1].seq, 50)
+
+    def test_since_every_point_of_a_trimmed_log(self) -> None:
+        """since(N) is exactly the retained seqs above N, for N before, in and past the log."""
+        log = EventLog(200)
+        for i in range(50):
+            log.append("stdout", {"i": i})
+        kept = [e.seq for e in log.since(0)[1]]
+        first = kept[0]
+        self.assertGreater(first, 1)
+        self.assertEqual(kept, list(range(first, 51)))
+        for after in (1, first - 1, first, 30, 49, 50):
+            gap, events = log.since(after)
+            self.assertEqual([e.seq for e in events], [s for s in kept if s > after])
+            self.assertEqual(gap, (after + 1, first - 1) if after + 1 < first else None)
+
+    def test_since_reads_only_what_it_returns(self) -> None:
+        """
+        since(N) near the end of a long log looks at the events it returns,
+        not the whole log: a live follower asks after every event, and a
+        burst would cost its length times the log's on the reactor.
+        """
+        log = EventLog(10**9)
+        for i in range(10_000):
+            log.append("stdout", {"i": i})
+        seen = [0]
+
+        class Counting(deque):  # type: ignore[type-arg]
+            def __iter__(self) -> Any:
+                for e in super().__iter__():
+                    seen[0] += 1
+                    yield e
+
+            def __reversed__(self) -> Any:
+                for e in super().__reversed__():
+                    seen[0] += 1
+                    yield e
+
+        log._events = Counting(log._events)
+        self.assertEqual(
+            [e.seq for e in log.since(9_995)[1]], list(range(9_996, 10_001))
+        )
+        self.assertLessEqual(seen[0], 6)
 
     def test_newest_always_kept(self) -> None:
         """A single event larger than the bound is still kept (the exit survives)."""
@@ -177,6 +220,40 @@ class FollowerTests(SynchronousTestCase):
         follower.resumeProducing()
         self.assertTrue(any(f.startswith(b"gap:") for f in channel.frames))
         self.assertEqual(channel.ids()[-1], 20)
+
+    def test_resume_id_of_another_log_starts_over(self) -> None:
+        """
+        An id past the log's end (from a log before a restart) gets the
+        log's events from its start, not the ones after that id only.
+        """
+        log = EventLog(10_000)
+        log.append("created", {"i": 0})
+        self.assertEqual([e.seq for e in log.since(30)[1]], [1])
+        channel = FakeChannel()
+        Follower(log, channel, after=30)  # type: ignore[arg-type]
+        for i in range(1, 5):
+            log.append("created", {"i": i})
+        self.assertEqual(channel.ids(), [1, 2, 3, 4, 5])
+
+    def test_resume_id_before_the_start_gets_one_gap(self) -> None:
+        """
+        A log numbered from a later start answers an id of an earlier log
+        with one gap, then its own events; no resume point is no gap.
+        """
+        log = EventLog(10_000, start=1000)
+        self.assertEqual(log.since(0), (None, []))
+        self.assertEqual(log.since(10), ((11, 1000), []))
+        channel = FakeChannel()
+        Follower(log, channel, after=10)  # type: ignore[arg-type]
+        log.append("created", {"i": 1})
+        log.append("created", {"i": 2})
+        gaps = [f for f in channel.frames if f.startswith(b"gap:")]
+        self.assertEqual(gaps, [b"gap:{'from': 11, 'to': 1000}"])
+        self.assertEqual(channel.ids(), [1001, 1002])
+        fresh = FakeChannel()
+        Follower(log, fresh, after=0)  # type: ignore[arg-type]
+        self.assertEqual(fresh.ids(), [1001, 1002])
+        self.assertFalse(any(f.startswith(b"gap:") for f in fresh.frames))
 
     def test_disconnect_unsubscribes(self) -> None:
         """After the client goes, new events are not written anywhere."""

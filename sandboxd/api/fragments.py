@@ -8,7 +8,8 @@ from __future__ import annotations
 from sandboxd.api.fields import E, Event, F
 
 GUARD = (
-    E(400, "invalid_param", "a missing path, or one holding NUL"),
+    E(400, "invalid_param", "a missing path"),
+    E(400, "invalid_path", "a path holding NUL"),
     E(
         403,
         "path_not_allowed",

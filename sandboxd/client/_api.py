@@ -83,6 +83,7 @@ from sandboxd.client.errors import (
     RequestTimeout,
     SandboxError,
     Timeout,
+    TooManySessions,
     error_for,
 )
 from sandboxd.client.models import (
@@ -135,10 +136,19 @@ class _Namespace(Part[F]):
         self._http = client._http
 
     async def _open(
-        self, path: str, params: Mapping[str, Any], after: int | None
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        after: int | None,
+        final: str | None = None,
     ) -> EventStream[F]:
-        """A GET stream, connected (its refusal raised here)."""
-        source = self._http.stream("GET", path, params, after=after, announce=True)
+        """
+        A GET stream, connected (its refusal raised here); ``final`` as
+        :meth:`~sandboxd.client._http.Http.stream` takes it.
+        """
+        source = self._http.stream(
+            "GET", path, params, after=after, announce=True, final=final
+        )
         stream = EventStream(self._face, source)
         await stream._connect()
         return stream
@@ -207,8 +217,9 @@ class Files(_Namespace[F]):
         ``resume=True``, goes as a resumable upload (``/files/uploads``):
         after a cut connection the client asks the daemon how many bytes it
         has and sends only the rest (up to ``retries`` times).  Smaller
-        files, ``resume=False``, or a daemon that does not serve
-        ``/files/uploads`` (older, or switched off by its policy) get one
+        files, ``resume=False``, a daemon that does not serve
+        ``/files/uploads`` (older, or switched off by its policy) or one
+        whose upload slots are all taken (``too_many_sessions``) get one
         ``POST /files/raw``, sent again whole after a cut.
 
         To carry on in a later process, keep the id ``on_upload_id(id)`` is
@@ -275,6 +286,11 @@ class Files(_Namespace[F]):
                 # The resumable path has a max_bytes of its own
                 # (files_uploads_create); a policy that raised only
                 # files_write_raw's still takes the file as one raw write.
+                return None
+            except TooManySessions:
+                # Every upload slot is held (by uploads of clients that
+                # died, most often): one raw write needs none, and is as
+                # atomic; it only cannot resume after a cut.
                 return None
             if not steps.on_record(created):
                 raise ProtocolError("the daemon created an upload of another size")
@@ -439,12 +455,14 @@ class Files(_Namespace[F]):
         """
         if (edits is None) == (old_text is None or new_text is None):
             raise TypeError("give old_text and new_text, or edits")
-        listed = (
+        listed: list[dict[str, Any]] | dict[str, Any] = (
             [dict(e) for e in edits]
             if edits is not None
-            else [
-                {"old_text": old_text, "new_text": new_text, "replace_all": replace_all}
-            ]
+            else {
+                "old_text": old_text,
+                "new_text": new_text,
+                "replace_all": replace_all,
+            }
         )
         return cast(
             Edited,
@@ -537,7 +555,9 @@ class Files(_Namespace[F]):
         """
         Changes under a directory as they happen (``event``: created,
         modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
-        resumed after a cut.  The watch is live when this returns;
+        resumed after a cut, a daemon's restart included (``gap`` then
+        says what was missed).  The watch is live when this returns; it
+        ends with an ``end`` event when the directory goes away;
         ``close()`` the stream (or use it in a ``with``) to stop.
         """
         params: dict[str, Any] = {
@@ -546,7 +566,7 @@ class Files(_Namespace[F]):
         }
         if path is not None:
             params["path"] = path
-        return await self._open("/files/watch", params, after)
+        return await self._open("/files/watch", params, after, final="end")
 
 
 class Process(Part[F]):

@@ -103,14 +103,20 @@ def files_search(pattern: str, path: str | None, max_results: int | None) -> Req
 
 def files_edit(
     path: str,
-    edits: Sequence[dict[str, Any]],
+    edits: Sequence[dict[str, Any]] | dict[str, Any],
     dry_run: bool,
     if_match: str | None,
 ) -> Req:
+    """
+    ``edits`` as a list, or one edit as a mapping: sent in the body's
+    one-edit form, so that the daemon's messages name its fields as the
+    caller gave them (``old_text``, not ``edits[0].old_text``).
+    """
+    fields = dict(edits) if isinstance(edits, dict) else {"edits": list(edits)}
     return Req(
         "POST",
         "/files/edit",
-        json=body(path=path, edits=list(edits), dry_run=dry_run, if_match=if_match),
+        json=body(path=path, **fields, dry_run=dry_run, if_match=if_match),
         # Sent twice, a replacement could apply twice; with if_match the
         # second is refused (412) instead.
         idempotent=if_match is not None,

@@ -37,6 +37,10 @@ from sandboxd.client.models import Progress, SSEEvent
 Content = Callable[[], "bytes | io.Chunks"]
 
 
+class _Cut(Exception):
+    """A stream that ended before its final event: resumed as a lost connection."""
+
+
 class Http:
     """One daemon's settings plus the retry, rate-limit and resume rules."""
 
@@ -111,18 +115,25 @@ class Http:
         resumable: bool = True,
         read_timeout: float | None = STREAM_READ_TIMEOUT,
         announce: bool = False,
+        final: str | None = None,
     ) -> AsyncGenerator[SSEEvent | None, None]:
         """
         An SSE stream's events; a resumable stream cut mid-way reconnects
         with ``Last-Event-ID`` (and ``after``) and carries on after the
         last event seen, so nothing is lost or repeated.  With
         ``announce``, None first, once the daemon accepted the stream.
+
+        :param final: the event that ends the stream for good (a follow
+            watch's ``end``): a stream that ends without it was cut (the
+            daemon stopped or restarted) and is resumed as after a lost
+            connection; :class:`ConnectionFailed` once the retries run out.
         """
         s = self.settings
         last = after
         failures = 0
         what = f"{method} {path}"
         while True:
+            ended = final is None
             headers = {"Accept": "text/event-stream"}
             query = dict(params or {})
             if resumable and last is not None:
@@ -154,17 +165,24 @@ class Http:
                         failures = 0
                         if event.id is not None:
                             last = event.id
+                        ended = ended or event.event == final
                         yield event
                 finally:
                     await io.close(opened)
-                return
+                if ended:
+                    return
+                cut: Exception = _Cut(
+                    f"the stream ended without its {final!r} event "
+                    "(the daemon stopped or restarted)"
+                )
             except (*RETRYABLE, httpx.ReadTimeout) as e:
-                if not resumable or failures >= s.retries:
-                    raise transport_error(e, what) from None
-                failures += 1
-                await io.sleep(backoff(failures))
+                cut = e
             except httpx.HTTPError as e:
                 raise transport_error(e, what) from None
+            if not resumable or failures >= s.retries:
+                raise transport_error(cut, what) from None
+            failures += 1
+            await io.sleep(backoff(failures))
 
     async def events(
         self,

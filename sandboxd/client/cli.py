@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from sandboxd.client._api import Terminal
 from sandboxd.client._core import CHUNK_BYTES, exit_status, seg
@@ -46,7 +46,7 @@ from sandboxd.client.errors import (
     Unauthorized,
     UploadMismatch,
 )
-from sandboxd.client.models import Diagnostic, Stat, Written
+from sandboxd.client.models import Diagnostic, Entry, Listing, Stat, Written
 from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
@@ -640,6 +640,9 @@ def cmd_cp(
     except SandboxError as e:
         if bar is not None:
             bar.end()
+        if remote_src and e.type == "IsADirectoryError":
+            err.write(f"sandboxd cp: {src}: is a directory (copy it with -r)\n")
+            return 1
         if remote_src and isinstance(e, ConnectionFailed):
             part = (local if remote_src else "") + ".part"
             err.write(
@@ -767,16 +770,43 @@ def _cp_tree_in(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO)
     else:
         target = remote.rstrip("/") or "/"
     packed = io.BytesIO()
+
+    def leaving_out_links_out(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        # The daemon refuses a link that leads out of the tree (as any
+        # Python virtualenv's interpreter does) and then the whole copy:
+        # such a link is left out, and said so.
+        if member.issym() and _leads_out(member.name, member.linkname):
+            err.write(
+                f"sandboxd cp: {member.name}: a link to {member.linkname}, out of "
+                "the tree, is not copied\n"
+            )
+            return None
+        return member
+
     try:
         with tarfile.open(fileobj=packed, mode="w:gz") as tar:
             for name in sorted(os.listdir(src)):
-                tar.add(os.path.join(src, name), arcname=name)
+                tar.add(
+                    os.path.join(src, name), arcname=name, filter=leaving_out_links_out
+                )
     except OSError as e:
         err.write(f"sandboxd cp: {_local_error(e, src)}\n")
         return 1
-    # The directory itself, so an empty one is copied too.
+    # The directory itself, so an empty one is copied too; removed again
+    # when the copy is refused, if this cp made it.
+    made = _remote_stat(sb, target) is None
     sb.files.mkdir(target)
-    done = sb.files.extract(packed.getvalue(), target, overwrite=not args.no_overwrite)
+    try:
+        done = sb.files.extract(
+            packed.getvalue(), target, overwrite=not args.no_overwrite
+        )
+    except SandboxError:
+        if made:
+            try:
+                sb.files.delete(target)
+            except SandboxError:
+                pass  # the refusal is what the user needs to see
+        raise
     _copied(
         {
             "source": src,
@@ -788,6 +818,14 @@ def _cp_tree_in(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO)
         out,
     )
     return 0
+
+
+def _leads_out(name: str, target: str) -> bool:
+    """Whether a link ``name`` (relative to the tree's top) to ``target`` leaves the tree."""
+    if posixpath.isabs(target):
+        return True
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    return resolved == ".." or resolved.startswith("../")
 
 
 def _cp_tree_out(
@@ -859,7 +897,26 @@ def _shown_name(name: str) -> str:
 
 
 def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    listing = sb.files.listing(args.path, depth=args.depth)
+    """
+    A directory's entries; a path that is not a directory is shown as its
+    one entry, as ``ls FILE`` shows the file.
+    """
+    try:
+        listing = sb.files.listing(args.path, depth=args.depth)
+    except SandboxError as e:
+        if e.type != "NotADirectoryError":
+            raise
+        found = sb.files.stat(args.path)
+        if not found.get("exists"):
+            raise
+        entry = Entry(
+            name=found["name"],
+            path=found["path"],
+            type=cast(Any, found["type"]),
+            size=found["size"],
+            modified=found["modified"],
+        )
+        listing = Listing(entries=[entry], truncated=False)
     if args.json:
         _print_json(listing, out)
         return 0
@@ -871,7 +928,7 @@ def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             name += "@"
         if args.long:
             out.write(
-                f"{entry['type'][:4]:<5}{entry['size']:>12}  {entry['modified']}  {name}\n"
+                f"{entry['type']:<10}{entry['size']:>12}  {entry['modified']}  {name}\n"
             )
         else:
             out.write(name + "\n")

@@ -108,7 +108,11 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
   `agents.events` reconnect after a cut with `Last-Event-ID` (and `after`)
   set to the last event seen: the daemon replays exactly the events after it
   that it still keeps, so nothing is lost or repeated; events it no longer
-  keeps are announced by one `gap` event. `/shell/stream` (`commands.run`
+  keeps are announced by one `gap` event. A watch ends for good only with
+  its `end` event (the watched directory was deleted); one the daemon ends
+  without it (it stopped or restarted) is resumed the same way, and raises
+  `ConnectionFailed` when the daemon is not back within the client's
+  `retries` (raise them to ride out a restart). `/shell/stream` (`commands.run`
   with callbacks) is the process itself and is not resumed: the daemon kills
   the command when its client goes away.
 - **Downloads resume.** `files.download` writes `LOCAL.part` (and the file's
@@ -166,7 +170,9 @@ sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that 
 `cp` does), and a directory tree with `-r` (packed into a tar.gz on one side
 and unpacked on the other through `files_archive` and `files_extract`, so
 their `max_bytes`, 100 MB by default, bound it; the daemon's archive holds
-files, so an empty directory is copied in but not out). `-` is stdin as the
+files, so an empty directory is copied in but not out; a link that leads out
+of the tree copied in, such as a virtualenv's `bin/python`, is left out with
+a warning, as the daemon would refuse it). `-` is stdin as the
 source and stdout as the destination, as in other Unix tools (`./-` names a
 file called `-`); stdin is read to its end before it is sent, and nothing but
 the file's bytes goes to stdout.

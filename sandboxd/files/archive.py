@@ -298,12 +298,24 @@ class Member:
     source: Any = None
 
 
-def _clean_name(raw: str) -> str:
-    """A member name as a safe relative path, or a 403."""
+def _clean_name(raw: str, windows: bool = False) -> str:
+    """
+    A member name as a safe relative path, or a 403.
+
+    A backslash is a character of a name on Linux (``files_archive`` packs
+    ``win\\style.txt`` and systemd's ``dev-disk-by\\x2duuid.mount`` as they
+    are), so it is kept, except in an archive made on Windows (``windows``:
+    a zip whose maker says so), where it may be meant as a separator;
+    and a name whose backslash-separated parts hold ``..`` is refused
+    everywhere, whatever it was meant as.
+    """
     if "\x00" in raw or len(raw) > ARCHIVE_MAX_NAME_BYTES:
         raise refused_member(raw[:200], "bad name")
     if "\\" in raw:
-        raise refused_member(raw, "backslash in name")
+        if windows:
+            raise refused_member(raw, "backslash in a name made on Windows")
+        if ".." in raw.replace("\\", "/").split("/"):
+            raise refused_member(raw, "'..' between backslashes in name")
     if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):
         raise refused_member(raw, "absolute name")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
@@ -327,7 +339,8 @@ def _members(
                 raise too_many(max_files)
             for info in infos:
                 mode = info.external_attr >> 16
-                name = _clean_name(info.filename)
+                # create_system 0: MS-DOS and Windows (FAT, NTFS) makers.
+                name = _clean_name(info.filename, info.create_system == 0)
                 if stat.S_ISLNK(mode):
                     if info.file_size > ARCHIVE_MAX_NAME_BYTES:
                         raise refused_member(info.filename, "link target too long")

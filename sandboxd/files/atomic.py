@@ -23,6 +23,7 @@ import ctypes
 import errno
 import functools
 import os
+import posixpath
 import re
 import secrets
 import stat
@@ -353,6 +354,7 @@ class AtomicWrite:
         try:
             with conditional:
                 self._check_target()
+                self._check_directory()
                 st = os.fstat(self.fd)
                 dfd = self.location.dir_fd
                 if not self.overwrite:
@@ -385,6 +387,23 @@ class AtomicWrite:
         self.done = True
         self.location.close()
         return etag_of(st)
+
+    def _check_directory(self) -> None:
+        """
+        The directory the write was begun in must still be where its path
+        says: one moved meanwhile (a long upload, a rename of a parent)
+        would take the file to a path the answer does not name.  A
+        directory gone or moved is, to the caller, as one deleted: 404,
+        and nothing is written.
+        """
+        parent = posixpath.dirname(self.location.path)
+        here = os.fstat(self.location.dir_fd)
+        try:
+            there = os.stat(parent)
+        except OSError:
+            raise FileNotFoundError(errno.ENOENT, "moved", parent) from None
+        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):
+            raise FileNotFoundError(errno.ENOENT, "moved", parent)
 
     def _close(self) -> None:
         if self.fd >= 0:

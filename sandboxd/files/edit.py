@@ -122,24 +122,28 @@ def crlf_only(text: str) -> bool:
 
 def in_line_ends_of(text: str, edit: Edit) -> Edit:
     """
-    ``edit`` as it applies to ``text``: unchanged when its text is there as
-    written or ``text`` is not all CRLF; else with its bare LF line ends
-    made CRLF (an edit that already has a CR in it is taken as written).
+    ``edit`` as it applies to ``text``: unchanged when ``text`` is not all
+    CRLF; else with its bare LF line ends made CRLF (an edit that already
+    has a CR in it is taken as written).  An ``old`` found as written keeps
+    its own line ends, but what it is replaced with still gets CRLF ones:
+    a one-line ``old`` is always found as written, and replacing one line
+    with several is the commonest edit.
     """
     if not crlf_only(text) or "\r" in edit.old or "\r" in edit.new:
         return edit
+    new = edit.new.replace("\n", "\r\n")
     if edit.insert_line is None and (not edit.old or edit.old in text):
-        return edit
-    return attrs.evolve(
-        edit, old=edit.old.replace("\n", "\r\n"), new=edit.new.replace("\n", "\r\n")
-    )
+        # An old with a line end found as written matched the LF of a CRLF
+        # (its text starts or ends mid line end): taken as written.
+        return edit if "\n" in edit.old else attrs.evolve(edit, new=new)
+    return attrs.evolve(edit, old=edit.old.replace("\n", "\r\n"), new=new)
 
 
 def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
     """
-    ``new`` as lines of their own after line ``after``: a newline is added
-    after it where a line follows, and before it after a last line that
-    had none.
+    ``new`` as lines of their own after line ``after``: a line end (CRLF
+    in an all-CRLF file) is added after it where a line follows, and
+    before it after a last line that had none.
     """
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     if after > lines:
@@ -148,14 +152,16 @@ def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
             kind="past_end",
             edit=index,
         )
+    # The line end added is the file's own kind.
+    end = "\r\n" if crlf_only(text) else "\n"
     at = 0
     for _ in range(after):
         found = text.find("\n", at)
         at = len(text) if found < 0 else found + 1
     if at < len(text) and not new.endswith("\n"):
-        new += "\n"
+        new += end
     if at == len(text) and text and not text.endswith("\n"):
-        new = "\n" + new
+        new = end + new
     return text[:at] + new + text[at:]
 
 

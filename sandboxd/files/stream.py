@@ -222,7 +222,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     A single ``bytes=`` range as ``(start, length)``.
 
     :return: None to serve the whole file (no header, several ranges, or a
-        unit we do not know), ``"unsatisfiable"`` for a range past the end.
+        unit we do not know), ``"unsatisfiable"`` for a range past the end
+        (a suffix range of an empty file included).
     """
     if not header:
         return None
@@ -235,7 +236,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     try:
         if first == "":
             n = int(last)
-            if n <= 0:
+            if n <= 0 or size == 0:
+                # RFC 9110: a suffix of an empty representation is none.
                 return "unsatisfiable"
             n = min(n, size)
             return (size - n, n)

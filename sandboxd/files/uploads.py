@@ -13,7 +13,9 @@ where the upload stands and carries on from there.
 The table is per daemon (:attr:`~sandboxd.daemon.context.Context.uploads`) and
 bounded: at most ``max_sessions`` open uploads, each dropped (its staging
 file removed) after ``idle_timeout_seconds`` without a byte, on ``DELETE``
-and when the daemon stops.  An upload belongs to the identity that created
+and when the daemon stops; at the bound, one without a byte for
+:data:`~sandboxd.policy.defaults.UPLOAD_RECLAIM_SECONDS` makes room for a
+new one (a client that died mid-upload leaves its upload behind).  An upload belongs to the identity that created
 it; another identity is told it does not exist.
 """
 
@@ -30,6 +32,7 @@ from twisted.application.service import Service
 
 from sandboxd.errors import Code, limit_exceeded, not_found
 from sandboxd.files.atomic import AtomicWrite
+from sandboxd.policy.defaults import UPLOAD_RECLAIM_SECONDS
 
 
 @attrs.define(eq=False)
@@ -54,6 +57,8 @@ class Upload:
     busy: bool = False
     sha256: Any = attrs.field(factory=hashlib.sha256)
     expires_at: float = 0.0
+    #: When it last took a byte (or was created), on the table's clock.
+    active_at: float = 0.0
     timer: Any = None
     stop_append: Callable[[], None] | None = None
 
@@ -107,11 +112,12 @@ class UploadTable(Service):
         """
         Refuse a new upload at ``limit`` open ones, or at ``mine`` open ones
         of ``owner`` (an identity's share), before anything (its staging
-        file) is created.
+        file) is created.  An abandoned upload (:meth:`_reclaim`) in the
+        way is dropped instead.
 
         :raises ApiError: 429 ``too_many_sessions``.
         """
-        if len(self.uploads) >= limit:
+        if len(self.uploads) >= limit and not self._reclaim(None):
             raise limit_exceeded(
                 429,
                 f"too many open uploads (limit {limit}): finish or delete one",
@@ -121,7 +127,7 @@ class UploadTable(Service):
             )
         if owner is not None and mine is not None:
             held = sum(1 for u in self.uploads.values() if u.owner == owner)
-            if held >= mine:
+            if held >= mine and not self._reclaim(owner):
                 raise limit_exceeded(
                     429,
                     f"this identity has {mine} uploads open, its share of "
@@ -130,6 +136,28 @@ class UploadTable(Service):
                     rule=mine_rule,
                     limit=mine,
                 )
+
+    def _reclaim(self, owner: str | None) -> bool:
+        """
+        Drop the upload (of ``owner``, or of anyone) that has taken no byte
+        the longest, if for :data:`UPLOAD_RECLAIM_SECONDS` at least: its
+        client most likely died, and the idle timeout (an hour by
+        default) would keep the slot and the staging file that long.
+
+        :return: whether one was dropped.
+        """
+        now = self.clock.seconds()
+        idle = [
+            u
+            for u in self.uploads.values()
+            if not u.busy
+            and (owner is None or u.owner == owner)
+            and now - u.active_at >= UPLOAD_RECLAIM_SECONDS
+        ]
+        if not idle:
+            return False
+        self.drop(min(idle, key=lambda u: u.active_at))
+        return True
 
     def create(
         self,
@@ -169,6 +197,7 @@ class UploadTable(Service):
         if upload.timer is not None and upload.timer.active():
             upload.timer.cancel()
         upload.expires_at = self.wall() + upload.idle_seconds
+        upload.active_at = self.clock.seconds()
         upload.timer = self.clock.callLater(upload.idle_seconds, self._expire, upload)
 
     def hold(self, upload: Upload) -> None:

@@ -86,15 +86,21 @@ def display_name(name: str) -> str:
 
 
 def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
-    """Whether a walked entry may be shown: policy allows it, links stay inside."""
+    """
+    Whether a walked entry may be shown: policy allows it, links stay
+    inside.  A loop of links leads nowhere rather than out: it is shown
+    (as a dangling link is), so that it can be seen and removed.
+    """
     if not guard.decide(path).allowed:
         return False
     if stat.S_ISLNK(st.st_mode):
         try:
             with guard.locate(path, "read", follow=True):
                 pass
-        except ApiError:
-            return False
+        except ApiError as e:
+            # The guard's answer to a loop (a name from a listing holds
+            # no NUL, the other cause of this code).
+            return e.code == Code.INVALID_PATH
     return True
 
 
@@ -549,6 +555,9 @@ def _move_to(
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
     dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
+    # What a message names: the entry in the way, inside the destination
+    # directory when the move goes into one.
+    shown = destination
     inner_fd = -1
     try:
         if into and dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
@@ -556,6 +565,7 @@ def _move_to(
             inner_fd = os.open(dst_name or ".", _SUBDIR_FLAGS, dir_fd=dst_fd)
             dst_fd, dst_name = inner_fd, src.name
             dst_path = posixpath.join(dst_path, src.name)
+            shown = posixpath.join(str(destination), display_name(src.name))
             decision = guard.decide(dst_path, "write")
             if not decision.allowed:
                 raise _prefixed(refusal(decision), "destination")
@@ -573,12 +583,12 @@ def _move_to(
             # a device file is never replaced.
             replaced = dst_st if inner_fd < 0 else _lstat_at(dst_fd, dst_name)
             try:
-                dst.refuse_shared(replaced, destination)
-                refuse_device(replaced, destination)
+                dst.refuse_shared(replaced, shown)
+                refuse_device(replaced, shown)
                 if replaced is not None and on_another_mount(
                     dst_fd, dst_name, mount_of(dst_fd, ".")
                 ):
-                    raise _mounted(f"refusing to replace {destination}")
+                    raise _mounted(f"refusing to replace {shown}")
             except ApiError as e:
                 raise _prefixed(e, "destination") from None
         try:
@@ -602,11 +612,9 @@ def _move_to(
             )
     except OSError as e:
         if e.errno == errno.ENOTEMPTY and not into:
-            raise file_exists(
-                f"destination: Directory not empty: {destination}"
-            ) from None
+            raise file_exists(f"destination: Directory not empty: {shown}") from None
         if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
-            raise file_exists(f"destination: File exists: {destination}") from None
+            raise file_exists(f"destination: File exists: {shown}") from None
         if e.errno == errno.EINVAL:
             raise bad_request(
                 "destination: cannot move a directory into itself"

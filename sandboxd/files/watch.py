@@ -234,6 +234,20 @@ def _notifier_class() -> type[Any]:
     return _Notifier
 
 
+def first_seq(now: float) -> int:
+    """
+    The seq before a new watch's first event: its start in milliseconds,
+    times 1000.  One URL is served by a new watch after a restart or an
+    idle close, and a client resuming with an id of the old one must learn
+    it missed events (a ``gap``), not have the new watch's first ones
+    taken for those it saw.  Numbered from its start, a watch's ids lie
+    past every id of one started before it, unless that one made over a
+    thousand events per millisecond between the two starts; and they stay
+    below 2**53, exact in every JSON reader.
+    """
+    return int(now * 1000) * 1000
+
+
 class Watch:
     """One inotify watch and its event log."""
 
@@ -245,7 +259,10 @@ class Watch:
         self.recursive = recursive
         #: The identity that started it (its share is counted against it).
         self.owner = ""
-        self.log = EventLog(retention)
+        self.log = EventLog(retention, start=first_seq(service.reactor.seconds()))
+        #: Whether it ended because its directory went away (its streams
+        #: end for good) rather than with the daemon (they are cut).
+        self.deleted = False
         self.clients = 0
         self.pending: list[dict[str, Any]] = []
         self._flush_call: Any = None
@@ -295,7 +312,7 @@ class Watch:
             if path == self.root:
                 self._add({"event": "deleted", "path": path, "type": "directory"})
                 self._flush()
-                self.close()
+                self.close(deleted=True)
             return
         if mask & inotify.IN_CREATE:
             self._add({"event": "created", "path": path, "type": kind})
@@ -442,8 +459,14 @@ class Watch:
                 WATCH_IDLE_SECONDS, self.close
             )
 
-    def close(self) -> None:
-        """Stop watching; streams still attached end."""
+    def close(self, deleted: bool = False) -> None:
+        """
+        Stop watching; streams still attached end.
+
+        :param deleted: the watched directory went away (else the daemon
+            is stopping, or no client is left).
+        """
+        self.deleted = self.deleted or deleted
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None

@@ -627,6 +627,12 @@ WATCH_DEBOUNCE_SECONDS = 0.05
 #: files_watch: how long a watch with no client keeps its log for resumes.
 WATCH_IDLE_SECONDS = 60.0
 
+#: files_uploads_create: at the open-upload bound (the daemon's, or an
+#: identity's share), an upload that took no byte for this long is taken
+#: as abandoned (its client died) and dropped to make room, rather than
+#: holding its slot and staging file for the whole idle timeout.
+UPLOAD_RECLAIM_SECONDS = 300.0
+
 #: files_watch in the seed's form (``timeout`` or ``interval`` given): the
 #: window when none is asked for, and its ceiling when the policy sets no
 #: ``max_duration_seconds``; a shorter window asked for is this long.

@@ -74,7 +74,7 @@ from sandboxd.web.messages import (
     SSEResponse,
     StreamResponse,
 )
-from sandboxd.web.params import flag, integer, number, required, string
+from sandboxd.web.params import flag, integer, name_glob, number, required, string
 from sandboxd.web.sse import (
     Follower,
     SSEChannel,
@@ -714,6 +714,7 @@ def files_search(request: ServerRequest) -> Any:
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
+    pattern = name_glob(pattern, "pattern")
     limits = request.rule.limits
     cap = smallest(limits.max_results, limits.max_entries) or _default(
         "files_search", "max_entries"
@@ -778,6 +779,11 @@ def _edit(raw: Any, where: str) -> Edit:
             )
         after = integer(raw.get("insert_line"), f"{where}insert_line", low=0)
         return Edit("", new, insert_line=after)
+    if raw.get("old_text") == "":
+        raise bad_request(
+            f"'{where}old_text' is empty: give the text to replace, or "
+            f"'{where}insert_line' to add new_text after a line"
+        )
     old = required(raw.get("old_text"), f"{where}old_text")
     replace_all = flag(
         raw.get("replace_all", False), f"{where}replace_all", False, words=False
@@ -832,9 +838,12 @@ def files_grep(request: ServerRequest) -> Any:
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
+    pattern = name_glob(pattern, "pattern")
     include = string(body.get("include"), "include", None)
     if include is not None and len(include) > MAX_PATTERN_CHARS:
         raise bad_request(f"'include' is longer than {MAX_PATTERN_CHARS} characters")
+    if include:
+        include = name_glob(include, "include")
     query = grep.Query(
         pattern,
         fixed_strings=flag(
@@ -1028,7 +1037,17 @@ def files_watch(request: ServerRequest) -> Any:
             channel.done.addBoth(lambda _: watch.release())
             if window is None:
                 channel.comment("watching")
-                return Follower(watch.log, channel, after, our_format).done
+
+                def ending() -> bytes:
+                    # Only a watch whose directory went away ends: one the
+                    # daemon closes as it stops is cut, to be resumed.
+                    if watch.deleted:
+                        return frame("end", {"reason": "deleted"})
+                    return b""
+
+                return Follower(
+                    watch.log, channel, after, our_format, ending=ending
+                ).done
             channel.send("ready", {"path": root})
             follower = Follower(
                 watch.log,

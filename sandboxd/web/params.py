@@ -459,3 +459,23 @@ def declared_types(
                 f"'{field.name}' must be of type {field.type}",
                 param=field.name if name_param else None,
             )
+
+
+def name_glob(pattern: str, name: str) -> str:
+    """
+    ``pattern`` as a pattern over names: the leading ``**/`` of a path glob
+    (as agents' own glob tools take them) dropped, since the walk is
+    recursive already; a ``/`` left could never match a name, and is
+    refused with a hint rather than answered with no results.
+
+    :raises ApiError: 400 ``invalid_param``.
+    """
+    while pattern.startswith("**/"):
+        pattern = pattern[3:]
+    if "/" in pattern or not pattern:
+        raise bad_request(
+            f"'{name}' is matched against file names, not paths, so it cannot "
+            "hold '/'; the search is recursive: give the name's pattern "
+            "('*.py') and the directory as 'path'"
+        )
+    return pattern

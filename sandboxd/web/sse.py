@@ -343,11 +343,13 @@ class Follower:
     ) -> None:
         """
         :param ending: the last frame to write when the log closes, before
-            the stream ends (a stream whose clients expect an ``end`` event).
+            the stream ends (a stream whose clients expect an ``end`` event);
+            nothing when it gives no bytes.
         """
         self.log = log
         self.channel = channel
-        self.sent = after
+        # An id past the log's end is another log's: from the start.
+        self.sent = log.resumed(after)
         self.paused = False
         self.format = formatter
         self.ending = ending
@@ -365,6 +367,9 @@ class Follower:
         gap, events = self.log.since(self.sent)
         if gap is not None:
             self.channel.send("gap", {"from": gap[0], "to": gap[1]})
+            # Said once, even when no event follows it yet (an id from
+            # before a log that numbers from a later start).
+            self.sent = max(self.sent, gap[1])
         for event in events:
             if not self.channel.open:
                 return
@@ -376,8 +381,9 @@ class Follower:
                 return
         if self.log.closed and self.channel.open:
             self._unsubscribe()
-            if self.ending is not None:
-                self.channel.write_raw(self.ending())
+            last = self.ending() if self.ending is not None else b""
+            if last:
+                self.channel.write_raw(last)
             self.channel.close()
 
     def pauseProducing(self) -> None:

@@ -364,6 +364,46 @@ class CopyTests(ClientCase):
         self.assertIn(b"is a directory (copy it with -r)", tree.stderr)
 
     @inlineCallbacks
+    def test_remote_directory_without_r(self) -> Any:
+        """``cp :DIR LOCAL`` without -r says to copy it with -r, as for a local one."""
+        os.makedirs(self.path("rdir"))
+        local = os.path.realpath(self.mktemp())
+        done = yield self.cli("cp", ":rdir", local)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b":rdir: is a directory (copy it with -r)", done.stderr)
+
+    @inlineCallbacks
+    def test_recursive_leaves_out_links_out_of_the_tree(self) -> Any:
+        """
+        ``cp -r`` of a tree holding a link out of it (a virtualenv's python)
+        copies the rest and says which link it left out; a tree the daemon
+        refuses (a hard link) leaves no empty target behind.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(local, ".venv", "bin"))
+        os.symlink("/usr/bin/python3", os.path.join(local, ".venv", "bin", "python"))
+        os.symlink("../main.py", os.path.join(local, ".venv", "inside"))
+        with open(os.path.join(local, "main.py"), "w") as f:
+            f.write("x\n")
+        done = yield self.cli("cp", "-r", local, ":proj")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(b".venv/bin/python: a link to /usr/bin/python3", done.stderr)
+        with open(self.path("proj", "main.py")) as f:
+            self.assertEqual(f.read(), "x\n")
+        self.assertFalse(os.path.lexists(self.path("proj", ".venv", "bin", "python")))
+        self.assertEqual(
+            os.readlink(self.path("proj", ".venv", "inside")), "../main.py"
+        )
+        linked = os.path.realpath(self.mktemp())
+        os.makedirs(linked)
+        with open(os.path.join(linked, "a"), "w") as f:
+            f.write("a")
+        os.link(os.path.join(linked, "a"), os.path.join(linked, "b"))
+        refused = yield self.cli("cp", "-r", linked, ":hard")
+        self.assertEqual(refused.returncode, 1)
+        self.assertFalse(os.path.exists(self.path("hard")))
+
+    @inlineCallbacks
     def test_recursive(self) -> Any:
         """
         ``cp -r`` copies a tree in (nested and empty directories) and out
@@ -580,6 +620,9 @@ class ListingTests(ClientCase):
         self.assertEqual(done.stdout.decode().split(), ["f.txt", "sub/"])
         long = yield self.cli("ls", "-l", "d")
         self.assertIn("file", long.stdout.decode())
+        self.assertIn("directory", long.stdout.decode())
+        one = yield self.cli("ls", "d/f.txt")
+        self.assertEqual((one.returncode, one.stdout), (0, b"f.txt\n"), one.stderr)
         js = yield self.cli("ls", "--json", "d")
         self.assertEqual(len(json.loads(js.stdout)["entries"]), 2)
 

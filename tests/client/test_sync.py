@@ -15,7 +15,9 @@ import tarfile
 import time
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.threads import blockingCallFromThread
 
 from sandboxd.client import (
     AsyncSandbox,
@@ -325,6 +327,70 @@ class FilesTests(ClientCase):
             self.assertEqual([repr(u.exc_value) for u in unraisable], [])
 
         return d.addCallback(check)
+
+    def test_edit_with_empty_old_text_says_so(self) -> Any:
+        """
+        ``edit(path, "", new)`` is refused naming the field the caller gave
+        (``old_text``, empty), not an ``edits[0]`` it never wrote.
+        """
+        with open(self.path("e.txt"), "w") as f:
+            f.write("hi\n")
+
+        def body() -> None:
+            with self.assertRaises(InvalidParam) as caught:
+                self.sandbox().files.edit("e.txt", "", "x")
+            self.assertEqual(
+                caught.exception.message,
+                "'old_text' is empty: give the text to replace, or 'insert_line' "
+                "to add new_text after a line",
+            )
+
+        return self.in_thread(body)
+
+    def test_watch_resumes_a_stream_the_daemon_ended(self) -> Any:
+        """
+        A watch stream the daemon ends without its ``end`` event (as when
+        it stops) is a cut: the client reconnects, is told of the gap and
+        goes on with the changes made after.
+        """
+        os.makedirs(self.path("w"))
+
+        def close_watches() -> None:
+            for watch in list(self.daemon.context.watches.get().watches.values()):
+                watch.close()
+
+        def body() -> None:
+            sb = self.sandbox()
+            seen: list[str] = []
+            with sb.files.watch("w") as events:
+                with open(self.path("w/a.txt"), "w"):
+                    pass
+                for event in events:
+                    seen.append(event.event)
+                    if event.data.get("path", "").endswith("/a.txt"):
+                        blockingCallFromThread(reactor, close_watches)
+                    elif event.event == "gap":  # the new watch is live
+                        with open(self.path("w/b.txt"), "w"):
+                            pass
+                    elif event.data.get("path", "").endswith("/b.txt"):
+                        break
+            self.assertIn("gap", seen)
+            self.assertEqual(seen[-1], "created")
+
+        return self.in_thread(body)
+
+    def test_watch_ends_when_its_directory_goes(self) -> Any:
+        """A watch whose directory is deleted ends with ``end``, and the loop stops."""
+        os.makedirs(self.path("w"))
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.files.watch("w") as events:
+                os.rmdir(self.path("w"))
+                kinds = [event.event for event in events]
+            self.assertEqual(kinds[-2:], ["deleted", "end"])
+
+        return self.in_thread(body)
 
 
 class CommandsTests(ClientCase):

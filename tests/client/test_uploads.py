@@ -383,6 +383,31 @@ class NoResumableUploadsTests(ClientCase):
         return self.in_thread(body)
 
 
+class FullUploadTableTests(ClientCase):
+    """A daemon whose every upload slot is held (by clients that died)."""
+
+    policy = {"endpoints": {"files_uploads_create": {"limits": {"max_sessions": 1}}}}
+
+    def test_large_file_falls_back_to_one_raw_write(self) -> Any:
+        """With no upload slot left (429 too_many_sessions), a large file arrives in one raw write."""
+        data = os.urandom(SIZE)
+        local = os.path.join(os.path.realpath(self.mktemp()))
+        with open(local, "wb") as f:
+            f.write(data)
+
+        def body() -> None:
+            written = self.sandbox().files.upload(local, "up.bin")
+            self.assertNotIn("complete", written)
+            with open(self.path("up.bin"), "rb") as f:
+                self.assertEqual(f.read(), data)
+
+        # The one slot, held by an upload nobody finishes.
+        d = self.request("POST", "/files/uploads", {"path": "held.bin", "size": 5})
+        d.addCallback(lambda reply: self.assertEqual(reply.status, 201))
+        d.addCallback(lambda _: self.in_thread(body))
+        return d
+
+
 class RawOnlyLimitTests(ClientCase):
     """A policy that raised files_write_raw's max_bytes but not the uploads'."""
 

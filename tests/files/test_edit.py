@@ -98,6 +98,21 @@ class ApplyTests(SynchronousTestCase):
         out = apply("a\r\nb\r\n", [Edit("", "x\ny\n", insert_line=1)])
         self.assertEqual(out.text, "a\r\nx\r\ny\r\nb\r\n")
 
+    def test_crlf_file_keeps_crlf_when_old_is_found_as_written(self) -> None:
+        """
+        In an all-CRLF file, a one-line old_text (found as written) replaced
+        by several lines, and an insert_line without a line end of its own,
+        put CRLF in, never a bare LF.
+        """
+        out = apply("a\r\nb\r\n", [Edit("a", "A\nA2")])
+        self.assertEqual(out.text, "A\r\nA2\r\nb\r\n")
+        out = apply("a\r\nb\r\n", [Edit("", "first", insert_line=1)])
+        self.assertEqual(out.text, "a\r\nfirst\r\nb\r\n")
+        out = apply("a\r\nb", [Edit("", "last", insert_line=2)])
+        self.assertEqual(out.text, "a\r\nb\r\nlast")
+        # An LF-only file is untouched by any of this.
+        self.assertEqual(apply("a\nb\n", [Edit("a", "A\nA2")]).text, "A\nA2\nb\n")
+
     def test_mixed_line_ends_stay_exact(self) -> None:
         """A file with both kinds of line end is matched as written."""
         with self.assertRaises(ApiError):

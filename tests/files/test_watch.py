@@ -133,6 +133,32 @@ class WatchTests(StreamCase):
         yield deferLater(reactor, 0.05, lambda: None)
 
     @inlineCallbacks
+    def test_resume_id_of_an_earlier_watch_gets_a_gap(self) -> Any:
+        """
+        A Last-Event-ID from a watch that no longer exists (the daemon
+        restarted, or the client stayed away past the idle close) starts
+        the new watch's stream with a gap, then its first changes: none of
+        them is taken for one the client already saw.
+        """
+        os.mkdir(os.path.join(self.base_dir, "r"))
+        c, response = yield self.open_stream(
+            "path=r&follow=true", {"Last-Event-ID": "10"}
+        )
+        for name in ("a", "b"):
+            with open(os.path.join(self.base_dir, "r", name), "wb"):
+                pass
+        yield c.wait_for(b"/r/b")
+        events = c.events()
+        self.assertEqual(events[0][1], "gap")
+        self.assertEqual(events[0][2]["from"], 11)
+        created = [e for e in events if e[1] == "created"]
+        self.assertEqual([os.path.basename(e[2]["path"]) for e in created], ["a", "b"])
+        assert created[0][0] is not None
+        self.assertEqual(events[0][2]["to"], created[0][0] - 1)
+        response._transport.loseConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
     def test_attribute_changes_are_not_events(self) -> Any:
         """
         A chmod is none of this stream's four events (the watch hears it

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import time
 import zipfile
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +25,7 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.api.schema import schema_for
 from sandboxd.files import walk
 from sandboxd.files.stream import FileShrank
 from sandboxd.testing import memory_context, memory_site
@@ -108,6 +110,28 @@ def _read_while_truncating(port: int, url: str, path: str) -> tuple[int, int]:
         except ConnectionResetError:
             pass
         return length, received
+
+
+def _write_while_moving(port: int, base: str) -> tuple[int, bytes]:
+    """
+    ``POST /files/raw?path=dd/sub/f.bin`` with half its body sent, then
+    ``dd/sub`` renamed to ``dd/moved``, then the rest: the answer's status
+    and body.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(
+            b"POST /files/raw?path=dd/sub/f.bin HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/octet-stream\r\n"
+            b"Content-Length: 200000\r\nConnection: close\r\n\r\n" + b"x" * 100000
+        )
+        time.sleep(0.5)  # the write has begun in dd/sub
+        os.rename(os.path.join(base, "dd/sub"), os.path.join(base, "dd/moved"))
+        s.sendall(b"x" * 100000)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
 
 
 class FilesCase(DaemonTestCase):
@@ -518,6 +542,40 @@ class RawTests(FilesCase):
         self.assertEqual((reply.status, reply.body), (304, b""))
 
     @inlineCallbacks
+    def test_suffix_range_of_an_empty_file_is_416(self) -> Any:
+        """
+        A suffix Range on an empty file cannot be satisfied (RFC 9110): 416
+        with ``bytes */0``, never a ``bytes 0--1/0`` Content-Range.
+        """
+        self.put("empty.bin", b"")
+        reply = yield self.get("/files/raw", "empty.bin", headers={"Range": "bytes=-5"})
+        self.assertEqual(reply.status, 416)
+        self.assertEqual(reply.header("content-range"), "bytes */0")
+
+    @inlineCallbacks
+    def test_nul_in_a_path_is_invalid_path_as_documented(self) -> Any:
+        """A NUL in a path is 400 invalid_path, the code the endpoint's errors list for it."""
+        reply = yield self.request("GET", "/download?path=in.txt%00x")
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_path"))
+        documented = {(e.status, e.code): e.when for e in schema_for("download").errors}
+        self.assertIn("NUL", documented[(400, "invalid_path")])
+        self.assertNotIn("NUL", documented[(400, "invalid_param")])
+
+    @inlineCallbacks
+    def test_directory_moved_during_a_raw_write(self) -> Any:
+        """
+        A raw write whose directory is renamed before its body ends is 404,
+        as one whose directory is deleted, and writes nothing: never a 200
+        naming a path where the file is not.
+        """
+        os.makedirs(os.path.join(self.base_dir, "dd", "sub"))
+        status, body = yield deferToThread(
+            _write_while_moving, self.daemon.port, self.base_dir
+        )
+        self.assertEqual((status, json.loads(body)["code"]), (404, "not_found"))
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "dd", "moved")), [])
+
+    @inlineCallbacks
     def test_write_raw_if_match_and_overwrite(self) -> Any:
         """Raw write with a stale If-Match is 412; overwrite=false on an existing file 409; old bytes kept."""
         self.put("w.txt", b"old")
@@ -625,6 +683,23 @@ class TreeTests(FilesCase):
                 "exists": False,
             },
         )
+
+    @inlineCallbacks
+    def test_move_into_a_directory_names_the_entry_in_the_way(self) -> Any:
+        """
+        A move into a directory that already holds the name is 409, and the
+        message names that entry, not the directory it was moved into.
+        """
+        self.put("app.py")
+        self.put("dest/app.py", b"kept")
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "app.py", "destination": "dest", "overwrite": False},
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+        self.assertEqual(reply.json()["error"], "destination: File exists: dest/app.py")
+        self.assertEqual(self.read("dest/app.py"), b"kept")
 
     @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
@@ -789,6 +864,50 @@ class TreeTests(FilesCase):
         self.assertEqual(reply.status, 400)
         reply = yield self.request("POST", "/files/search", {})
         self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_link_loops_are_listed(self) -> Any:
+        """
+        Links that lead to each other (a loop, inside the base) are listed
+        and found as symlinks, as a dangling link is, so that an agent can
+        see them and delete them.
+        """
+        os.makedirs(os.path.join(self.base_dir, "loop"))
+        os.symlink("b", os.path.join(self.base_dir, "loop", "a"))
+        os.symlink("a", os.path.join(self.base_dir, "loop", "b"))
+        reply = yield self.request("GET", "/files/list?path=loop")
+        self.assertEqual(
+            [(e["name"], e["type"]) for e in reply.json()["entries"]],
+            [("a", "symlink"), ("b", "symlink")],
+        )
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "loop", "pattern": "*"}
+        )
+        self.assertEqual([r["name"] for r in reply.json()["results"]], ["a", "b"])
+
+    @inlineCallbacks
+    def test_search_path_globs(self) -> Any:
+        """
+        A path glob's leading ``**/`` finds what the name pattern finds; a
+        pattern still holding ``/`` (which no name can match) is 400 with a
+        hint, not an empty result; grep's include is taken the same way.
+        """
+        for i in range(3):
+            self.put(f"s/d{i}/f{i}.py", b"hit\n")
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "**/*.py"}
+        )
+        self.assertEqual(len(reply.json()["results"]), 3)
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "d1/*.py"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+        self.assertIn("not paths", reply.json()["error"])
+        reply = yield self.request(
+            "POST", "/files/grep", {"path": "s", "pattern": "hit", "include": "**/*.py"}
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["files_matched"], 3)
 
 
 class SeedFormTests(FilesCase):

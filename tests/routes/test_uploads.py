@@ -481,6 +481,31 @@ class BoundTests(UploadCase):
         self.assertEqual(reply.status, 201)
 
     @inlineCallbacks
+    def test_abandoned_upload_makes_room(self) -> Any:
+        """
+        At max_sessions, the upload that took no byte the longest, for five
+        minutes at least (its client died), is dropped with its staging
+        file to make room; a younger one is not.
+        """
+        clock = Clock()
+        self.daemon.context.uploads.get().clock = clock
+        a = (yield self.create("a.bin", 10)).json()["upload_id"]
+        clock.advance(10)
+        b = (yield self.create("b.bin", 10)).json()["upload_id"]
+        clock.advance(289)
+        reply = yield self.create("c.bin", 10)
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (429, "too_many_sessions")
+        )
+        clock.advance(2)
+        reply = yield self.create("c.bin", 10)
+        self.assertEqual(reply.status, 201)
+        gone = yield self.request("GET", f"/files/uploads/{a}")
+        kept = yield self.request("GET", f"/files/uploads/{b}")
+        self.assertEqual((gone.status, kept.status), (404, 200))
+        self.assertEqual(len(self.staging()), 2)
+
+    @inlineCallbacks
     def test_idle_expiry_removes_staging(self) -> Any:
         """An upload with no byte for idle_timeout_seconds is dropped with its staging file; bytes put the expiry off."""
         clock = Clock()

@@ -216,6 +216,37 @@ class ArchiveTests(FilesCase):
             )
 
     @inlineCallbacks
+    def test_backslash_names_round_trip(self) -> Any:
+        """
+        What files_archive packs, files_extract takes: a name holding a
+        backslash (legal on Linux) comes back in tar.gz and zip; a zip made
+        on Windows, where a backslash may be a separator, is still refused.
+        """
+        name = "dev-disk-by\\x2duuid.mount"
+        self.put(f"bs/{name}", b"unit")
+        for fmt in ("tar.gz", "zip"):
+            reply = yield self.request(
+                "POST", "/files/archive", {"paths": ["bs"], "format": fmt}
+            )
+            reply = yield self.request(
+                "POST",
+                "/files/extract",
+                {
+                    "content_base64": reply.json()["content_base64"],
+                    "format": fmt,
+                    "destination": f"out-{fmt}",
+                },
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            self.assertEqual(self.read(f"out-{fmt}/bs/{name}"), b"unit")
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            info = zipfile.ZipInfo("dir\\f.txt")
+            info.create_system = 0
+            z.writestr(info, b"x")
+        yield self.assertRefused(base64.b64encode(buf.getvalue()).decode(), "zip")
+
+    @inlineCallbacks
     def test_archive_errors(self) -> Any:
         """Unknown format 400, missing path 404, path outside 403."""
         reply = yield self.request(

@@ -358,7 +358,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", doc="default: base_dir (see paths.allow)"),
             F(
                 "pattern",
-                doc="fnmatch on names, recursive",
+                doc="fnmatch on names, recursive (a leading **/ is dropped)",
                 required=True,
                 min_length=1,
                 example="*.py",
@@ -370,7 +370,14 @@ SCHEMAS: dict[str, Schema] = {
             F("timed_out", "boolean", "the 10 s walk limit (timeout_seconds) ran out"),
             F("truncated", "boolean"),
         ),
-        errors=(*GUARD, E(400, "invalid_param", "a pattern over 1024 characters")),
+        errors=(
+            *GUARD,
+            E(
+                400,
+                "invalid_param",
+                "a pattern over 1024 characters, or one holding / (past a leading **/)",
+            ),
+        ),
     ),
     "files_grep": Schema(
         body=(
@@ -605,7 +612,9 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "max_sessions (16) uploads are open",
+                "max_sessions (16) uploads are open (or the identity's share), "
+                "none of them without a byte for 5 minutes (such an upload, "
+                "left by a client that died, is dropped to make room)",
                 "ResourceError",
             ),
         ),
@@ -732,7 +741,9 @@ SCHEMAS: dict[str, Schema] = {
             ),
             Event(
                 "end",
-                '{"reason": "timeout"|"closed"}: last (without follow)',
+                '{"reason": "timeout"|"closed"}: last (without follow); '
+                '{"reason": "deleted"}: last, the watched directory went away '
+                "(follow=true; a stream that ends without it was cut: resume it)",
             ),
             Event("created", '{"event", "path", "type"} (follow=true)'),
             Event("modified", '{"event", "path", "type"} (follow=true)'),
