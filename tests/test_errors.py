@@ -116,6 +116,9 @@ BODY_BUILDERS = {
     # The Responses WebSocket's events that carry an error (an event's
     # ``type`` beside its ``error``, not an error body).
     (os.path.join("openai_api", "envelope.py"), "socket_event"),
+    # The ``error`` event that ends a /v1 stream: OpenAI's event, whose
+    # ``type`` is the event's, its error object built by openai_error.
+    (os.path.join("openai_api", "envelope.py"), "stream_error"),
 }
 
 #: Where ``ApiError(...)`` may be called directly: the family itself, and
