@@ -20,7 +20,7 @@ import stat
 import tarfile
 import time
 import zipfile
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import attrs
@@ -457,18 +457,26 @@ def extract(
     overwrite: bool,
     max_files: int,
     max_bytes: int,
+    name_check: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """
     Unpack into ``destination``: all or nothing.  Every member is checked
     before anything (the destination included) is created; a failure
     while writing (a member that fails its CRC, a full disk) removes what
     was created and puts every replaced file back.
+
+    :param name_check: asked of each file and link member's path (the
+        policy's extension rules), raising to refuse the whole archive.
     """
     archive, members = _members(data, fmt, max_files, max_bytes)
     with archive:
         # Resolved without creating anything: a refusal leaves no directory.
         dest = guard.check(destination, "write")
         _check(members, guard, dest, overwrite)
+        if name_check is not None:
+            for m in members:
+                if m.kind != "dir":
+                    name_check(posixpath.join(dest, m.name))
         undo = Undo(guard)
         try:
             result = _write(

@@ -493,6 +493,7 @@ def move(
     overwrite: bool,
     across: crossing.Bounds,
     into: bool = True,
+    name_check: Callable[[str], None] | None = None,
 ) -> tuple[str, str]:
     """
     ``files_move``: errors say which side (``source:`` / ``destination:``).
@@ -503,6 +504,8 @@ def move(
         it, as ``mv`` does; otherwise the move is ``rename(2)``'s (envd's
         ``os.Rename``): an empty directory is replaced, a non-empty one
         refused.
+    :param name_check: asked of the path a file (not a directory) is
+        moved to (the policy's extension rules), raising to refuse.
     """
     try:
         src = guard.locate(source, "delete", follow=False, missing_ok=False)
@@ -534,8 +537,13 @@ def move(
             raise _prefixed(e, "destination") from None
         with dst:
             try:
+                check = (
+                    None
+                    if src_st is not None and stat.S_ISDIR(src_st.st_mode)
+                    else name_check
+                )
                 return _move_to(
-                    guard, src, dst, source, destination, overwrite, across, into
+                    guard, src, dst, source, destination, overwrite, across, into, check
                 )
             except BaseException:
                 dst.undo_made()  # refused: the directories made for it go too
@@ -551,6 +559,7 @@ def _move_to(
     overwrite: bool,
     across: crossing.Bounds,
     into: bool = True,
+    name_check: Callable[[str], None] | None = None,
 ) -> tuple[str, str]:
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
@@ -578,6 +587,11 @@ def _move_to(
         elif isinstance(destination, str) and destination.endswith("/"):
             # A name ending in a slash names a directory, as it does to mv.
             raise _prefixed(not_a_directory(destination), "destination")
+        if name_check is not None:
+            try:
+                name_check(dst_path)
+            except ApiError as e:
+                raise _prefixed(e, "destination") from None
         if overwrite:
             # Replacing a file that has other names is a write to it;
             # a device file is never replaced.

@@ -248,7 +248,8 @@ def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
 #: The endpoints whose call writes a file it names, and so meets the
 #: rule's ``params.allow_extensions`` and ``deny_extensions`` (after the
 #: path decision, as agent-sandbox-server checks them): the base64 and
-#: raw uploads, resumable uploads and edits.  ``/capabilities/check``
+#: raw uploads, resumable uploads, edits, moves and extracted archives
+#: (each member).  ``/capabilities/check``
 #: asks :func:`check_extension` of these, the handlers call it.
 EXTENSION_ENDPOINTS = frozenset(
     {
@@ -257,6 +258,8 @@ EXTENSION_ENDPOINTS = frozenset(
         "files_write_raw",
         "files_uploads_create",
         "files_edit",
+        "files_move",
+        "files_extract",
     }
 )
 

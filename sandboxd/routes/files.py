@@ -651,7 +651,15 @@ def move(request: ServerRequest, into: bool = True) -> Any:
     across = _crossing_bounds(request, gone)
 
     def job() -> dict[str, str]:
-        src, dst = walk.move(guard, source, destination, allowed, across, into)
+        src, dst = walk.move(
+            guard,
+            source,
+            destination,
+            allowed,
+            across,
+            into,
+            lambda path: check_extension(request, path),
+        )
         return {"source": src, "destination": dst}
 
     def refused(failure: Failure) -> Failure:
@@ -935,6 +943,7 @@ def files_extract(request: ServerRequest) -> Any:
             allowed,
             limits.max_entries or _default("files_extract", "max_entries"),
             cap,
+            lambda path: check_extension(request, path),
         )
 
     return in_thread(request, job)

@@ -376,6 +376,73 @@ _EXTENSION_RULE = {
 }
 
 
+class MoveExtractExtensionTests(DaemonTestCase):
+    """
+    A move or an archive's member gives a file a name the extension rules
+    refuse no more than a write does: renaming ``x.txt`` to ``x.sh`` under
+    ``deny_extensions: [".sh"]`` was a way round the rule.
+    """
+
+    policy = {
+        "endpoints": {
+            "group:file_ops": {"params": {"deny_extensions": [".sh"]}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_move_to_a_denied_name(self) -> Any:
+        """Refused, saying so; the file keeps its name; a directory may move."""
+        with open(os.path.join(self.base_dir, "x.txt"), "w") as f:
+            f.write("echo hi\n")
+        os.mkdir(os.path.join(self.base_dir, "d"))
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "x.txt", "destination": "x.sh"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "extension_not_allowed")
+        )
+        self.assertTrue(reply.json()["error"].startswith("destination: "))
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "x.txt")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x.sh")))
+        check = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "files_move", "path": "x.sh"},
+        )
+        self.assertEqual(check.json()["code"], "extension_not_allowed")
+        moved = yield self.request(
+            "POST", "/files/move", {"source": "d", "destination": "e.sh"}
+        )
+        self.assertEqual(moved.status, 200, moved.body)
+
+    @inlineCallbacks
+    def test_archive_with_a_denied_member(self) -> Any:
+        """The whole archive is refused, nothing unpacked."""
+        import base64
+        import io
+        import tarfile
+
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for name in ("ok.txt", "run.sh"):
+                info = tarfile.TarInfo(name)
+                info.size = 2
+                tar.addfile(info, io.BytesIO(b"hi"))
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "destination": "out",
+                "content_base64": base64.b64encode(buffer.getvalue()).decode(),
+            },
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "extension_not_allowed")
+        )
+        self.assertIn("run.sh", reply.json()["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "out")))
+
+
 class CheckExtensionTests(DaemonTestCase):
     """
     ``/capabilities/check`` decides ``allow_extensions`` and
