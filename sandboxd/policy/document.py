@@ -11,6 +11,7 @@ normalised data (sizes in bytes, lists as tuples) for the merger.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
 import json
 import math
@@ -812,6 +813,34 @@ def duplicate_keys(doc: Any, where: str = "policy") -> list[str]:
     return out
 
 
+@functools.cache
+def _yaml_loader() -> type[Any]:
+    """
+    PyYAML's safe loader, its mappings built as JSON's objects are
+    (:func:`_object`): a key written twice is remembered, not silently the
+    last.  Made on the first YAML policy: ``yaml`` is not imported before.
+    """
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any) -> dict[Any, Any]:
+        loader.flatten_mapping(node)
+        return _object(
+            [
+                (
+                    loader.construct_object(key, deep=True),
+                    loader.construct_object(value, deep=True),
+                )
+                for key, value in node.value
+            ]
+        )
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
+
+
 def parse_text(text: str, name: str) -> Any:
     """
     Parse a policy file's text: JSON, or YAML for ``.yaml``/``.yml``.
@@ -822,7 +851,7 @@ def parse_text(text: str, name: str) -> Any:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as e:
             raise PolicyError(f"{name}: not valid YAML: {e}") from None
         if (

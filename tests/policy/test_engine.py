@@ -938,6 +938,24 @@ class NearMissTests(SynchronousTestCase):
             ],
         )
 
+    def test_repeated_yaml_keys(self) -> None:
+        """A YAML policy's repeated keys are named as JSON's are (were kept silently)."""
+        p = load_text(
+            self,
+            "endpoints:\n"
+            "  shell: {enabled: false}\n"
+            "  shell: {enabled: true}\n"
+            "revision: a\n",
+            suffix=".yaml",
+        )
+        self.assertEqual(
+            [w for w in p.warnings if "more than once" in w],
+            [
+                "endpoints: the key 'shell' is written more than once; only the last counts"
+            ],
+        )
+        self.assertTrue(p.rule("shell").enabled)
+
 
 class LocatedErrorTests(SynchronousTestCase):
     """An error names the policy source it came from, then the place in it."""
