@@ -186,6 +186,23 @@ class Command:
     hidden: bool
     scopes: tuple[str, ...]
     args: tuple[CommandArg, ...]
+    #: The function's parameters without a default: an argument declared
+    #: optional (the seed's default) with no default of its own must still
+    #: be given for these.
+    needs: frozenset[str] = attrs.field(init=False)
+
+    @needs.default
+    def _needs(self) -> frozenset[str]:
+        try:
+            params = inspect.signature(self.func).parameters.values()
+        except (TypeError, ValueError):
+            return frozenset()
+        return frozenset(
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
 
     def as_json(self) -> dict[str, Any]:
         """The listing form of ``GET /commands``."""
@@ -216,6 +233,12 @@ class Command:
                     raise bad_request(f"argument {arg.name!r}: {e}") from None
             elif arg.required:
                 raise bad_request(f"missing required argument {arg.name!r}")
+            elif arg.default is None and arg.name in self.needs:
+                raise bad_request(
+                    f"missing argument {arg.name!r}: command {self.name!r} "
+                    "declares it optional with no default, and its function "
+                    "needs it"
+                )
             elif arg.default is not None:
                 # A copy per call: a handler that changes a list default
                 # must not change the next call's (as on the seed).

@@ -880,3 +880,32 @@ class ListDefaultTests(DaemonTestCase):
         for _ in range(2):
             reply = yield self.request("POST", "/commands/defaults", {})
             self.assertEqual(reply.json(), {"result": ["seed", "new"]})
+
+
+class OptionalWithoutDefaultTests(DaemonTestCase):
+    """
+    An argument declared optional (the seed's ``CommandArg`` default) whose
+    function has no default for it: a call without it is a 400 naming it.
+    """
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        registry = CommandRegistry()
+
+        @registry.command("greet", args=[CommandArg("who", required=False)])
+        def greet(who: str) -> str:
+            return f"hello {who}"
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_omitted_is_a_400_not_a_500(self) -> Any:
+        """Was: 500 TypeError from the call; given, it runs."""
+        reply = yield self.request("POST", "/commands/greet", {})
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+        self.assertIn("missing argument 'who'", reply.json()["error"])
+        reply = yield self.request("POST", "/commands/greet", {"who": "you"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("hello you", reply.body.decode())
