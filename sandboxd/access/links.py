@@ -731,11 +731,7 @@ class ExpiryWatch:
         self._cancel()
 
     def _changed(self) -> None:
-        self.recheck()
-        self._arm()
-
-    def _fire(self) -> None:
-        self._timer = None
+        """A link minted or ended, or the next one expired: ask, then re-arm."""
         self.recheck()
         self._arm()
 
@@ -750,7 +746,7 @@ class ExpiryWatch:
         due = self.table.next_expiry(now)
         if due is not None:
             self._timer = self.clock.callLater(
-                due - now + self.SLACK_SECONDS, self._fire
+                due - now + self.SLACK_SECONDS, self._changed
             )
 
 
