@@ -356,6 +356,39 @@ class DaemonTestCase(TestCase):
         self.addCleanup(self.daemon.stop)
         return self.daemon
 
+    @property
+    def policy_path(self) -> str:
+        """
+        The policy file of :meth:`start_on_policy_file`: beside the base dir,
+        so that listing or watching the base dir never shows it.
+        """
+        return os.path.join(os.path.dirname(self.base_dir), "policy.json")
+
+    def write_policy_file(self, policy: Any) -> str:
+        """Write ``policy`` as JSON to :attr:`policy_path`; the path."""
+        with open(self.policy_path, "w") as f:
+            json.dump(policy, f)
+        return self.policy_path
+
+    @inlineCallbacks
+    def start_on_policy_file(self, policy: Any, **kwargs: Any) -> Any:
+        """
+        (Re)start the daemon reading ``policy`` from a file, as a deployment
+        does, so that :meth:`reload_policy` can change it: a reload re-reads
+        the file, while a policy given inline is fixed for the daemon's life.
+        """
+        self.write_policy_file(policy)
+        running: RunningDaemon | None = getattr(self, "daemon", None)
+        if running is not None:
+            yield running.stop()
+        daemon = yield self.start(policy=None, policy_file=self.policy_path, **kwargs)
+        return daemon
+
+    def reload_policy(self, policy: Any) -> None:
+        """Rewrite the policy file and reload it; the reload must be accepted."""
+        self.write_policy_file(policy)
+        self.assertTrue(self.daemon.daemon.reload())
+
     def audit_lines(self) -> list[dict[str, Any]]:
         """The audit records written so far."""
         self.daemon.context.audit.flush()

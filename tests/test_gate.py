@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 from twisted.internet import threads
@@ -303,16 +302,10 @@ class WebSocketDoorTests(DaemonTestCase):
         endpoint_disabled naming the rule (the port itself stays open until
         a restart).
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        with open(path, "w") as f:
-            json.dump(self.policy, f)
-        yield self.daemon.stop()
-        yield self.start(policy=None, policy_file=path)
-        with open(path, "w") as f:
-            json.dump(
-                {**self.policy, "endpoints": {"pty_connect": {"enabled": False}}}, f
-            )
-        self.assertTrue(self.daemon.daemon.reload())
+        yield self.start_on_policy_file(self.policy)
+        self.reload_policy(
+            {**self.policy, "endpoints": {"pty_connect": {"enabled": False}}}
+        )
         status, body = yield self.handshake("session_id=x&access_token=a")
         self.assertEqual(
             (status, body["code"], body["rule"]),

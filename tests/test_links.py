@@ -320,11 +320,7 @@ class LinkRoutesTests(DaemonTestCase):
         kills its links, and the links they made, with a 401 saying why,
         for good: one that gives the minter back does not bring them back.
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        with open(path, "w") as f:
-            json.dump(POLICY, f)
-        yield self.daemon.stop()
-        yield self.start(policy=None, policy_file=path)
+        yield self.start_on_policy_file(POLICY)
         minted = yield self.request(
             "POST",
             "/auth/links",
@@ -345,9 +341,7 @@ class LinkRoutesTests(DaemonTestCase):
 
         def reload(reader: dict[str, Any] | None) -> None:
             tokens = [POLICY["auth"]["tokens"][0], *([reader] if reader else [])]
-            with open(path, "w") as f:
-                json.dump({**POLICY, "auth": {"tokens": tokens}}, f)
-            self.assertTrue(self.daemon.daemon.reload())
+            self.reload_policy({**POLICY, "auth": {"tokens": tokens}})
 
         reload({**POLICY["auth"]["tokens"][1], "scopes": ["links:mint"]})
         for token in (READER, link):

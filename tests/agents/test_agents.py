@@ -1148,26 +1148,11 @@ class ReloadTests(AgentsTestCase):
     """A policy reload reaches the agents already running."""
 
     @inlineCallbacks
-    def reloadable(self) -> Any:
-        """Restart the daemon on a policy file; its path."""
-        path = os.path.join(self.base_dir, "policy.json")
-        with open(path, "w") as f:
-            json.dump(agents_policy(), f)
-        yield self.daemon.stop()
-        yield self.start(policy=None, policy_file=path)
-        return path
-
-    def reload(self, path: str, policy: dict[str, Any]) -> None:
-        with open(path, "w") as f:
-            json.dump(policy, f)
-        self.assertTrue(self.daemon.daemon.reload())
-
-    @inlineCallbacks
     def test_tightened_paths_reach_a_live_session(self) -> Any:
         """A session created before a reload that denies a path: its agent's write there is refused, nothing written."""
-        path = yield self.reloadable()
+        yield self.start_on_policy_file(agents_policy())
         sid = yield self.session()
-        self.reload(path, agents_policy(paths={"deny": ["**/secret*"]}))
+        self.reload_policy(agents_policy(paths={"deny": ["**/secret*"]}))
         target = os.path.join(self.base_dir, "secret-after.txt")
         reply = yield self.prompt(sid, f"write {target} leaked")
         self.assertEqual(reply.status, 200, reply.body)
@@ -1180,14 +1165,14 @@ class ReloadTests(AgentsTestCase):
         Turning the agents group off ends the running sessions: the agent
         is gone before it could write, its turn ended cancelled.
         """
-        path = yield self.reloadable()
+        yield self.start_on_policy_file(agents_policy())
         sid = yield self.session()
         gate = os.path.join(self.base_dir, "gate")
         target = os.path.join(self.base_dir, "after-reload.txt")
         reply = yield self.prompt(sid, f"waitfor {gate} write {target} late", wait=0)
         self.assertEqual(reply.status, 202, reply.body)
         pid = self.daemon.context.agents.sessions[sid].process.pid
-        self.reload(path, {"groups": {"agents": False}})
+        self.reload_policy({"groups": {"agents": False}})
         session = self.daemon.context.agents.sessions[sid]
         yield session.wait_closed()
         self.assertEqual(session.state, "closed")
@@ -1204,7 +1189,7 @@ class ReloadTests(AgentsTestCase):
     @inlineCallbacks
     def test_v1_door_sessions_follow_the_reload(self) -> Any:
         """The ``/v1`` door's sessions run on the same engine: they take the new rule, and end when it is off."""
-        path = yield self.reloadable()
+        yield self.start_on_policy_file(agents_policy())
         reply = yield self.request(
             "POST",
             "/v1/agents/sessions",
@@ -1218,9 +1203,9 @@ class ReloadTests(AgentsTestCase):
         )
         self.assertEqual(reply.status, 200, reply.body)
         [engine] = self.daemon.context.agents.sessions.values()
-        self.reload(path, agents_policy(paths={"deny": ["**/secret*"]}))
+        self.reload_policy(agents_policy(paths={"deny": ["**/secret*"]}))
         self.assertEqual(list(engine.rule.paths.deny), ["**/secret*"])
-        self.reload(path, {"groups": {"agents": False}})
+        self.reload_policy({"groups": {"agents": False}})
         yield engine.wait_closed()
         self.assertEqual(engine.state, "closed")
         self.assertFalse(is_alive(engine.process.pid))

@@ -435,15 +435,13 @@ class ReloadTests(InterpreterCase):
     autostart = False
     environ = {"AGENT": "agent-token", "KEEPER": "keeper-token"}
 
-    def write_policy(self, path: str, *ids: str) -> None:
+    def tokens_policy(self, *ids: str) -> dict[str, Any]:
         tokens = [{"id": i, "token_env": i.upper(), "scopes": ["*"]} for i in ids]
-        policy = {
+        return {
             **KERNEL_START,
             "groups": {"e2b": True, "code": True},
             "auth": {"tokens": tokens},
         }
-        with open(path, "w") as f:
-            json.dump(policy, f)
 
     @inlineCallbacks
     def test_a_removed_tokens_run_code_ends(self) -> Any:
@@ -452,9 +450,7 @@ class ReloadTests(InterpreterCase):
         the reload: the SDK's execution holds an error saying why, and the
         code was interrupted.
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy(path, "agent", "keeper")
-        yield self.start(policy=None, policy_file=path)
+        yield self.start_on_policy_file(self.tokens_policy("agent", "keeper"))
         sbx = self.code_sandbox(token="agent-token")
         yield self.sdk(sbx.run_code, "import time")
         marker = os.path.join(self.base_dir, "finished")
@@ -468,8 +464,7 @@ class ReloadTests(InterpreterCase):
             if up.is_set():
                 break
             yield self.sdk(time.sleep, 0.05)
-        self.write_policy(path, "keeper")
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.tokens_policy("keeper"))
         started = time.monotonic()
         execution = yield running
         self.assertLess(time.monotonic() - started, 5)

@@ -5,7 +5,6 @@ scopes, paths, secrets, audit, and the ``e2b`` switch itself.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import socket
@@ -321,9 +320,8 @@ class ReloadTests(E2BCase):
 
     autostart = False
 
-    def write_policy(self, path: str, e2b: bool) -> None:
-        with open(path, "w") as f:
-            json.dump({**(self.policy or {}), "groups": {"e2b": e2b}}, f)
+    def e2b_policy(self, e2b: bool) -> dict[str, Any]:
+        return {**(self.policy or {}), "groups": {"e2b": e2b}}
 
     @inlineCallbacks
     def test_reload_turns_the_port_off_and_on(self) -> Any:
@@ -332,11 +330,9 @@ class ReloadTests(E2BCase):
         closes a kept-alive connection; one that turns it back on listens
         again on the same port, and the SDK's calls work.
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy(path, True)
         port = free_port()
-        yield self.start(
-            policy=None, policy_file=path, e2b_port=f"tcp:{port}:interface=127.0.0.1"
+        yield self.start_on_policy_file(
+            self.e2b_policy(True), e2b_port=f"tcp:{port}:interface=127.0.0.1"
         )
         kept = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.addCleanup(kept.close)
@@ -344,14 +340,12 @@ class ReloadTests(E2BCase):
         first = yield self.sdk(kept.recv, 4096)
         self.assertTrue(first.startswith(b"HTTP/1.1 204"), first)
 
-        self.write_policy(path, False)
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.e2b_policy(False))
         closed = yield self.sdk(_closed, kept)
         self.assertTrue(closed)
         self.assertFalse(_opened(port))
 
-        self.write_policy(path, True)
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.e2b_policy(True))
         deadline = time.monotonic() + 10
         while self.daemon.context.e2b.port is None and time.monotonic() < deadline:
             yield self.sdk(time.sleep, 0.05)
@@ -471,9 +465,8 @@ class ExposureTests(E2BCase):
                 self.fail("the start did not fail")
 
 
-def _write_tokens(path: str, tokens: list[dict[str, Any]], **groups: bool) -> None:
-    with open(path, "w") as f:
-        json.dump({"groups": {"e2b": True, **groups}, "auth": {"tokens": tokens}}, f)
+def _tokens_policy(tokens: list[dict[str, Any]], **groups: bool) -> dict[str, Any]:
+    return {"groups": {"e2b": True, **groups}, "auth": {"tokens": tokens}}
 
 
 #: Two tokens a stream reload test gives out; the first is taken away.
@@ -494,9 +487,7 @@ class StreamReloadTests(E2BCase):
         command at the reload, with an error saying why; another token's
         wait goes on to the command's end.
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        _write_tokens(path, [AGENT, KEEPER])
-        yield self.start(policy=None, policy_file=path)
+        yield self.start_on_policy_file(_tokens_policy([AGENT, KEEPER]))
         up = {"agent-token": threading.Event(), "keeper-token": threading.Event()}
 
         def job(token: str) -> Any:
@@ -518,8 +509,7 @@ class StreamReloadTests(E2BCase):
             if all(event.is_set() for event in up.values()):
                 break
             yield self.sdk(time.sleep, 0.05)
-        _write_tokens(path, [KEEPER])
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(_tokens_policy([KEEPER]))
         out, error, waited = yield ended
         self.assertIsNotNone(error, f"the removed token's stream ran on: {out!r}")
         self.assertIn("agent", str(error))

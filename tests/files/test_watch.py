@@ -497,11 +497,9 @@ class ReloadEndsWatchTests(StreamCase):
 
     def setUp(self) -> Any:
         super().setUp()
-        self.policy_path = os.path.join(self.base_dir, "..", "watch-policy.json")
-        self.write_policy(["admin", "other"])
-        return self.start(policy=None, policy_file=self.policy_path)
+        return self.start_on_policy_file(self.tokens_policy(["admin", "other"]))
 
-    def write_policy(self, ids: list[str]) -> None:
+    def tokens_policy(self, ids: list[str]) -> dict[str, Any]:
         tokens = [
             {
                 "id": i,
@@ -510,8 +508,7 @@ class ReloadEndsWatchTests(StreamCase):
             }
             for i in ids
         ]
-        with open(self.policy_path, "w") as f:
-            json.dump({"auth": {"tokens": tokens}}, f)
+        return {"auth": {"tokens": tokens}}
 
     @inlineCallbacks
     def test_removed_identity_loses_its_watch(self) -> Any:
@@ -521,8 +518,7 @@ class ReloadEndsWatchTests(StreamCase):
             "path=w&follow=true",
             {"Authorization": f"Bearer {self.TOKENS['admin']}"},
         )
-        self.write_policy(["other"])
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.tokens_policy(["other"]))
         yield c.done
         errors = [e[2] for e in c.events() if e[1] == "error"]
         self.assertEqual([e["type"] for e in errors], ["AuthError"], c.data)
@@ -536,8 +532,7 @@ class ReloadEndsWatchTests(StreamCase):
             "path=w&follow=true",
             {"Authorization": f"Bearer {self.TOKENS['admin']}"},
         )
-        self.write_policy(["admin"])
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.tokens_policy(["admin"]))
         with open(os.path.join(self.base_dir, "w", "a.txt"), "wb") as f:
             f.write(b"x")
         yield c.wait_for(b"created")

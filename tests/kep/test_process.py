@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import os
 import threading
 import time
@@ -876,11 +875,8 @@ class TransportRefusalTests(ProcessCase):
 class ReloadTests(ProcessCase):
     """A policy reload ends the streams of a caller it no longer lets in."""
 
-    def write_policy(self, tokens: list[dict[str, Any]]) -> str:
-        path = os.path.join(self.base_dir, "policy.json")
-        with open(path, "w") as f:
-            json.dump({"groups": {"kep": True}, "auth": {"tokens": tokens}}, f)
-        return path
+    def tokens_policy(self, tokens: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"groups": {"kep": True}, "auth": {"tokens": tokens}}
 
     @inlineCallbacks
     def test_a_removed_tokens_start_stream_ends(self) -> Any:
@@ -895,8 +891,7 @@ class ReloadTests(ProcessCase):
             "token_sha256": hashlib.sha256(b"keeper-token").hexdigest(),
             "scopes": ["*"],
         }
-        path = self.write_policy([agent, keeper])
-        yield self.start(policy=None, policy_file=path)
+        yield self.start_on_policy_file(self.tokens_policy([agent, keeper]))
         pb, _ = stubs()
         up = {"agent": threading.Event(), "keeper": threading.Event()}
 
@@ -923,8 +918,7 @@ class ReloadTests(ProcessCase):
             if up["agent"].is_set() and up["keeper"].is_set():
                 break
             yield self.sleep(0.05)
-        self.write_policy([keeper])
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.tokens_policy([keeper]))
         out, error = yield ended
         self.assertIsNotNone(error, "the removed token's stream ran to its end")
         name, details, trailers = error

@@ -6,7 +6,6 @@ token it removes is refused, the old policy staying in force.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -51,10 +50,6 @@ class ReloadTests(KepCase):
     autostart = False
     grpc = True
 
-    def write_policy(self, path: str, policy: dict[str, Any]) -> None:
-        with open(path, "w") as f:
-            json.dump(policy, f)
-
     def wait_listening(self, port: int) -> Any:
         deadline = time.monotonic() + 10
         while not process_listens(os.getpid(), port) and time.monotonic() < deadline:
@@ -68,12 +63,9 @@ class ReloadTests(KepCase):
         both, and each answers: the gRPC port with its SETTINGS, not a
         connection closed at once.
         """
-        path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy(path, {"groups": {"kep": True}})
         rest, grpc = free_port(), free_port()
-        yield self.start(
-            policy=None,
-            policy_file=path,
+        yield self.start_on_policy_file(
+            {"groups": {"kep": True}},
             kep_rest_port=f"tcp:{rest}:interface=127.0.0.1",
             kep_grpc_port=f"tcp:{grpc}:interface=127.0.0.1",
         )
@@ -84,8 +76,7 @@ class ReloadTests(KepCase):
         first = yield self.blocking(_h2_settings_answer, grpc)
         self.assertTrue(first, "the gRPC port did not answer a client preface")
 
-        self.write_policy(path, {"groups": {"kep": False}})
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy({"groups": {"kep": False}})
         closed = yield self.blocking(_closed, kept_rest)
         self.assertTrue(closed, "a REST connection outlived the door")
         closed = yield self.blocking(_closed, kept_grpc)
@@ -93,8 +84,7 @@ class ReloadTests(KepCase):
         self.assertFalse(process_listens(os.getpid(), rest))
         self.assertFalse(process_listens(os.getpid(), grpc))
 
-        self.write_policy(path, {"groups": {"kep": True}})
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy({"groups": {"kep": True}})
         yield self.blocking(self.wait_listening, grpc)
         yield self.blocking(self.wait_listening, rest)
         self.rest_port = rest
@@ -120,11 +110,8 @@ class ReloadTests(KepCase):
             "groups": {"kep": True},
             "endpoints": {"kep": {"params": {"unauthenticated_as": "agent"}}},
         }
-        path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy(path, policy)
-        yield self.start(
-            policy=None,
-            policy_file=path,
+        yield self.start_on_policy_file(
+            policy,
             environ={"T_AGENT": "agent-secret", "T_OTHER": "other-secret"},
         )
         with open(os.path.join(self.base_dir, "f.txt"), "w") as f:
@@ -134,7 +121,7 @@ class ReloadTests(KepCase):
 
         removed = dict(policy)
         removed["auth"] = {"tokens": [policy["auth"]["tokens"][1]]}  # type: ignore[index]
-        self.write_policy(path, removed)
+        self.write_policy_file(removed)
         self.assertFalse(self.daemon.daemon.reload())
         response = yield self.http("GET", "/v1/files/f.txt")
         self.assertEqual((response.status_code, response.text), (200, "kept"))

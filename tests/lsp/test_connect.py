@@ -767,14 +767,8 @@ class ReloadTests(ConnectCase):
     autostart = False
 
     def setUp(self) -> Any:
-        need_pylsp()
-        need_client()
-        self.base_dir = os.path.realpath(self.mktemp())
-        os.makedirs(self.base_dir)
-        self.policy_path = os.path.join(self.base_dir, "..", "lsp-policy.json")
-        with open(self.policy_path, "w") as f:
-            json.dump(lsp_policy(), f)
-        return self.start(policy=None, policy_file=self.policy_path)
+        super().setUp()
+        return self.start_on_policy_file(lsp_policy())
 
     @inlineCallbacks
     def test_lsp_switched_off_closes_1008(self) -> Any:
@@ -788,9 +782,7 @@ class ReloadTests(ConnectCase):
         yield deferToThread(editor.initialize, self.base_dir)
         [pid] = server_pids() - before
         closed = deferToThread(editor.close_frame)
-        with open(self.policy_path, "w") as f:
-            json.dump({**lsp_policy(), "groups": {"lsp": False}}, f)
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy({**lsp_policy(), "groups": {"lsp": False}})
         code, reason = yield closed
         yield close_timers()
         self.assertEqual(code, 1008)

@@ -402,21 +402,6 @@ class RemovedIdentityTests(OpenAICase):
     """An identity a reload takes out of the policy keeps no agent working for it."""
 
     @inlineCallbacks
-    def reloadable(self) -> Any:
-        """Restart the daemon on a policy file; its path."""
-        path = os.path.join(self.base_dir, "policy.json")
-        with open(path, "w") as f:
-            json.dump(openai_policy(), f)
-        yield self.daemon.stop()
-        yield self.start(policy=None, policy_file=path)
-        return path
-
-    def reload(self, path: str, policy: dict[str, Any]) -> None:
-        with open(path, "w") as f:
-            json.dump(policy, f)
-        self.assertTrue(self.daemon.daemon.reload())
-
-    @inlineCallbacks
     def test_turns_of_a_removed_identity_never_run(self) -> Any:
         """
         ``other`` holds a turn open, queues a turn that writes a file and
@@ -429,7 +414,7 @@ class RemovedIdentityTests(OpenAICase):
         """
         from sandboxd.agents.process import is_alive
 
-        path = yield self.reloadable()
+        yield self.start_on_policy_file(openai_policy())
         other = self.client("o-token")
         mine = self.client()
         gate = os.path.join(self.base_dir, "gate")
@@ -458,7 +443,7 @@ class RemovedIdentityTests(OpenAICase):
         policy["auth"]["tokens"] = [
             t for t in policy["auth"]["tokens"] if t["id"] != "other"
         ]
-        self.reload(path, policy)
+        self.reload_policy(policy)
         for engine in engines:
             yield engine.wait_closed()
             self.assertFalse(is_alive(engine.process.pid))
@@ -467,7 +452,7 @@ class RemovedIdentityTests(OpenAICase):
             pass
         yield deferLater(reactor, 0.5, lambda: None)
         self.assertFalse(os.path.exists(target))
-        self.reload(path, openai_policy())
+        self.reload_policy(openai_policy())
 
         def after() -> Any:
             return (

@@ -6,7 +6,6 @@ sends the request to a real daemon and checks the SPEC §6 code, the
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -363,21 +362,17 @@ class UploadReloadTests(UploadCase):
 
     autostart = False
 
-    def write_policy(self, deny: list[str]) -> None:
-        with open(self.policy_path, "w") as f:
-            json.dump({"endpoints": {"group:file_ops": {"paths": {"deny": deny}}}}, f)
+    def deny_policy(self, deny: list[str]) -> dict[str, Any]:
+        return {"endpoints": {"group:file_ops": {"paths": {"deny": deny}}}}
 
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.policy_path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy([])
         os.mkdir(os.path.join(self.base_dir, "data"))
-        yield self.start(policy=None, policy_file=self.policy_path)
+        yield self.start_on_policy_file(self.deny_policy([]))
 
     def reload(self, deny: list[str]) -> None:
-        self.write_policy(deny)
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(self.deny_policy(deny))
 
     @inlineCallbacks
     def test_append_after_a_reload_that_denies(self) -> Any:

@@ -7,8 +7,6 @@ its terminals on its own origin.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from typing import Any
 
 from twisted.internet import reactor
@@ -262,13 +260,7 @@ class ReloadTests(TerminalCase):
 
     def setUp(self) -> Any:
         super().setUp()
-        self.policy_path = os.path.join(self.base_dir, "policy.json")
-        self.write_policy(_reload_policy([TOKEN, SECOND]))
-        return self.start(policy=None, policy_file=self.policy_path)
-
-    def write_policy(self, policy: dict[str, Any]) -> None:
-        with open(self.policy_path, "w") as f:
-            json.dump(policy, f)
+        return self.start_on_policy_file(_reload_policy([TOKEN, SECOND]))
 
     @inlineCallbacks
     def attached(self) -> Any:
@@ -290,8 +282,7 @@ class ReloadTests(TerminalCase):
         identity's call still works.
         """
         sid, client = yield self.attached()
-        self.write_policy(_reload_policy([SECOND]))
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(_reload_policy([SECOND]))
         code, reason = yield client.closed
         self.assertEqual(code, 1008)
         self.assertIn("no longer in the policy", reason)
@@ -307,8 +298,7 @@ class ReloadTests(TerminalCase):
     def test_terminals_switched_off(self) -> Any:
         """A reload that turns the terminal group off closes its sockets 1008."""
         _, client = yield self.attached()
-        self.write_policy(_reload_policy([TOKEN, SECOND], terminal=False))
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(_reload_policy([TOKEN, SECOND], terminal=False))
         code, reason = yield client.closed
         self.assertEqual(code, 1008)
         self.assertIn("pty_connect", reason)
@@ -317,8 +307,7 @@ class ReloadTests(TerminalCase):
     def test_kept_identity_keeps_its_terminal(self) -> Any:
         """A reload that still lets the identity in leaves its socket open."""
         _, client = yield self.attached()
-        self.write_policy(_reload_policy([TOKEN]))
-        self.assertTrue(self.daemon.daemon.reload())
+        self.reload_policy(_reload_policy([TOKEN]))
         client.type("echo still-$((6*7))\n")
         yield client.wait_output("still-42")
         self.assertFalse(client.closed.called)
