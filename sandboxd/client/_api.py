@@ -556,7 +556,8 @@ class Files(_Namespace[F]):
         Changes under a directory as they happen (``event``: created,
         modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
         resumed after a cut, a daemon's restart included (``gap`` then
-        says what was missed).  The watch is live when this returns; it
+        says what was missed; ``overflow``, that the kernel dropped changes:
+        list the directory again).  The watch is live when this returns; it
         ends with an ``end`` event when the directory goes away;
         ``close()`` the stream (or use it in a ``with``) to stop.
         """

@@ -22,6 +22,8 @@ import functools
 import os
 import posixpath
 import stat
+import struct
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -84,6 +86,27 @@ def _mask() -> int:
         | inotify.IN_ATTRIB
     )
     return mask
+
+
+#: The event that says the kernel dropped changes it had no room to queue
+#: (``IN_Q_OVERFLOW``): which ones, nobody can tell, so a client lists the
+#: watched directory again.
+OVERFLOW = "overflow"
+
+#: An inotify event's fixed part: wd, mask, cookie, length of the name.
+_EVENT_HEAD = struct.Struct("=iIII")
+
+
+def queue_overflowed(data: bytes) -> bool:
+    """Whether the kernel's overflow event is among these raw inotify events."""
+    overflow = _inotify().IN_Q_OVERFLOW
+    offset = 0
+    while offset + _EVENT_HEAD.size <= len(data):
+        wd, mask, _, size = _EVENT_HEAD.unpack_from(data, offset)
+        if wd == -1 and mask & overflow:
+            return True
+        offset += _EVENT_HEAD.size + size
+    return False
 
 
 #: The kernel's inotify limits, per user, as ``sysctl`` names them.
@@ -162,6 +185,9 @@ def _notifier_class() -> type[Any]:
         #: Whether a directory created in the tree could not be watched
         #: for want of inotify watches (logged once).
         blind = False
+        #: Called after a read that held the kernel's overflow event, which
+        #: Twisted drops without a word (it names no watch).
+        on_overflow: Callable[[], None] | None = None
 
         def loseConnection(self, *args: Any) -> None:
             if self.closing:
@@ -199,6 +225,12 @@ def _notifier_class() -> type[Any]:
                 pass
 
         def _doRead(self, in_: bytes) -> None:
+            overflowed = queue_overflowed(self._buffer + in_)
+            self._read_events(in_)
+            if overflowed and self.on_overflow is not None:
+                self.on_overflow()
+
+        def _read_events(self, in_: bytes) -> None:
             # Twisted adds a watch to each directory created in a watched one
             # as it reads the event.  One already removed or renamed (a mkdir
             # followed at once by a mv or rmdir) makes that fail, and the
@@ -268,6 +300,7 @@ class Watch:
         self._flush_call: Any = None
         self._idle_call: Any = None
         self.notifier = _notifier_class()(service.reactor)
+        self.notifier.on_overflow = self._overflowed
 
     def start(self, dirs: list[str]) -> None:
         """Watch ``root`` (and ``dirs`` below it, for a recursive watch)."""
@@ -347,6 +380,17 @@ class Watch:
             # door only (envd's CHMOD), not in the HTTP API's four events.
             self._add({"event": ATTRIBUTES, "path": path, "type": kind})
 
+    def _overflowed(self) -> None:
+        """
+        The kernel dropped events for want of room in its queue (a burst of
+        changes while the daemon was busy): the clients are told to list the
+        directory again, and a recursive watch looks for directories made
+        meanwhile, whose creation it never heard and which nobody watches.
+        """
+        self._add({"event": OVERFLOW, "path": self.root, "type": "directory"})
+        if self.recursive:
+            self._watch_tree(os.fsencode(self.root))
+
     def _inside_temporary(self, path: str) -> bool:
         """
         Whether ``path`` is below a temporary name of the daemon's (a tree
@@ -411,6 +455,9 @@ class Watch:
         dropped, and so is an attribute change after another (a recursive
         watch hears a directory's from its parent and from itself).
         """
+        if item["event"] == OVERFLOW and self.pending:
+            if self.pending[-1]["event"] == OVERFLOW:
+                return  # said once for a run of full reads
         if item["event"] == ATTRIBUTES:
             for old in reversed(self.pending):
                 if old["path"] == item["path"]:

@@ -48,7 +48,13 @@ from sandboxd.files.stream import (
     parse_range,
     read_all,
 )
-from sandboxd.files.watch import ATTRIBUTES, seed_changes, seen_as, watch_dirs
+from sandboxd.files.watch import (
+    ATTRIBUTES,
+    OVERFLOW,
+    seed_changes,
+    seen_as,
+    watch_dirs,
+)
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
@@ -1025,6 +1031,10 @@ def files_watch(request: ServerRequest) -> Any:
         data = shown(event)
         if data is None:
             return b""
+        if event.event == OVERFLOW:
+            # Not one of the seed's change types: an event of its own,
+            # which the seed's clients pass over.
+            return frame(OVERFLOW, data, event.seq)
         return b"".join(
             frame("change", change, event.seq) for change in seed_changes(data)
         )

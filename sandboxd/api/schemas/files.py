@@ -749,6 +749,12 @@ SCHEMAS: dict[str, Schema] = {
             Event("modified", '{"event", "path", "type"} (follow=true)'),
             Event("deleted", '{"event", "path", "type"} (follow=true)'),
             Event("moved", '{"event", "path", "type", "dest"} (follow=true)'),
+            Event(
+                "overflow",
+                '{"event", "path", "type"}: the kernel dropped changes under '
+                "path it had no room to queue (a burst while the daemon was "
+                "busy); list path again to catch up",
+            ),
             GAP,
         ),
         errors=(
