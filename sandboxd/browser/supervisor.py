@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -45,7 +44,7 @@ from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs, exit_code
 from sandboxd.processes.environment import BOOT_ENVIRON, child_environment
 from sandboxd.processes.spawning import spawn_session
-from sandboxd.processes.tree import TREE_MARKER, signal_tree
+from sandboxd.processes.tree import TREE_MARKER, new_marker, signal_tree
 from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.browser")
@@ -84,7 +83,7 @@ class WorkerProtocol(ProcessProtocol):
         self.pid: int | None = None
         #: In the worker's environment (``TREE_MARKER``): Chromium helpers
         #: that left its session are still found and ended with it.
-        self.marker = secrets.token_hex(8)
+        self.marker = new_marker()
         self.exited = False
         self.ended: Deferred[None] = Deferred()
 
@@ -281,6 +280,7 @@ class BrowserSupervisor(Service):
         self.worker = worker
         self.is_ready = False
         self.starts += 1
+        worker.marker = new_marker(self.context.children.scope)
         env[TREE_MARKER] = worker.marker
         try:
             spawn_session(

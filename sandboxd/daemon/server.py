@@ -70,6 +70,8 @@ from sandboxd.policy.defaults import (
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.environment import BOOT_ENVIRON, login_defaults
 from sandboxd.processes.priority import CHILD_PRIORITY
+from sandboxd.processes.strays import end_strays
+from sandboxd.processes.tree import marker_scope
 from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import SandboxSite
@@ -362,25 +364,30 @@ class DaemonService(MultiService):
             self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
-        self._sweep_scratch()
+        self.context.children.scope = marker_scope(self.context.policy.base_dir)
+        self._clean_up_after_killed_daemons()
         self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, self._settle)
         self.heap_sweep.start(HEAP_TRIM_QUIET_SECONDS, now=False)
         self.link_watch.start()
 
-    def _sweep_scratch(self) -> None:
+    def _clean_up_after_killed_daemons(self) -> None:
         """
-        Remove what daemons killed outright left in the temporary directory
-        (:mod:`sandboxd.daemon.scratch`), on a thread of its own that ends
-        with the sweep: the pool's threads, once started, stay, and a fresh
-        daemon starts none until a call needs one.  A reactor that takes
-        nothing from threads (a test's, in memory) leaves it.
+        End the processes daemons killed outright left running
+        (:mod:`sandboxd.processes.strays`) and remove what they left in the
+        temporary directory (:mod:`sandboxd.daemon.scratch`), on a thread of
+        its own that ends with the work: the pool's threads, once started,
+        stay, and a fresh daemon starts none until a call needs one.  A
+        reactor that takes nothing from threads (a test's, in memory)
+        leaves it.
         """
         reactor: Any = self.context.reactor
         if not IReactorFromThreads.providedBy(reactor):
             return
+        scope = self.context.children.scope
 
         def work() -> None:
             try:
+                ended = end_strays(scope)
                 removed = sweep()
             except Exception as e:  # reported; the daemon goes on
                 reactor.callFromThread(
@@ -389,6 +396,7 @@ class DaemonService(MultiService):
                     e=e,
                 )
             else:
+                reactor.callFromThread(_ended, ended)
                 reactor.callFromThread(_swept, removed)
 
         try:
@@ -794,6 +802,16 @@ def listeners_of(
     http = listen_string(settings.port, host)
     pty = settings.pty_port or environ.get("ABX_PTY_PORT") or default_pty_port(http)
     return http, listen_string(pty, interface_of(http))
+
+
+def _ended(ended: list[tuple[int, str]]) -> None:
+    if ended:
+        log.warn(
+            "sandboxd: ended {count} process(es) a daemon that stopped without "
+            "ending them left running: {which}",
+            count=len(ended),
+            which=", ".join(f"{pid} ({name})" for pid, name in ended),
+        )
 
 
 def _swept(removed: list[str]) -> None:

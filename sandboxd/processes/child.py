@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import secrets
 import select
 import signal
 import time
@@ -46,6 +45,7 @@ from sandboxd.processes.tree import (
     kill_tree,
     leftovers,
     never_signalled,
+    new_marker,
     reap_orphans,
     signal_group,
     signal_leftovers,
@@ -323,7 +323,8 @@ class Child(ProcessProtocol):
         self.timeout = timeout
         self.idle_timeout = idle_timeout
         self.grace = grace
-        self.marker = secrets.token_hex(8)
+        #: Its tree's marker, given at its spawn (:func:`~sandboxd.processes.run.spawn`).
+        self.marker = new_marker()
         # Taken before the spawn: no process of its tree started earlier.
         self.window: Window | None = (
             (boot_ticks() - 1, None) if claims_escapees else None

@@ -40,6 +40,7 @@ from sandboxd.processes.tree import (
     TREE_MARKER,
     adopted_orphans,
     kill_tree,
+    new_marker,
     proc_info,
     reap_orphans,
 )
@@ -164,6 +165,7 @@ def spawn(
     executable = find_executable(argv[0], env)
     if executable is None:
         raise FileNotFoundError(f"command not found: {argv[0]}")
+    child.marker = new_marker(children.scope)
     env[TREE_MARKER] = child.marker
     args = [executable, *argv[1:]]
     child_fds: dict[int, Any] = {1: "r", 2: "r", 0: "w" if stdin_pipe else _devnull()}

@@ -20,6 +20,8 @@ class ChildTable:
 
     :ivar live: spawned and not yet ended.
     :ivar pending: their spawn is on a worker thread (no process yet).
+    :ivar scope: what the daemon serves, in its children's markers
+        (:func:`~sandboxd.processes.tree.marker_scope`; set at its start).
 
     Both hold :class:`~sandboxd.processes.child.Child` objects, typed
     loosely: that module imports this one.
@@ -28,3 +30,4 @@ class ChildTable:
     def __init__(self) -> None:
         self.live: set[Any] = set()
         self.pending: set[Any] = set()
+        self.scope = ""

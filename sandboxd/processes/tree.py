@@ -15,7 +15,9 @@ whole tree is ended, and how orphans the daemon adopts are reaped.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import secrets
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -37,6 +39,9 @@ log = Logger(namespace="sandboxd.processes.tree")
 #: tree inherits it, so a double-forked daemon adopted by the daemon (as
 #: subreaper) is still recognised as part of the tree when it is killed.
 TREE_MARKER = "SANDBOXD_PROCESS_TREE"
+
+#: Between a marker's instance and its own random part.
+_MARKER_SEPARATOR = "."
 
 #: How often a kill in progress looks for survivors (seconds, growing).
 _KILL_POLLS = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -93,6 +98,66 @@ def proc_info(pid: int) -> ProcInfo | None:
         )
     except (IndexError, ValueError):
         return None
+
+
+@functools.cache
+def _instance_of(pid: int) -> str:
+    info = proc_info(pid)
+    return f"{pid}-{info.start if info is not None else 0}"
+
+
+def instance() -> str:
+    """
+    This daemon process's instance, ``PID-START``: a pid alone is reused,
+    with its start time (clock ticks since boot) it names one process.
+    """
+    return _instance_of(os.getpid())
+
+
+def marker_scope(base_dir: str) -> str:
+    """
+    The part of a daemon's markers that names what it serves (its base
+    dir), so that a daemon ends only the strays of one that served the
+    same (:mod:`sandboxd.processes.strays`).
+    """
+    return hashlib.sha256(os.fsencode(base_dir)).hexdigest()[:12]
+
+
+def new_marker(scope: str = "") -> str:
+    """
+    A tree's marker, ``PID-START-SCOPE.RANDOM``: this daemon's instance and
+    :func:`marker_scope`, then a random part, so that a process found
+    carrying it says which daemon started its tree, whether that daemon
+    still runs, and what it served.
+    """
+    return f"{instance()}-{scope}{_MARKER_SEPARATOR}{secrets.token_hex(8)}"
+
+
+class MarkedBy(NamedTuple):
+    """The daemon a marker names (:func:`new_marker`)."""
+
+    pid: int
+    start: int
+    scope: str
+
+
+def marked_by(environ: bytes) -> MarkedBy | None:
+    """
+    The daemon whose marker an environment block carries, or None (no
+    marker, or one not in :func:`new_marker`'s form).
+    """
+    prefix = f"{TREE_MARKER}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            who = entry[len(prefix) :].partition(_MARKER_SEPARATOR.encode())[0]
+            parts = who.split(b"-")
+            if len(parts) != 3:
+                return None
+            try:
+                return MarkedBy(int(parts[0]), int(parts[1]), parts[2].decode())
+            except (ValueError, UnicodeDecodeError):
+                return None
+    return None
 
 
 def proc_table() -> dict[int, ProcInfo]:
@@ -199,7 +264,7 @@ def tree_table(leader: int, *others: int) -> dict[int, ProcInfo]:
     return table
 
 
-def _environ(pid: int) -> bytes | None:
+def environ_block(pid: int) -> bytes | None:
     """A process's environment block (empty while it execs), or None."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -209,10 +274,11 @@ def _environ(pid: int) -> bytes | None:
 
 
 def _has_marker(pid: int, marker: bytes) -> bool:
-    return marker in (_environ(pid) or b"").split(b"\0")
+    return marker in (environ_block(pid) or b"").split(b"\0")
 
 
-def _cmdline(pid: int) -> bytes | None:
+def command_line(pid: int) -> bytes | None:
+    """A process's arguments, each ended by NUL (empty while it execs), or None."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read()
@@ -227,15 +293,15 @@ def _unmarked(pid: int) -> bool:
     whose environment and command line both read empty for a moment, is
     not counted: it may carry a marker once the exec is done.
     """
-    environ = _environ(pid)
+    environ = environ_block(pid)
     if environ == b"":
         # Opened just before an exec and read just after, the block reads
         # empty too: a second read sees the new one.
-        environ = _environ(pid)
+        environ = environ_block(pid)
     if environ is None:
         return False
     if not environ:
-        return bool(_cmdline(pid))
+        return bool(command_line(pid))
     prefix = f"{TREE_MARKER}=".encode()
     return not any(entry.startswith(prefix) for entry in environ.split(b"\0"))
 
@@ -365,7 +431,7 @@ def _unreadable_orphans(
     moment later.
     """
     return any(
-        pid not in members and _environ(pid) == b""
+        pid not in members and environ_block(pid) == b""
         for pid in _live_orphans(table, leader)
     )
 

@@ -48,7 +48,7 @@ class TerminalService(Service):
 
     def __init__(self, context: Any, timers: bool = True) -> None:
         self.context = context
-        self.table = TerminalTable(context.reactor)
+        self.table = TerminalTable(context.reactor, context.children)
         self.timers = timers
         self._factory: PtyServerFactory | None = None
         self.port: Any = None

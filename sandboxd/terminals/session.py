@@ -16,7 +16,6 @@ import codecs
 import fcntl
 import json
 import os
-import secrets
 import signal
 import struct
 import termios
@@ -50,6 +49,7 @@ from sandboxd.processes.tree import (
     descendants,
     member_alive,
     never_signalled,
+    new_marker,
     signal_member,
     signal_tree,
     tree_members,
@@ -267,7 +267,7 @@ class PtySession:
     #: Carried in the shell's environment (``TREE_MARKER``), so a job that
     #: left the terminal's session (``setsid``, double fork) is still found
     #: and ended with it.
-    marker: str = attrs.Factory(lambda: secrets.token_hex(8))
+    marker: str = attrs.Factory(new_marker)
     transport: Any = None
     clients: list[Client] = attrs.Factory(list)
     exit_code: int | None = None

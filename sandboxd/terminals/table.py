@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.processes.tree import new_marker
+
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
+    from sandboxd.processes.table import ChildTable
     from sandboxd.terminals.session import PtySession, SpawnRequest
 
 Spawn = Callable[[Any, "PtySession", "SpawnRequest"], None]
@@ -37,8 +40,10 @@ class TerminalTable:
     the next listing or creation reaps them; the cap counts live ones.
     """
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, children: ChildTable | None = None) -> None:
+        """:param children: the daemon's, whose scope the shells' markers carry."""
         self.reactor = reactor
+        self.children = children
         self.sessions: dict[str, PtySession] = {}
 
     def reap(self) -> None:
@@ -96,6 +101,7 @@ class TerminalTable:
             cols=spec.cols,
             rows=spec.rows,
             idle_timeout=idle_timeout,
+            marker=new_marker(self.children.scope if self.children else ""),
         )
         (spawn or spawn_shell)(self.reactor, session, spec)
         self.sessions[session.id] = session
