@@ -595,7 +595,10 @@ class DaemonService(MultiService):
                 environ=self._environ,
                 daemon_files=daemon_files(s, self._environ),
             )
-            check_base_dir(policy.base_dir)
+            # The start's checks, the exposure rule with them: a policy
+            # that drops the last token must not leave a listener that
+            # every interface reaches open to anyone.
+            check_start(s, policy, self._environ)
             if s.root_children_check:
                 check_children_user(policy, self.context.table, os.geteuid())
         except PolicyError as e:

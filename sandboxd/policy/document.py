@@ -845,8 +845,21 @@ def parse_text(text: str, name: str) -> Any:
     """
     Parse a policy file's text: JSON, or YAML for ``.yaml``/``.yml``.
 
-    A YAML template's ``server:`` block is the policy (SPEC §5.2).
+    A YAML template's ``server:`` block is the policy (SPEC §5.2).  Text
+    that holds no document (empty, only a comment, ``null``) is refused: it
+    is a failed render or a rewrite caught half-way far more often than a
+    wish for every default, and a reload would drop every token and rule.
     """
+    data = _parse(text, name)
+    if data is None:
+        raise PolicyError(
+            f"{name}: holds no policy (empty, a comment or null); "
+            "write {} for the one with every default"
+        )
+    return data
+
+
+def _parse(text: str, name: str) -> Any:
     if name.endswith((".yaml", ".yml")):
         import yaml
 

@@ -957,6 +957,39 @@ class NearMissTests(SynchronousTestCase):
         self.assertTrue(p.rule("shell").enabled)
 
 
+class EmptyFileTests(SynchronousTestCase):
+    """
+    A policy file that holds no document (empty, only a YAML comment, JSON
+    ``null``) is refused, naming the file: it is a broken deployment (a
+    failed render, a rewrite caught half-way), and running with every
+    default and no token on it would drop every rule the operator wrote.
+    """
+
+    def test_refused(self) -> None:
+        for text, suffix in (
+            ("", ".yaml"),
+            ("# the policy comes later\n", ".yml"),
+            ("null", ".json"),
+            ("~\n", ".yaml"),
+        ):
+            with self.assertRaises(PolicyError) as cm:
+                load_text(self, text, suffix)
+            self.assertIn("holds no policy", str(cm.exception))
+            self.assertIn(suffix, str(cm.exception))
+
+    def test_inline_null_refused(self) -> None:
+        """The same for ``ABX_SERVER_POLICY=null``."""
+        with self.assertRaises(PolicyError) as cm:
+            load_policy(
+                builtin_table(), base_dir="/tmp", environ={"ABX_SERVER_POLICY": "null"}
+            )
+        self.assertIn("ABX_SERVER_POLICY", str(cm.exception))
+
+    def test_an_empty_object_is_a_policy(self) -> None:
+        """``{}`` is still the policy with every default."""
+        self.assertTrue(load_text(self, "{}").rule("shell").enabled)
+
+
 class LocatedErrorTests(SynchronousTestCase):
     """An error names the policy source it came from, then the place in it."""
 

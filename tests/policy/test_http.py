@@ -17,7 +17,7 @@ from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import CapabilityGroup
 from sandboxd.routes import builtin_table
 from sandboxd.web.messages import ServerResponse
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, free_port, someone_listens
 
 READER = "reader-token"
 ADMIN = "admin-token"
@@ -645,3 +645,38 @@ class NonFiniteReloadTests(DaemonTestCase):
         caps = yield self.request("GET", "/capabilities")
         self.assertEqual(caps.status, 200)
         self.assertEqual(caps.json()["policy"]["revision"], "r1")
+
+
+class ExposingReloadTests(DaemonTestCase):
+    """
+    A reload meets the start's rule: no listener reachable from outside
+    without a token.  One that would open one is refused; the old policy
+    stays, and nothing listens.
+    """
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_token_removed_with_an_outside_listener(self) -> Any:
+        """
+        A reload that drops the last token and turns on the E2B door, whose
+        port listens on every interface, is refused: the token still works,
+        the port never opens.
+        """
+        token = {"id": "admin", "token_env": "ADMIN", "scopes": ["*"]}
+        port = free_port()
+        yield self.start_on_policy_file(
+            {
+                "auth": {"tokens": [token]},
+                "defaults": {"params": {"default_user": "root"}},
+            },
+            environ={"ADMIN": "admin-secret"},
+            e2b_port=f"tcp:{port}:interface=0.0.0.0",
+        )
+        self.write_policy_file({"groups": {"e2b": True}})
+        self.assertFalse(self.daemon.daemon.reload())
+        reply = yield self.request("GET", "/system/info", token="admin-secret")
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/system/info")
+        self.assertEqual(reply.status, 401, reply.body)
+        self.assertFalse(someone_listens(port))
