@@ -276,6 +276,9 @@ class Worker:
         self.disconnected = False
         #: Set when this worker cannot go on: its next reply says so and it ends.
         self.ending = False
+        #: The page's main frame waits for a new document: a navigation is
+        #: under way and its server has not answered yet.
+        self.navigating = False
 
     def emit(self, message: dict[str, Any]) -> None:
         """
@@ -393,10 +396,38 @@ class Worker:
             "Fetch.enable",
             {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
         )
+        # Whether a navigation waits for its server: a call that times out
+        # then must keep the page, not take it for stuck.
+        self.navigating = False
+        tree = await session.send("Page.getFrameTree")
+        main_frame = tree["frameTree"]["frame"]["id"]
+        for event_name, navigating in (
+            ("Page.frameStartedLoading", True),
+            ("Page.frameNavigated", False),
+            ("Page.frameStoppedLoading", False),
+        ):
+            session.on(
+                event_name,
+                lambda event, now=navigating: self.frame_navigating(
+                    page, main_frame, event, now
+                ),
+            )
+        await session.send("Page.enable")
         self.page = page
         self.session = session
         self.crashed = False
         return page
+
+    def frame_navigating(
+        self, page: Any, main_frame: str, event: dict[str, Any], navigating: bool
+    ) -> None:
+        """
+        The page's main frame started loading a document (``navigating``),
+        or the document came (it committed) or the load ended.
+        """
+        frame = event.get("frameId") or event.get("frame", {}).get("id")
+        if page is self.page and frame == main_frame:
+            self.navigating = navigating
 
     def on_crash(self, page: Any) -> None:
         if page is self.page:
@@ -837,6 +868,16 @@ class Worker:
                 stopped = True
             except Exception:
                 pass
+        if self.navigating and not stopped:
+            # A navigation is under way (the page's own, or one a click
+            # started): nothing reaches the page until its server answers,
+            # a probe included, so a slow server would pass for a stuck
+            # script.  The page is kept; a navigate stops the load.
+            return (
+                "; the page is still loading (a navigation is under way and its "
+                "server has not answered yet): the page was kept, and the next "
+                "call waits for it within its own timeout (a navigate stops it)"
+            )
         try:
             await asyncio.wait_for(page.evaluate("1"), self.probe_seconds)
         except Exception:

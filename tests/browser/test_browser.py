@@ -96,6 +96,26 @@ class _Static(Resource):
         return self.body
 
 
+class _Slow(Resource):
+    """A page that answers after ``?s=`` seconds, as a slow backend does."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> Any:
+        seconds = float(request.args.get(b"s", [b"5"])[0])
+
+        def answer() -> None:
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.write(b"<!doctype html><title>Slow</title><p>arrived</p>")
+            request.finish()
+
+        timer = reactor.callLater(seconds, answer)
+        request.notifyFinish().addErrback(
+            lambda _: timer.cancel() if timer.active() else None
+        )
+        return NOT_DONE_YET
+
+
 #: A page that starts a script that never yields once it has loaded.
 BUSY_PAGE = b"""<!doctype html><title>Busy</title>
 <script>addEventListener('load', () => setTimeout(() => { while (true) {} }, 1000));</script>
@@ -110,6 +130,7 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"secret", _Page())
     root.putChild(b"redirect", Redirect(b"/secret"))
     root.putChild(b"hang", _Hang())
+    root.putChild(b"slow", _Slow())
     root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
     root.putChild(
         b"download",
@@ -699,6 +720,70 @@ class RecoveryTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(reply.json()["url"], self.site + "/page")
         self.assertLess(time.monotonic() - started, 5)
+
+    @inlineCallbacks
+    def test_calls_while_a_slow_page_loads(self) -> Any:
+        """
+        A click that starts a navigation to a server slower than the
+        call's timeout is a 408 that says the page is still loading, not
+        that it is stuck: the page is kept, and the slow page arrives.  A
+        call made while a navigation the page started itself is under way
+        likewise.  The browser is never restarted for it.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "document.body.insertAdjacentHTML('beforeend',"
+                " `<a id=slow href='/slow?s=6'>slow</a>`); 1"
+            },
+        )
+        reply = yield self.request(
+            "POST", "/browser/click", {"selector": "#slow", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("still loading", error)
+        self.assertNotIn("replaced", error)
+        title = yield self.slow_page_title()
+        self.assertEqual(title, "Slow")
+
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "location.href = '/slow?s=6'; 1"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.title", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("still loading", reply.json()["error"])
+        title = yield self.slow_page_title()
+        self.assertEqual(title, "Slow")
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def slow_page_title(self) -> Any:
+        """
+        The page's title, asked until the slow page is loaded (a navigation
+        still under way may replace the document being read) or 20 s pass.
+        """
+        deadline = time.monotonic() + 20
+        title = None
+        while time.monotonic() < deadline:
+            reply = yield self.request(
+                "POST",
+                "/browser/evaluate",
+                {"script": "[document.readyState, document.title]", "timeout": 2000},
+            )
+            if reply.status == 200:
+                state, title = reply.json()["result"]
+                if (state, title) == ("complete", "Slow"):
+                    break
+            yield deferLater(reactor, 0.5, lambda: None)
+        return title
 
     @inlineCallbacks
     def test_renderer_crash(self) -> Any:

@@ -13,9 +13,11 @@ _BROWSER = (
     E(
         408,
         "timeout",
-        "the call ran past its timeout: a navigation still under way is stopped, "
-        "and a page that no longer answers (a script that never yields) is "
-        "replaced by a fresh blank one (cookies kept), as the message says",
+        "the call ran past its timeout: a navigate's own navigation is stopped; "
+        "a page still waiting for a slow server (a click or a script started a "
+        "navigation) is kept, and the message says it is still loading; a page "
+        "that no longer answers (a script that never yields) is replaced by a "
+        "fresh blank one (cookies kept), as the message says",
         "TimeoutError",
     ),
     E(
