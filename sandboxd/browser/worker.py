@@ -279,6 +279,10 @@ class Worker:
         #: The page's main frame waits for a new document: a navigation is
         #: under way and its server has not answered yet.
         self.navigating = False
+        #: The request running now, and the operation's task.
+        self.current: tuple[Any, asyncio.Future[Any]] | None = None
+        #: The id of the request the daemon abandoned (its caller left).
+        self.cancelled: Any = None
 
     def emit(self, message: dict[str, Any]) -> None:
         """
@@ -777,8 +781,33 @@ class Worker:
                 )
             page = await self.ensure_page(op)
             budget = float(req.get("budget") or req["timeout"]) / 1000.0 + 1.0
-            result = await asyncio.wait_for(method(page, req), budget)
+            task = asyncio.ensure_future(method(page, req))
+            self.current = (rid, task)
+            if self.cancelled == rid:
+                task.cancel()
+            try:
+                result = await asyncio.wait_for(task, budget)
+            finally:
+                self.current = None
             return {"id": rid, "ok": True, "result": result}
+        except asyncio.CancelledError:
+            if rid is None or self.cancelled != rid:
+                raise
+            # Its caller left: stop what it started, as a timeout does.
+            try:
+                note = await self.after_timeout(op, page)
+            except WorkerError as lost:
+                return {"id": rid, "ok": False, "error": lost.fields}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": error_fields(
+                    499,
+                    f"browser {op} was cancelled: its caller left{note}",
+                    "CancelledError",
+                    "client_closed",
+                ),
+            }
         except Refusal as refusal:
             return {"id": rid, "ok": False, "error": refusal.as_json()}
         except WorkerError as e:
@@ -899,22 +928,52 @@ class Worker:
         )
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer requests until stdin closes, or this worker cannot go on."""
-        while not self.ending:
-            try:
-                line = await reader.readline()
-            except ValueError:
-                # A line over the reader's limit: the daemon never sends one.
-                break
-            if not line:
-                break
-            try:
-                req = json.loads(line)
-                if not isinstance(req, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                continue
-            self.emit(await self.handle(req))
+        """
+        Answer requests, one at a time, until stdin closes or this worker
+        cannot go on.  Lines are read while a request runs: a ``cancel``
+        (``{"op": "cancel", "target": ID}``, sent when the caller of the
+        request left) stops it, and stdin closing stops it too.
+        """
+        requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:
+                    # A line over the reader's limit: the daemon never sends one.
+                    break
+                if not line:
+                    break
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    continue
+                if req.get("op") == "cancel":
+                    self.cancel(req.get("target"))
+                else:
+                    requests.put_nowait(req)
+            if self.current is not None:
+                self.cancel(self.current[0])
+            requests.put_nowait(None)
+
+        reading = asyncio.ensure_future(read())
+        try:
+            while not self.ending:
+                req = await requests.get()
+                if req is None:
+                    break
+                self.emit(await self.handle(req))
+        finally:
+            reading.cancel()
+
+    def cancel(self, rid: Any) -> None:
+        """Stop request ``rid``: now when it runs, else as soon as it starts."""
+        self.cancelled = rid
+        if self.current is not None and self.current[0] == rid:
+            self.current[1].cancel()
 
     def last_step(self, error: BaseException) -> str:
         """

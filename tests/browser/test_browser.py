@@ -786,6 +786,32 @@ class RecoveryTests(DaemonTestCase):
         return title
 
     @inlineCallbacks
+    def test_caller_that_left(self) -> Any:
+        """
+        A call whose caller disconnects is stopped in the browser: the
+        next call answers at once (not after the abandoned call's time),
+        on the same browser, with its cookies.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie = 'kept=1'"}
+        )
+        left = self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/hang", "timeout": 60000}
+        )
+        left.addErrback(lambda _: None)
+        yield deferLater(reactor, 1.0, lambda: None)
+        left.cancel()
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie", "timeout": 3000}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json(), {"result": "kept=1"})
+        self.assertLess(time.monotonic() - started, 8)
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
     def test_renderer_crash(self) -> Any:
         """
         The page's renderer killed between calls: the next call is 502
