@@ -467,6 +467,60 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(left, [])
 
 
+class OneUrlRuleTests(DaemonTestCase):
+    """URL rules written on one browser endpoint hold for the whole page."""
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"browser_navigate": {"params": {"url_deny": ["*/secret*"]}}},
+    }
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_deny_on_navigate_holds_for_clicks_and_scripts(self) -> Any:
+        """
+        A url_deny on browser_navigate alone refuses the URL to navigate,
+        and to a link clicked and a script that sets location: the server
+        is never asked, and the page is not the denied one.
+        """
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/secret"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["rule"], "policy:endpoints.browser_navigate")
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        served = _Page.served
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "document.body.insertAdjacentHTML('beforeend',"
+                " `<a id=s href='/secret?via=click'>s</a>`); 1"
+            },
+        )
+        yield self.request("POST", "/browser/click", {"selector": "#s"})
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "location.href = '/secret?via=script'; 1"},
+        )
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "location.href"}
+        )
+        self.assertNotIn("/secret", reply.json().get("result", ""), reply.body)
+        self.assertEqual(_Page.served, served)
+
+
 class PrivateNetworkTests(DaemonTestCase):
     """block_private_networks: loopback and names resolving to it are refused."""
 
