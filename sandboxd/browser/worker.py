@@ -78,6 +78,10 @@ CHROMIUM_ARGS = [
 ]
 
 
+#: JPEG's limit on an image's width and height, in pixels.
+JPEG_MAX_SIDE = 65535
+
+
 class WorkerError(Exception):
     """An error with the JSON fields the daemon passes on."""
 
@@ -645,12 +649,49 @@ class Worker:
                 full_page=bool(req.get("full_page")), **options
             )
         width, height = image_size(data)
+        if not data or not width or not height:
+            raise await self.empty_image(page, kind)
         return {
             "image_base64": base64.b64encode(data).decode(),
             "width": width,
             "height": height,
             "type": kind,
         }
+
+    async def empty_image(self, page: Any, kind: str) -> WorkerError:
+        """
+        The answer when Chromium gave no image: it makes none past JPEG's
+        limit of 65535 pixels a side, and an empty image is no answer (a
+        model's API refuses one).
+        """
+        try:
+            size = await asyncio.wait_for(
+                page.evaluate(
+                    "() => [document.documentElement.scrollWidth,"
+                    " document.documentElement.scrollHeight]"
+                ),
+                self.probe_seconds,
+            )
+            shown = f" (the page is {int(size[0])}x{int(size[1])} pixels)"
+        except Exception:
+            shown = ""
+        if kind == "jpeg":
+            return WorkerError(
+                413,
+                f"the screenshot came back empty{shown}: a JPEG cannot be over "
+                f"{JPEG_MAX_SIDE} pixels a side; take a png, a selector, or the "
+                "viewport (no full_page)",
+                "ResourceError",
+                "payload_too_large",
+                limit=JPEG_MAX_SIDE,
+            )
+        return WorkerError(
+            413,
+            f"the screenshot came back empty{shown}: the image is too large for "
+            "the browser to make; take a selector, or the viewport (no full_page)",
+            "ResourceError",
+            "payload_too_large",
+        )
 
     async def op_content(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("type") == "text":

@@ -954,6 +954,33 @@ class LargeAnswerTests(DaemonTestCase):
         return super().setUp()
 
     @inlineCallbacks
+    def test_jpeg_past_its_limit(self) -> Any:
+        """
+        A full-page JPEG of a page taller than JPEG allows (65535 pixels) is
+        a 413 naming the limit, not a 200 with an empty image; the page's
+        viewport as a JPEG still works.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "document.body.style.height = '66000px'; 1"},
+        )
+        reply = yield self.request(
+            "POST",
+            "/browser/screenshot",
+            {"full_page": True, "type": "jpeg", "timeout": 60000},
+        )
+        self.assertEqual(reply.status, 413, reply.body[:300])
+        body = reply.json()
+        self.assertEqual((body["code"], body["limit"]), ("payload_too_large", 65535))
+        self.assertIn("65535 pixels", body["error"])
+        self.assertIn("the page is 1280x66", body["error"])
+        reply = yield self.request("POST", "/browser/screenshot", {"type": "jpeg"})
+        self.assertEqual(reply.status, 200, reply.body[:300])
+        self.assertEqual((reply.json()["width"], reply.json()["height"]), (1280, 720))
+
+    @inlineCallbacks
     def test_content_in_parts(self) -> Any:
         """
         A 3 MB text comes in parts of at most ``max_bytes`` (the policy's

@@ -95,6 +95,14 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             E(400, "invalid_param", "bad type or format, quality or timeout"),
             E(404, "not_found", "no element matches selector", "ValueError"),
+            E(
+                413,
+                "payload_too_large",
+                "the image is too large to make or to send: a JPEG over 65535 "
+                "pixels a side (limit 65535), or an answer over the browser's "
+                "limit; take a png, a selector or the viewport",
+                "ResourceError",
+            ),
             *_BROWSER,
         ),
     ),
