@@ -264,8 +264,17 @@ class Worker:
         self.close_seconds = float(config["close_seconds"])
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
+        #: Destinations the gate could not reach since the navigation began,
+        #: as ``(host, port, Chromium's error name)``.
+        self.unreachable: collections.deque[tuple[str, int, str]] = collections.deque(
+            maxlen=16
+        )
         #: Every connection Chromium makes goes through this gate.
-        self.gate = SocksGate(lambda: self.policy, self.blocked.append)
+        self.gate = SocksGate(
+            lambda: self.policy,
+            self.blocked.append,
+            lambda host, port, why: self.unreachable.append((host, port, why)),
+        )
         self.playwright: Any = None
         self.browser: Any = None
         self.context: Any = None
@@ -604,6 +613,7 @@ class Worker:
         check_url(self.policy, url)
         await self.check_network(url)
         self.blocked.clear()
+        self.unreachable.clear()
         try:
             response = await page.goto(
                 url, wait_until=req.get("wait_until", "load"), timeout=req["timeout"]
@@ -611,6 +621,8 @@ class Worker:
         except self.errors.Error as e:
             if self.blocked:
                 raise self.blocked[0] from None
+            if "ERR_SOCKS_CONNECTION_FAILED" in str(e):
+                self.say_unreachable(url)
             if "Download is starting" in str(e):
                 raise WorkerError(
                     400,
@@ -626,6 +638,32 @@ class Worker:
             "title": await page.title(),
             "status": response.status if response is not None else None,
         }
+
+    def say_unreachable(self, url: str) -> None:
+        """
+        A navigation that failed at the gate: the error Chromium would have
+        named without it (every SOCKS failure reads the same to Chromium),
+        so that "nothing listens there yet" is told from "no such host".
+
+        :raises WorkerError: 400 naming it, when the gate saw why.
+        """
+        host = (host_of(url) or "").lower()
+        seen = [(p, w) for h, p, w in self.unreachable if h.lower() == host]
+        if not seen:
+            return
+        port, why = seen[-1]
+        shown = f"[{host}]" if ":" in host else host
+        detail = (
+            f"the host {host} does not resolve"
+            if why == "net::ERR_NAME_NOT_RESOLVED"
+            else f"nothing accepts connections on {shown}:{port}"
+        )
+        raise WorkerError(
+            400,
+            f"Page.goto: {why} at {url} ({detail})",
+            "RuntimeError",
+            "invalid_param",
+        )
 
     async def op_screenshot(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         kind = req.get("type", "png")

@@ -24,7 +24,7 @@ from twisted.web.util import Redirect
 from sandboxd.browser import supervisor
 from sandboxd.policy import defaults
 from sandboxd.processes.tree import descendants
-from tests.helpers import DaemonTestCase, alive
+from tests.helpers import DaemonTestCase, alive, refusing_port
 
 PAGE = b"""<!doctype html>
 <html><head><title>Test page</title><link rel="icon" href="data:,"></head>
@@ -435,6 +435,29 @@ class BrowserTests(DaemonTestCase):
             "POST", "/browser/navigate", {"url": f"http://foo.localhost:{port}/page"}
         )
         self.assertEqual(reply.status == 200, os_resolves, reply.body)
+
+    @inlineCallbacks
+    def test_unreachable_said_apart(self) -> Any:
+        """
+        A navigation to a port nothing listens on says the connection was
+        refused, one to a host that does not resolve says so: not the one
+        SOCKS error Chromium reads every failure of the worker's gate as.
+        """
+        port = refusing_port(self)
+        url = f"http://127.0.0.1:{port}/"
+        reply = yield self.request("POST", "/browser/navigate", {"url": url})
+        self.assertEqual(reply.status, 400, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("net::ERR_CONNECTION_REFUSED", error)
+        self.assertIn(f"nothing accepts connections on 127.0.0.1:{port}", error)
+        self.assertNotIn("SOCKS", error)
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": "http://no-such-host.invalid/"}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("net::ERR_NAME_NOT_RESOLVED", error)
+        self.assertIn("no-such-host.invalid does not resolve", error)
 
     @inlineCallbacks
     def test_worker_crash_and_stop(self) -> Any:
