@@ -79,7 +79,11 @@ _GROUP_DETAILS = {
         "(see [security](security.md)). The URL rules (`url_allow`, `url_deny`, "
         "`url_schemes`, `block_private_networks`) are one rule for every request the page "
         "makes, whichever endpoint is called: the strictest of every browser endpoint's "
-        "(see [policy](policy.md)). A call whose caller leaves is stopped in the browser."
+        "(see [policy](policy.md)). A call whose caller leaves is stopped in the browser. "
+        "Dialogs are answered at once, since no call may wait on a person: `alert`, "
+        "`confirm` and `prompt` are dismissed (`confirm()` is false, `prompt()` null), "
+        "`beforeunload` is accepted, and each is kept as a console entry of type `dialog` "
+        "with its `text` and its kind in `dialog`."
     ),
 }
 

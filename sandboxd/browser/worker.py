@@ -402,6 +402,7 @@ class Worker:
         page.on("console", self.on_console)
         page.on("pageerror", self.on_page_error)
         page.on("crash", self.on_crash)
+        page.on("dialog", self.on_dialog)
         # Playwright's own routing skips redirect hops; the DevTools Fetch
         # domain pauses every request, each hop of a redirect included.
         session = await self.context.new_cdp_session(page)
@@ -551,14 +552,32 @@ class Worker:
     def on_page_error(self, error: Any) -> None:
         self.log("pageerror", str(error))
 
-    def log(self, kind: str, text: str) -> None:
+    def on_dialog(self, dialog: Any) -> None:
+        """
+        A dialog is answered at once (no call may wait on a person), as
+        Playwright does with none listening: ``alert``, ``confirm`` and
+        ``prompt`` dismissed, ``beforeunload`` accepted so a navigation goes
+        on.  It is kept as a console entry, so the caller learns it came.
+        """
+        self.log("dialog", dialog.message, dialog=dialog.type)
+        if dialog.type == "beforeunload":
+            self.spawn(dialog.accept())
+        else:
+            self.spawn(dialog.dismiss())
+
+    def log(self, kind: str, text: str, **extra: str) -> None:
         """
         Keep one console entry: its text cut to :attr:`console_entry_bytes`
         (then ``truncated`` and its whole ``bytes``), the oldest entries
         dropped past the buffer's count or bytes.
         """
         kept, size = clip_text(text, self.console_entry_bytes)
-        entry: dict[str, Any] = {"type": kind, "text": kept, "timestamp": now_iso()}
+        entry: dict[str, Any] = {
+            "type": kind,
+            "text": kept,
+            "timestamp": now_iso(),
+            **extra,
+        }
         if len(kept) < len(text):
             entry["truncated"] = True
             entry["bytes"] = size

@@ -437,6 +437,45 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(reply.status == 200, os_resolves, reply.body)
 
     @inlineCallbacks
+    def test_dialogs_dismissed_and_kept(self) -> Any:
+        """
+        alert, confirm and prompt are answered at once (dismissed: confirm
+        is false, prompt null), and each is a console entry of type
+        ``dialog`` with its text and kind.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request("GET", "/browser/console")
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "alert('hi'); [confirm('Delete?'), prompt('Name?', 'x')]"},
+        )
+        self.assertEqual(reply.json(), {"result": [False, None]})
+        reply = yield self.request("GET", "/browser/console")
+        dialogs = [
+            (e["dialog"], e["text"])
+            for e in reply.json()["logs"]
+            if e["type"] == "dialog"
+        ]
+        self.assertEqual(
+            dialogs, [("alert", "hi"), ("confirm", "Delete?"), ("prompt", "Name?")]
+        )
+        # A page that asks before it is left is left all the same.
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "addEventListener('beforeunload', e => "
+                "{ e.preventDefault(); e.returnValue = 'sure?' }); 1"
+            },
+        )
+        yield self.request("POST", "/browser/click", {"selector": "#go"})
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page?again"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
     def test_unreachable_said_apart(self) -> Any:
         """
         A navigation to a port nothing listens on says the connection was

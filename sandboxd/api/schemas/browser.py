@@ -190,7 +190,9 @@ SCHEMAS: dict[str, Schema] = {
                 "logs",
                 "array",
                 "[{type, text, timestamp}]; an entry cut to 16 KiB has "
-                "truncated: true and its whole size in bytes",
+                "truncated: true and its whole size in bytes; a dialog the page "
+                "opened is type dialog, its kind (alert, confirm, prompt, "
+                "beforeunload) in dialog",
                 items="object",
             ),
             F(
