@@ -200,6 +200,38 @@ def jsonable(value: Any, max_bytes: int, max_nodes: int) -> Any:
     return result
 
 
+def script_values_as_javascript_says() -> None:
+    """
+    Read a script's Dates and RegExps as JavaScript writes them, before
+    Playwright makes Python objects of them and loses what they were: a
+    Date as ``toISOString()`` gives it (``1970-01-01T00:00:00.000Z``, not
+    Python's ``+00:00``), a RegExp as ``String()`` gives it (``/re/g``, not
+    ``re.compile('re')`` without the flags Python has not).  An invalid
+    Date is the epoch already when it gets here (Playwright's driver makes
+    it so).  Playwright's parser is private: if it is not where it was,
+    results keep Playwright's own forms.
+    """
+    try:
+        from playwright._impl.protocol import serializers
+    except ImportError:
+        return
+    inner = getattr(serializers, "_inner_parse_serialized_value", None)
+    if inner is None or getattr(inner, "as_javascript", False):
+        return
+
+    def parse(value: Any, *args: Any) -> Any:
+        if isinstance(value, dict):
+            if "d" in value:
+                return value["d"]
+            regexp = value.get("r")
+            if isinstance(regexp, dict):
+                return f"/{regexp.get('p', '')}/{regexp.get('f', '')}"
+        return inner(value, *args)
+
+    parse.as_javascript = True  # type: ignore[attr-defined]
+    setattr(serializers, "_inner_parse_serialized_value", parse)  # noqa: B010
+
+
 def cut_utf8(data: bytes, start: int, length: int) -> tuple[int, int]:
     """
     ``data[start:start + length]`` moved to whole UTF-8 characters: the
@@ -335,6 +367,7 @@ class Worker:
             )
             return False
         self.errors = api
+        script_values_as_javascript_says()
         chromium = self.config.get("chromium") or "/usr/bin/chromium"
         if not os.access(chromium, os.X_OK):
             self.fatal(

@@ -1135,7 +1135,8 @@ class LargeAnswerTests(DaemonTestCase):
     def test_evaluate_results(self) -> Any:
         """
         A result that refers to itself answers at once with "[Circular]";
-        NaN and the infinities as JavaScript prints them; a result over
+        NaN and the infinities, Dates and RegExps as JavaScript writes
+        them; a result over
         the policy's max_bytes, or a graph with very many paths, is a 413
         at once, and the page goes on.
         """
@@ -1149,6 +1150,22 @@ class LargeAnswerTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(
             reply.json(), {"result": {"n": 1, "x": "[Circular]", "y": ["[Circular]"]}}
+        )
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "[new Date(1.5e12), /re/g, /a\\/b/im, {d: 1, r: 2}]"},
+        )
+        self.assertEqual(
+            reply.json(),
+            {
+                "result": [
+                    "2017-07-14T02:40:00.000Z",
+                    "/re/g",
+                    "/a\\/b/im",
+                    {"d": 1, "r": 2},
+                ]
+            },
         )
         reply = yield self.request(
             "POST", "/browser/evaluate", {"script": "[NaN, 1/0, -1/0, 1.5]"}

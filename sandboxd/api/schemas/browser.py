@@ -171,8 +171,10 @@ SCHEMAS: dict[str, Schema] = {
             *_BROWSER,
         ),
         notes="The result as JSON can carry it: NaN, Infinity and -Infinity as "
-        "those strings (as JavaScript prints them), a Date in ISO 8601, an object "
-        'met again inside itself as "[Circular]", nothing below 64 levels (null).',
+        "those strings (as JavaScript prints them), a Date as its toISOString() "
+        "(an invalid Date reads as the epoch: return String(date) to tell), a RegExp "
+        'as its String() (/re/g), an object met again inside itself as "[Circular]", '
+        "nothing below 64 levels (null).",
     ),
     "browser_pdf": Schema(
         body=(
