@@ -733,6 +733,17 @@ class Worker:
                     "ValueError",
                     "not_found",
                 )
+            # A hidden one likewise: Playwright would wait the whole timeout
+            # for it to show, which takes a further call to make happen.
+            if not await element.is_visible():
+                raise WorkerError(
+                    400,
+                    f"the element matching {req['selector']} is not visible (hidden, "
+                    "display: none, or of no size): there is nothing of it to "
+                    "capture; show it first, or capture the page",
+                    "ValueError",
+                    "invalid_param",
+                )
             data = await element.screenshot(**options)
         else:
             data = await page.screenshot(

@@ -306,7 +306,8 @@ class BrowserTests(DaemonTestCase):
         A click or type on an element that does not come within its timeout
         is a 408 (as the seed's SDK expects) that says nothing matches the
         selector, one on an element that is there but hidden a 408 saying
-        what was waited for (a screenshot of a missing one is 404 at once);
+        what was waited for (a screenshot of a missing one is 404 at once,
+        of a hidden one 400 at once);
         a script that throws is 400, a bad argument is 400 before the
         browser is asked, and the page stays usable after each.
         """
@@ -352,6 +353,13 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(reply.status, 404, reply.body)
         self.assertEqual(reply.json()["code"], "not_found")
         self.assertIn("Selector not found", reply.json()["error"])
+        self.assertLess(time.monotonic() - started, 10)
+        # One that is there but hidden (#go, hidden above) is a 400 at once.
+        started = time.monotonic()
+        reply = yield self.request("POST", "/browser/screenshot", {"selector": "#go"})
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertIn("#go is not visible", reply.json()["error"])
         self.assertLess(time.monotonic() - started, 10)
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site, "wait_until": "soon"}

@@ -93,7 +93,12 @@ SCHEMAS: dict[str, Schema] = {
         ),
         response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
         errors=(
-            E(400, "invalid_param", "bad type or format, quality or timeout"),
+            E(
+                400,
+                "invalid_param",
+                "bad type or format, quality or timeout; the selector's element "
+                "is not visible",
+            ),
             E(404, "not_found", "no element matches selector", "ValueError"),
             E(
                 413,
