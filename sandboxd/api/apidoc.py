@@ -69,6 +69,24 @@ _GROUP_NOTES = {
     CapabilityGroup.LSP: "language servers: diagnostics, definitions, references (docs/lsp.md)",
 }
 
+#: Paragraphs under a group's heading, after its note.
+_GROUP_DETAILS = {
+    CapabilityGroup.BROWSER: (
+        "The page is one for every caller: all identities holding `browser:use` share its "
+        "cookies, logins, `localStorage`, what was typed and the console buffer (a read of "
+        "`/browser/console` empties it for everyone), and calls run one at a time. A token "
+        "narrowed to `browser:use` still reaches sites another identity logged into "
+        "(see [security](security.md)). The URL rules (`url_allow`, `url_deny`, "
+        "`url_schemes`, `block_private_networks`) are one rule for every request the page "
+        "makes, whichever endpoint is called: the strictest of every browser endpoint's "
+        "(see [policy](policy.md)). A call whose caller leaves is stopped in the browser. "
+        "Dialogs are answered at once, since no call may wait on a person: `alert`, "
+        "`confirm` and `prompt` are dismissed (`confirm()` is false, `prompt()` null), "
+        "`beforeunload` is accepted, and each is kept as a console entry of type `dialog` "
+        "with its `text` and its kind in `dialog`."
+    ),
+}
+
 _HEADER = """\
 # API reference
 
@@ -388,6 +406,8 @@ def render(table: RouteTable | None = None) -> str:
             f"{_GROUP_NOTES[group][0].upper()}{_GROUP_NOTES[group][1:]}; {state}.",
             "",
         ]
+        if group in _GROUP_DETAILS:
+            out += [_GROUP_DETAILS[group], ""]
         out += [render_endpoint(e) for e in endpoints]
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -74,6 +74,10 @@ class SocksGate:
     :param policy: returns the URL policy in force (it changes per call).
     :param refused: called with each :class:`Refusal`, so a navigation
         can say which rule stopped it.
+    :param unreachable: called with ``(host, port, why)`` for a
+        destination that does not resolve or refuses the connection:
+        Chromium reads every SOCKS failure as one error, so a navigation
+        can say which it was.
     :param handshake_seconds: bound on the greeting, the request, the
         resolution and the connect, each.
     :param idle_seconds: a tunnel with no byte either way for this long is
@@ -87,6 +91,7 @@ class SocksGate:
         self,
         policy: Callable[[], UrlPolicy],
         refused: Callable[[Refusal], None] = lambda r: None,
+        unreachable: Callable[[str, int, str], None] = lambda h, p, why: None,
         handshake_seconds: float = 10.0,
         idle_seconds: float = 300.0,
         max_tunnels: int = 256,
@@ -94,6 +99,7 @@ class SocksGate:
     ) -> None:
         self.policy = policy
         self.refused = refused
+        self.unreachable = unreachable
         self.handshake_seconds = handshake_seconds
         self.idle_seconds = idle_seconds
         self.max_tunnels = max_tunnels
@@ -188,15 +194,24 @@ class SocksGate:
                 _reply(writer, NOT_ALLOWED)
                 return
             if not addresses:
+                self.unreachable(host, port, "net::ERR_NAME_NOT_RESOLVED")
                 _reply(writer, HOST_UNREACHABLE)
                 return
+            failure: OSError | None = None
             for address in addresses:
                 try:
                     up_reader, up_writer = await asyncio.open_connection(address, port)
                     break
-                except OSError:
-                    continue
+                except OSError as e:
+                    failure = e
             else:
+                self.unreachable(
+                    host,
+                    port,
+                    "net::ERR_CONNECTION_REFUSED"
+                    if isinstance(failure, ConnectionRefusedError)
+                    else f"net::ERR_CONNECTION_FAILED ({getattr(failure, 'strerror', None) or failure})",
+                )
                 _reply(writer, REFUSED)
                 return
         self.connected.append((host, address, port))

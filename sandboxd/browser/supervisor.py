@@ -193,13 +193,23 @@ class BrowserSupervisor(Service):
             await self.lock.acquire()
         finally:
             self.waiting -= 1
+        abandoned: Deferred[None] | None = None
         try:
             if start_timeout is None:
                 start_timeout = defaults.BROWSER_LIMITS["start_timeout_seconds"]
             worker = await self._ensure_worker(run_as, start_timeout)
             return await self._send(worker, op, args, timeout_ms)
+        except Abandoned as e:
+            abandoned = e.answered
+            raise CancelledError() from None
         finally:
-            self.lock.release()
+            if abandoned is None:
+                self.lock.release()
+            else:
+                # The page is the worker's until it answers the abandoned
+                # call: the next call waits for that, its own clock not
+                # yet running, rather than time out behind it.
+                abandoned.addBoth(lambda _: self.lock.release())
 
     # -- the worker's life ---------------------------------------------------
 
@@ -379,10 +389,11 @@ class BrowserSupervisor(Service):
         limit = timeout_ms / 1000.0 + defaults.BROWSER_WATCHDOG_SLACK_SECONDS
 
         def overrun() -> None:
-            if waiter.called:
+            # The caller's waiter, or the one of a call its caller left.
+            current = self.pending.pop(rid, None)
+            if current is None or current.called:
                 return
-            self.pending.pop(rid, None)
-            waiter.errback(
+            current.errback(
                 timed_out(
                     f"browser {op} did not finish within {limit:g} s; the browser was restarted"
                 )
@@ -394,10 +405,25 @@ class BrowserSupervisor(Service):
         try:
             return await waiter
         except CancelledError:
-            self.pending.pop(rid, None)
-            raise
+            if worker is not self.worker or worker.exited:
+                self.pending.pop(rid, None)
+                raise
+            # The caller left (a client that disconnected, an MCP cancel):
+            # tell the worker to stop, and keep the page until it answers,
+            # within the same watchdog, which restarts a worker that does not.
+            answered: Deferred[dict[str, Any]] = Deferred()
+            self.pending[rid] = answered
+            answered.addErrback(lambda _: None)
+            answered.addBoth(lambda _: timer.cancel() if timer.active() else None)
+            try:
+                worker.transport.write(  # type: ignore[union-attr]
+                    json.dumps({"op": "cancel", "target": rid}).encode() + b"\n"
+                )
+            except Exception:
+                pass
+            raise Abandoned(answered) from None
         finally:
-            if timer.active():
+            if timer.active() and rid not in self.pending:
                 timer.cancel()
 
     def _kill(
@@ -482,6 +508,17 @@ class BrowserSupervisor(Service):
         )
         done.addBoth(lambda r: (timeout.cancel() if timeout.active() else None, r)[1])
         return done
+
+
+class Abandoned(Exception):
+    """
+    A call whose caller left while the worker ran it: ``answered`` fires
+    once the worker answers it (or ends), when the page is free again.
+    """
+
+    def __init__(self, answered: Deferred[Any]) -> None:
+        super().__init__()
+        self.answered = answered
 
 
 def _api_error(fields: dict[str, Any]) -> ApiError:

@@ -74,10 +74,11 @@ class Refusal(Exception):
 @dataclass(frozen=True)
 class UrlPolicy:
     """
-    The URL rules of one browser call.
+    The URL rules of the browser.
 
     :ivar rules: leaf key (``params.url_deny``) -> the rule string that set
         it, so a refusal names its rule.
+    :ivar also: rules every URL must meet as well (see :func:`combined`).
     """
 
     allow: tuple[str, ...] | None = None
@@ -85,6 +86,7 @@ class UrlPolicy:
     schemes: tuple[str, ...] = ("http", "https")
     block_private: bool = False
     rules: dict[str, str] = field(default_factory=dict)
+    also: tuple[UrlPolicy, ...] = ()
 
     def rule(self, leaf: str) -> str:
         """The rule string of a leaf, or its built-in default."""
@@ -98,6 +100,7 @@ class UrlPolicy:
             "schemes": list(self.schemes),
             "block_private": self.block_private,
             "rules": dict(self.rules),
+            "also": [other.to_json() for other in self.also],
         }
 
     @classmethod
@@ -110,7 +113,42 @@ class UrlPolicy:
             schemes=tuple(data.get("schemes") or ("http", "https")),
             block_private=bool(data.get("block_private")),
             rules=dict(data.get("rules") or {}),
+            also=tuple(cls.from_json(other) for other in data.get("also") or ()),
         )
+
+
+def combined(policies: list[UrlPolicy]) -> UrlPolicy:
+    """
+    One rule for the browser from the URL rules of its endpoints: the
+    strictest.  Every request of the one shared page meets it, whichever
+    endpoint made the page ask (a click that submits a form, a script
+    that sets ``location``), so a URL is loaded only when each endpoint's
+    rules let it: every ``url_deny`` applies, a URL must be in every
+    ``url_allow`` list and every ``url_schemes`` list, and
+    ``block_private_networks`` set on one holds for all.
+
+    :param policies: at least one; those that differ are kept in ``also``.
+    """
+    distinct: list[UrlPolicy] = []
+    for policy in policies:
+        if policy not in distinct:
+            distinct.append(policy)
+    first, rest = distinct[0], tuple(distinct[1:])
+    if not rest:
+        return first
+    blocking = next((p for p in distinct if p.block_private), None)
+    rules = dict(first.rules)
+    if blocking is not None:
+        leaf = "params.block_private_networks"
+        rules[leaf] = blocking.rule(leaf)
+    return UrlPolicy(
+        allow=first.allow,
+        deny=first.deny,
+        schemes=first.schemes,
+        block_private=blocking is not None,
+        rules=rules,
+        also=rest,
+    )
 
 
 #: The port a URL without one means, by scheme.
@@ -248,6 +286,8 @@ def check_url(policy: UrlPolicy, url: str) -> None:
         raise Refusal(f"the URL {url} is not in the allowed list", policy.rule(leaf))
     if policy.block_private and parts.hostname:
         check_host(policy, url, parts.hostname)
+    for other in policy.also:
+        check_url(other, url)
 
 
 def is_loopback_name(host: str) -> bool:

@@ -78,6 +78,10 @@ CHROMIUM_ARGS = [
 ]
 
 
+#: JPEG's limit on an image's width and height, in pixels.
+JPEG_MAX_SIDE = 65535
+
+
 class WorkerError(Exception):
     """An error with the JSON fields the daemon passes on."""
 
@@ -196,6 +200,38 @@ def jsonable(value: Any, max_bytes: int, max_nodes: int) -> Any:
     return result
 
 
+def script_values_as_javascript_says() -> None:
+    """
+    Read a script's Dates and RegExps as JavaScript writes them, before
+    Playwright makes Python objects of them and loses what they were: a
+    Date as ``toISOString()`` gives it (``1970-01-01T00:00:00.000Z``, not
+    Python's ``+00:00``), a RegExp as ``String()`` gives it (``/re/g``, not
+    ``re.compile('re')`` without the flags Python has not).  An invalid
+    Date is the epoch already when it gets here (Playwright's driver makes
+    it so).  Playwright's parser is private: if it is not where it was,
+    results keep Playwright's own forms.
+    """
+    try:
+        from playwright._impl.protocol import serializers
+    except ImportError:
+        return
+    inner = getattr(serializers, "_inner_parse_serialized_value", None)
+    if inner is None or getattr(inner, "as_javascript", False):
+        return
+
+    def parse(value: Any, *args: Any) -> Any:
+        if isinstance(value, dict):
+            if "d" in value:
+                return value["d"]
+            regexp = value.get("r")
+            if isinstance(regexp, dict):
+                return f"/{regexp.get('p', '')}/{regexp.get('f', '')}"
+        return inner(value, *args)
+
+    parse.as_javascript = True  # type: ignore[attr-defined]
+    setattr(serializers, "_inner_parse_serialized_value", parse)  # noqa: B010
+
+
 def cut_utf8(data: bytes, start: int, length: int) -> tuple[int, int]:
     """
     ``data[start:start + length]`` moved to whole UTF-8 characters: the
@@ -260,8 +296,17 @@ class Worker:
         self.close_seconds = float(config["close_seconds"])
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
+        #: Destinations the gate could not reach since the navigation began,
+        #: as ``(host, port, Chromium's error name)``.
+        self.unreachable: collections.deque[tuple[str, int, str]] = collections.deque(
+            maxlen=16
+        )
         #: Every connection Chromium makes goes through this gate.
-        self.gate = SocksGate(lambda: self.policy, self.blocked.append)
+        self.gate = SocksGate(
+            lambda: self.policy,
+            self.blocked.append,
+            lambda host, port, why: self.unreachable.append((host, port, why)),
+        )
         self.playwright: Any = None
         self.browser: Any = None
         self.context: Any = None
@@ -276,6 +321,13 @@ class Worker:
         self.disconnected = False
         #: Set when this worker cannot go on: its next reply says so and it ends.
         self.ending = False
+        #: The page's main frame waits for a new document: a navigation is
+        #: under way and its server has not answered yet.
+        self.navigating = False
+        #: The request running now, and the operation's task.
+        self.current: tuple[Any, asyncio.Future[Any]] | None = None
+        #: The id of the request the daemon abandoned (its caller left).
+        self.cancelled: Any = None
 
     def emit(self, message: dict[str, Any]) -> None:
         """
@@ -315,6 +367,7 @@ class Worker:
             )
             return False
         self.errors = api
+        script_values_as_javascript_says()
         chromium = self.config.get("chromium") or "/usr/bin/chromium"
         if not os.access(chromium, os.X_OK):
             self.fatal(
@@ -382,6 +435,7 @@ class Worker:
         page.on("console", self.on_console)
         page.on("pageerror", self.on_page_error)
         page.on("crash", self.on_crash)
+        page.on("dialog", self.on_dialog)
         # Playwright's own routing skips redirect hops; the DevTools Fetch
         # domain pauses every request, each hop of a redirect included.
         session = await self.context.new_cdp_session(page)
@@ -393,10 +447,38 @@ class Worker:
             "Fetch.enable",
             {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
         )
+        # Whether a navigation waits for its server: a call that times out
+        # then must keep the page, not take it for stuck.
+        self.navigating = False
+        tree = await session.send("Page.getFrameTree")
+        main_frame = tree["frameTree"]["frame"]["id"]
+        for event_name, navigating in (
+            ("Page.frameStartedLoading", True),
+            ("Page.frameNavigated", False),
+            ("Page.frameStoppedLoading", False),
+        ):
+            session.on(
+                event_name,
+                lambda event, now=navigating: self.frame_navigating(
+                    page, main_frame, event, now
+                ),
+            )
+        await session.send("Page.enable")
         self.page = page
         self.session = session
         self.crashed = False
         return page
+
+    def frame_navigating(
+        self, page: Any, main_frame: str, event: dict[str, Any], navigating: bool
+    ) -> None:
+        """
+        The page's main frame started loading a document (``navigating``),
+        or the document came (it committed) or the load ended.
+        """
+        frame = event.get("frameId") or event.get("frame", {}).get("id")
+        if page is self.page and frame == main_frame:
+            self.navigating = navigating
 
     def on_crash(self, page: Any) -> None:
         if page is self.page:
@@ -503,14 +585,32 @@ class Worker:
     def on_page_error(self, error: Any) -> None:
         self.log("pageerror", str(error))
 
-    def log(self, kind: str, text: str) -> None:
+    def on_dialog(self, dialog: Any) -> None:
+        """
+        A dialog is answered at once (no call may wait on a person), as
+        Playwright does with none listening: ``alert``, ``confirm`` and
+        ``prompt`` dismissed, ``beforeunload`` accepted so a navigation goes
+        on.  It is kept as a console entry, so the caller learns it came.
+        """
+        self.log("dialog", dialog.message, dialog=dialog.type)
+        if dialog.type == "beforeunload":
+            self.spawn(dialog.accept())
+        else:
+            self.spawn(dialog.dismiss())
+
+    def log(self, kind: str, text: str, **extra: str) -> None:
         """
         Keep one console entry: its text cut to :attr:`console_entry_bytes`
         (then ``truncated`` and its whole ``bytes``), the oldest entries
         dropped past the buffer's count or bytes.
         """
         kept, size = clip_text(text, self.console_entry_bytes)
-        entry: dict[str, Any] = {"type": kind, "text": kept, "timestamp": now_iso()}
+        entry: dict[str, Any] = {
+            "type": kind,
+            "text": kept,
+            "timestamp": now_iso(),
+            **extra,
+        }
         if len(kept) < len(text):
             entry["truncated"] = True
             entry["bytes"] = size
@@ -565,6 +665,7 @@ class Worker:
         check_url(self.policy, url)
         await self.check_network(url)
         self.blocked.clear()
+        self.unreachable.clear()
         try:
             response = await page.goto(
                 url, wait_until=req.get("wait_until", "load"), timeout=req["timeout"]
@@ -572,6 +673,8 @@ class Worker:
         except self.errors.Error as e:
             if self.blocked:
                 raise self.blocked[0] from None
+            if "ERR_SOCKS_CONNECTION_FAILED" in str(e):
+                self.say_unreachable(url)
             if "Download is starting" in str(e):
                 raise WorkerError(
                     400,
@@ -587,6 +690,32 @@ class Worker:
             "title": await page.title(),
             "status": response.status if response is not None else None,
         }
+
+    def say_unreachable(self, url: str) -> None:
+        """
+        A navigation that failed at the gate: the error Chromium would have
+        named without it (every SOCKS failure reads the same to Chromium),
+        so that "nothing listens there yet" is told from "no such host".
+
+        :raises WorkerError: 400 naming it, when the gate saw why.
+        """
+        host = (host_of(url) or "").lower()
+        seen = [(p, w) for h, p, w in self.unreachable if h.lower() == host]
+        if not seen:
+            return
+        port, why = seen[-1]
+        shown = f"[{host}]" if ":" in host else host
+        detail = (
+            f"the host {host} does not resolve"
+            if why == "net::ERR_NAME_NOT_RESOLVED"
+            else f"nothing accepts connections on {shown}:{port}"
+        )
+        raise WorkerError(
+            400,
+            f"Page.goto: {why} at {url} ({detail})",
+            "RuntimeError",
+            "invalid_param",
+        )
 
     async def op_screenshot(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         kind = req.get("type", "png")
@@ -604,18 +733,66 @@ class Worker:
                     "ValueError",
                     "not_found",
                 )
+            # A hidden one likewise: Playwright would wait the whole timeout
+            # for it to show, which takes a further call to make happen.
+            if not await element.is_visible():
+                raise WorkerError(
+                    400,
+                    f"the element matching {req['selector']} is not visible (hidden, "
+                    "display: none, or of no size): there is nothing of it to "
+                    "capture; show it first, or capture the page",
+                    "ValueError",
+                    "invalid_param",
+                )
             data = await element.screenshot(**options)
         else:
             data = await page.screenshot(
                 full_page=bool(req.get("full_page")), **options
             )
         width, height = image_size(data)
+        if not data or not width or not height:
+            raise await self.empty_image(page, kind)
         return {
             "image_base64": base64.b64encode(data).decode(),
             "width": width,
             "height": height,
             "type": kind,
         }
+
+    async def empty_image(self, page: Any, kind: str) -> WorkerError:
+        """
+        The answer when Chromium gave no image: it makes none past JPEG's
+        limit of 65535 pixels a side, and an empty image is no answer (a
+        model's API refuses one).
+        """
+        try:
+            size = await asyncio.wait_for(
+                page.evaluate(
+                    "() => [document.documentElement.scrollWidth,"
+                    " document.documentElement.scrollHeight]"
+                ),
+                self.probe_seconds,
+            )
+            shown = f" (the page is {int(size[0])}x{int(size[1])} pixels)"
+        except Exception:
+            shown = ""
+        if kind == "jpeg":
+            return WorkerError(
+                413,
+                f"the screenshot came back empty{shown}: a JPEG cannot be over "
+                f"{JPEG_MAX_SIDE} pixels a side; take a png, a selector, or the "
+                "viewport (no full_page)",
+                "ResourceError",
+                "payload_too_large",
+                limit=JPEG_MAX_SIDE,
+            )
+        return WorkerError(
+            413,
+            f"the screenshot came back empty{shown}: the image is too large for "
+            "the browser to make; take a selector, or the viewport (no full_page)",
+            "ResourceError",
+            "payload_too_large",
+        )
 
     async def op_content(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("type") == "text":
@@ -746,8 +923,33 @@ class Worker:
                 )
             page = await self.ensure_page(op)
             budget = float(req.get("budget") or req["timeout"]) / 1000.0 + 1.0
-            result = await asyncio.wait_for(method(page, req), budget)
+            task = asyncio.ensure_future(method(page, req))
+            self.current = (rid, task)
+            if self.cancelled == rid:
+                task.cancel()
+            try:
+                result = await asyncio.wait_for(task, budget)
+            finally:
+                self.current = None
             return {"id": rid, "ok": True, "result": result}
+        except asyncio.CancelledError:
+            if rid is None or self.cancelled != rid:
+                raise
+            # Its caller left: stop what it started, as a timeout does.
+            try:
+                note = await self.after_timeout(op, page)
+            except WorkerError as lost:
+                return {"id": rid, "ok": False, "error": lost.fields}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": error_fields(
+                    499,
+                    f"browser {op} was cancelled: its caller left{note}",
+                    "CancelledError",
+                    "client_closed",
+                ),
+            }
         except Refusal as refusal:
             return {"id": rid, "ok": False, "error": refusal.as_json()}
         except WorkerError as e:
@@ -837,6 +1039,16 @@ class Worker:
                 stopped = True
             except Exception:
                 pass
+        if self.navigating and not stopped:
+            # A navigation is under way (the page's own, or one a click
+            # started): nothing reaches the page until its server answers,
+            # a probe included, so a slow server would pass for a stuck
+            # script.  The page is kept; a navigate stops the load.
+            return (
+                "; the page is still loading (a navigation is under way and its "
+                "server has not answered yet): the page was kept, and the next "
+                "call waits for it within its own timeout (a navigate stops it)"
+            )
         try:
             await asyncio.wait_for(page.evaluate("1"), self.probe_seconds)
         except Exception:
@@ -858,22 +1070,52 @@ class Worker:
         )
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
-        """Answer requests until stdin closes, or this worker cannot go on."""
-        while not self.ending:
-            try:
-                line = await reader.readline()
-            except ValueError:
-                # A line over the reader's limit: the daemon never sends one.
-                break
-            if not line:
-                break
-            try:
-                req = json.loads(line)
-                if not isinstance(req, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                continue
-            self.emit(await self.handle(req))
+        """
+        Answer requests, one at a time, until stdin closes or this worker
+        cannot go on.  Lines are read while a request runs: a ``cancel``
+        (``{"op": "cancel", "target": ID}``, sent when the caller of the
+        request left) stops it, and stdin closing stops it too.
+        """
+        requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:
+                    # A line over the reader's limit: the daemon never sends one.
+                    break
+                if not line:
+                    break
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    continue
+                if req.get("op") == "cancel":
+                    self.cancel(req.get("target"))
+                else:
+                    requests.put_nowait(req)
+            if self.current is not None:
+                self.cancel(self.current[0])
+            requests.put_nowait(None)
+
+        reading = asyncio.ensure_future(read())
+        try:
+            while not self.ending:
+                req = await requests.get()
+                if req is None:
+                    break
+                self.emit(await self.handle(req))
+        finally:
+            reading.cancel()
+
+    def cancel(self, rid: Any) -> None:
+        """Stop request ``rid``: now when it runs, else as soon as it starts."""
+        self.cancelled = rid
+        if self.current is not None and self.current[0] == rid:
+            self.current[1].cancel()
 
     def last_step(self, error: BaseException) -> str:
         """

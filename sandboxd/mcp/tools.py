@@ -171,6 +171,8 @@ DESTRUCTIVE = frozenset(
         # A code context's state (its variables, imports) is lost.
         "code_context_delete",
         "code_context_restart",
+        # Any script on the page, which can post anywhere the page may go.
+        "browser_evaluate",
     }
 )
 
@@ -193,7 +195,19 @@ READ_ONLY_POSTS = frozenset(
 
 #: Endpoints that reach outside the sandbox (``openWorldHint``), besides every
 #: endpoint that starts a child (a command can reach the network).
-OPEN_WORLD = frozenset({"browser_navigate"})
+OPEN_WORLD = frozenset(
+    {
+        "browser_navigate",
+        # A click or a key can submit a form, a script can fetch: to the web.
+        "browser_click",
+        "browser_type",
+        "browser_evaluate",
+    }
+)
+
+#: GET endpoints whose read takes what it reads: neither read-only nor
+#: idempotent (a retry answers nothing).
+TAKING_READS = frozenset({"browser_console"})
 
 #: Endpoints that run arbitrary code without a ``command`` field.
 RUNS_CODE = frozenset(
@@ -616,7 +630,9 @@ def _annotations(endpoint: Endpoint, schema: Schema) -> dict[str, Any]:
     model's context; ``openWorldHint`` and ``destructiveHint``, whose
     defaults are true, are always said.  The title is the tool's own.
     """
-    reads = endpoint.method == "GET" or endpoint.id in READ_ONLY_POSTS
+    reads = (
+        endpoint.method == "GET" or endpoint.id in READ_ONLY_POSTS
+    ) and endpoint.id not in TAKING_READS
     runs = _starts_children(endpoint, schema)
     out: dict[str, Any] = {"openWorldHint": runs or endpoint.id in OPEN_WORLD}
     if reads:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sandboxd.endpoints import RouteTable
+from sandboxd.endpoints import CapabilityGroup, RouteTable
 from sandboxd.policy import confinement
 from sandboxd.policy.document import PolicyDocument
 from sandboxd.policy.rules import EffectiveRule
@@ -101,6 +101,45 @@ def anonymous_everything(doc: PolicyDocument) -> list[str]:
     return []
 
 
+#: The params that say which URLs the browser may load.
+BROWSER_URL_PARAMS = ("url_allow", "url_deny", "url_schemes", "block_private_networks")
+
+
+def browser_url_rules(
+    table: RouteTable, rules: Mapping[str, EffectiveRule]
+) -> list[str]:
+    """
+    Browser endpoints with URL rules of their own: the browser has one page,
+    and every request it makes meets the strictest of them, whichever
+    endpoint was called.  Written on one endpoint (``browser_navigate``),
+    such a rule reads as if it held for that endpoint alone.
+    """
+    ids = [
+        e.id
+        for e in table
+        if e.group is CapabilityGroup.BROWSER and not e.custom and e.id in rules
+    ]
+    differing = [
+        key
+        for key in BROWSER_URL_PARAMS
+        if len({getattr(rules[i].params, key) for i in ids}) > 1
+    ]
+    if not differing:
+        return []
+    variants: dict[tuple[object, ...], list[str]] = {}
+    for i in ids:
+        shape = tuple(getattr(rules[i].params, key) for key in differing)
+        variants.setdefault(shape, []).append(i)
+    sets = "; ".join(", ".join(v) for v in variants.values())
+    return [
+        f"params {', '.join(differing)} differ between browser endpoints ({sets}): "
+        "the browser has one page, so every request it makes, whichever endpoint "
+        "is called, meets the strictest of them (each url_deny applies, a URL must "
+        "be in every url_allow and url_schemes list, block_private_networks set on "
+        "one holds for all); set them once, on group:browser"
+    ]
+
+
 def warnings(
     table: RouteTable, doc: PolicyDocument, rules: Mapping[str, EffectiveRule]
 ) -> tuple[str, ...]:
@@ -110,6 +149,7 @@ def warnings(
         + ignored_scopes(table, rules)
         + narrowed_tokens(doc)
         + anonymous_everything(doc)
+        + browser_url_rules(table, rules)
         + confinement.unconfined(table, rules)
         + confinement.exposed_files(rules)
     )

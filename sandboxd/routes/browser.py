@@ -15,7 +15,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
+from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url, combined
 from sandboxd.errors import Code, bad_request, forbidden, unavailable
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -58,6 +58,20 @@ def url_policy(rule: EffectiveRule) -> UrlPolicy:
     )
 
 
+def browser_url_policy(request: ServerRequest) -> UrlPolicy:
+    """
+    The URL rules of the whole browser: the strictest of every browser
+    endpoint's (see :func:`combined`).  The page is one, and so is the rule
+    its requests meet: the rule of the endpoint called last would let a
+    click or a script load what a rule on navigate alone refuses.
+    """
+    rules = request.context.policy.rules
+    return combined(
+        [url_policy(rules[endpoint]) for endpoint in HANDLERS if endpoint in rules]
+        or [url_policy(request.rule)]
+    )
+
+
 def timeout_ms(request: ServerRequest, op: str, value: Any = None) -> int:
     """
     A call's timeout in milliseconds: the request's, else the default; at
@@ -86,7 +100,7 @@ async def _call(
     service = request.context.browser
     if service is None:
         raise unavailable("the browser service is not running")
-    args = {"policy": url_policy(request.rule).to_json(), **args}
+    args = {"policy": browser_url_policy(request).to_json(), **args}
     run_as = resolve_user(None, request.rule)
     return await service.get().call(
         op,
@@ -130,7 +144,7 @@ async def navigate(request: ServerRequest) -> dict[str, Any]:
     url = required(request.body.get("url"), "url")
     absolute_url(url)
     try:
-        check_url(url_policy(request.rule), url)
+        check_url(browser_url_policy(request), url)
     except Refusal as refusal:
         if refusal.rule == "guard:url":
             # Not the policy's refusal: a URL that cannot be judged at all.

@@ -305,6 +305,34 @@ class DocsTests(SynchronousTestCase):
         ):
             self.assertIn(needle, text)
 
+    def test_shared_browser_said(self) -> None:
+        """
+        The security page and the API reference's browser section say that
+        every identity with browser:use shares one browser's cookies,
+        logins and console, and that its URL rules are one rule.
+        """
+        security = read_doc("security.md")
+        self.assertIn("One browser for every identity", security)
+        self.assertIn("same cookies, logins", security)
+        api = read_doc("api.md")
+        section = api[api.index("\n## browser\n") :]
+        section = section[: section.index("<a id=")]
+        for needle in ("share its cookies, logins", "console", "strictest"):
+            self.assertIn(needle, section)
+
+    def test_migration_says_content_comes_in_parts(self) -> None:
+        """
+        The migration guide says that a page's content comes in parts, that
+        the agent-sandbox SDK reads only the first, and how to read on.
+        """
+        text = read_doc("migrating-from-agent-sandbox-server.md")
+        for needle in (
+            "content comes in parts",
+            "GET /browser/content?offset=N",
+            "browser.content(offset=, max_bytes=)",
+        ):
+            self.assertIn(needle, text)
+
     def test_operations_cover_deployments(self) -> None:
         """The operations page uses the shipped etc/ files and TLS endpoint strings."""
         text = read_doc("operations.md")

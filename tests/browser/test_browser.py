@@ -24,7 +24,7 @@ from twisted.web.util import Redirect
 from sandboxd.browser import supervisor
 from sandboxd.policy import defaults
 from sandboxd.processes.tree import descendants
-from tests.helpers import DaemonTestCase, alive
+from tests.helpers import DaemonTestCase, alive, refusing_port
 
 PAGE = b"""<!doctype html>
 <html><head><title>Test page</title><link rel="icon" href="data:,"></head>
@@ -96,6 +96,26 @@ class _Static(Resource):
         return self.body
 
 
+class _Slow(Resource):
+    """A page that answers after ``?s=`` seconds, as a slow backend does."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> Any:
+        seconds = float(request.args.get(b"s", [b"5"])[0])
+
+        def answer() -> None:
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.write(b"<!doctype html><title>Slow</title><p>arrived</p>")
+            request.finish()
+
+        timer = reactor.callLater(seconds, answer)
+        request.notifyFinish().addErrback(
+            lambda _: timer.cancel() if timer.active() else None
+        )
+        return NOT_DONE_YET
+
+
 #: A page that starts a script that never yields once it has loaded.
 BUSY_PAGE = b"""<!doctype html><title>Busy</title>
 <script>addEventListener('load', () => setTimeout(() => { while (true) {} }, 1000));</script>
@@ -110,6 +130,7 @@ def serve_pages(case: Any) -> str:
     root.putChild(b"secret", _Page())
     root.putChild(b"redirect", Redirect(b"/secret"))
     root.putChild(b"hang", _Hang())
+    root.putChild(b"slow", _Slow())
     root.putChild(b"busy", _Static(BUSY_PAGE, content_type="text/html"))
     root.putChild(
         b"download",
@@ -285,7 +306,8 @@ class BrowserTests(DaemonTestCase):
         A click or type on an element that does not come within its timeout
         is a 408 (as the seed's SDK expects) that says nothing matches the
         selector, one on an element that is there but hidden a 408 saying
-        what was waited for (a screenshot of a missing one is 404 at once);
+        what was waited for (a screenshot of a missing one is 404 at once,
+        of a hidden one 400 at once);
         a script that throws is 400, a bad argument is 400 before the
         browser is asked, and the page stays usable after each.
         """
@@ -331,6 +353,13 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(reply.status, 404, reply.body)
         self.assertEqual(reply.json()["code"], "not_found")
         self.assertIn("Selector not found", reply.json()["error"])
+        self.assertLess(time.monotonic() - started, 10)
+        # One that is there but hidden (#go, hidden above) is a 400 at once.
+        started = time.monotonic()
+        reply = yield self.request("POST", "/browser/screenshot", {"selector": "#go"})
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertIn("#go is not visible", reply.json()["error"])
         self.assertLess(time.monotonic() - started, 10)
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site, "wait_until": "soon"}
@@ -416,6 +445,68 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(reply.status == 200, os_resolves, reply.body)
 
     @inlineCallbacks
+    def test_dialogs_dismissed_and_kept(self) -> Any:
+        """
+        alert, confirm and prompt are answered at once (dismissed: confirm
+        is false, prompt null), and each is a console entry of type
+        ``dialog`` with its text and kind.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request("GET", "/browser/console")
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "alert('hi'); [confirm('Delete?'), prompt('Name?', 'x')]"},
+        )
+        self.assertEqual(reply.json(), {"result": [False, None]})
+        reply = yield self.request("GET", "/browser/console")
+        dialogs = [
+            (e["dialog"], e["text"])
+            for e in reply.json()["logs"]
+            if e["type"] == "dialog"
+        ]
+        self.assertEqual(
+            dialogs, [("alert", "hi"), ("confirm", "Delete?"), ("prompt", "Name?")]
+        )
+        # A page that asks before it is left is left all the same.
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "addEventListener('beforeunload', e => "
+                "{ e.preventDefault(); e.returnValue = 'sure?' }); 1"
+            },
+        )
+        yield self.request("POST", "/browser/click", {"selector": "#go"})
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page?again"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_unreachable_said_apart(self) -> Any:
+        """
+        A navigation to a port nothing listens on says the connection was
+        refused, one to a host that does not resolve says so: not the one
+        SOCKS error Chromium reads every failure of the worker's gate as.
+        """
+        port = refusing_port(self)
+        url = f"http://127.0.0.1:{port}/"
+        reply = yield self.request("POST", "/browser/navigate", {"url": url})
+        self.assertEqual(reply.status, 400, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("net::ERR_CONNECTION_REFUSED", error)
+        self.assertIn(f"nothing accepts connections on 127.0.0.1:{port}", error)
+        self.assertNotIn("SOCKS", error)
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": "http://no-such-host.invalid/"}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("net::ERR_NAME_NOT_RESOLVED", error)
+        self.assertIn("no-such-host.invalid does not resolve", error)
+
+    @inlineCallbacks
     def test_worker_crash_and_stop(self) -> Any:
         """
         A worker killed from outside fails nothing for later calls: the
@@ -444,6 +535,60 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(left, [])
         left = yield live_after(first_pid)
         self.assertEqual(left, [])
+
+
+class OneUrlRuleTests(DaemonTestCase):
+    """URL rules written on one browser endpoint hold for the whole page."""
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"browser_navigate": {"params": {"url_deny": ["*/secret*"]}}},
+    }
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_deny_on_navigate_holds_for_clicks_and_scripts(self) -> Any:
+        """
+        A url_deny on browser_navigate alone refuses the URL to navigate,
+        and to a link clicked and a script that sets location: the server
+        is never asked, and the page is not the denied one.
+        """
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/secret"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["rule"], "policy:endpoints.browser_navigate")
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        served = _Page.served
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "document.body.insertAdjacentHTML('beforeend',"
+                " `<a id=s href='/secret?via=click'>s</a>`); 1"
+            },
+        )
+        yield self.request("POST", "/browser/click", {"selector": "#s"})
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "location.href = '/secret?via=script'; 1"},
+        )
+        yield deferLater(reactor, 1.0, lambda: None)
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "location.href"}
+        )
+        self.assertNotIn("/secret", reply.json().get("result", ""), reply.body)
+        self.assertEqual(_Page.served, served)
 
 
 class PrivateNetworkTests(DaemonTestCase):
@@ -701,6 +846,96 @@ class RecoveryTests(DaemonTestCase):
         self.assertLess(time.monotonic() - started, 5)
 
     @inlineCallbacks
+    def test_calls_while_a_slow_page_loads(self) -> Any:
+        """
+        A click that starts a navigation to a server slower than the
+        call's timeout is a 408 that says the page is still loading, not
+        that it is stuck: the page is kept, and the slow page arrives.  A
+        call made while a navigation the page started itself is under way
+        likewise.  The browser is never restarted for it.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {
+                "script": "document.body.insertAdjacentHTML('beforeend',"
+                " `<a id=slow href='/slow?s=6'>slow</a>`); 1"
+            },
+        )
+        reply = yield self.request(
+            "POST", "/browser/click", {"selector": "#slow", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        error = reply.json()["error"]
+        self.assertIn("still loading", error)
+        self.assertNotIn("replaced", error)
+        title = yield self.slow_page_title()
+        self.assertEqual(title, "Slow")
+
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "location.href = '/slow?s=6'; 1"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.title", "timeout": 1000}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertIn("still loading", reply.json()["error"])
+        title = yield self.slow_page_title()
+        self.assertEqual(title, "Slow")
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
+    def slow_page_title(self) -> Any:
+        """
+        The page's title, asked until the slow page is loaded (a navigation
+        still under way may replace the document being read) or 20 s pass.
+        """
+        deadline = time.monotonic() + 20
+        title = None
+        while time.monotonic() < deadline:
+            reply = yield self.request(
+                "POST",
+                "/browser/evaluate",
+                {"script": "[document.readyState, document.title]", "timeout": 2000},
+            )
+            if reply.status == 200:
+                state, title = reply.json()["result"]
+                if (state, title) == ("complete", "Slow"):
+                    break
+            yield deferLater(reactor, 0.5, lambda: None)
+        return title
+
+    @inlineCallbacks
+    def test_caller_that_left(self) -> Any:
+        """
+        A call whose caller disconnects is stopped in the browser: the
+        next call answers at once (not after the abandoned call's time),
+        on the same browser, with its cookies.
+        """
+        yield self.page_works()
+        yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie = 'kept=1'"}
+        )
+        left = self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/hang", "timeout": 60000}
+        )
+        left.addErrback(lambda _: None)
+        yield deferLater(reactor, 1.0, lambda: None)
+        left.cancel()
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "document.cookie", "timeout": 3000}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json(), {"result": "kept=1"})
+        self.assertLess(time.monotonic() - started, 8)
+        self.assertEqual(self.daemon.context.browser.starts, 1)
+
+    @inlineCallbacks
     def test_renderer_crash(self) -> Any:
         """
         The page's renderer killed between calls: the next call is 502
@@ -787,6 +1022,33 @@ class LargeAnswerTests(DaemonTestCase):
         browser_start_room(self)
         self.site = serve_pages(self)
         return super().setUp()
+
+    @inlineCallbacks
+    def test_jpeg_past_its_limit(self) -> Any:
+        """
+        A full-page JPEG of a page taller than JPEG allows (65535 pixels) is
+        a 413 naming the limit, not a 200 with an empty image; the page's
+        viewport as a JPEG still works.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "document.body.style.height = '66000px'; 1"},
+        )
+        reply = yield self.request(
+            "POST",
+            "/browser/screenshot",
+            {"full_page": True, "type": "jpeg", "timeout": 60000},
+        )
+        self.assertEqual(reply.status, 413, reply.body[:300])
+        body = reply.json()
+        self.assertEqual((body["code"], body["limit"]), ("payload_too_large", 65535))
+        self.assertIn("65535 pixels", body["error"])
+        self.assertIn("the page is 1280x66", body["error"])
+        reply = yield self.request("POST", "/browser/screenshot", {"type": "jpeg"})
+        self.assertEqual(reply.status, 200, reply.body[:300])
+        self.assertEqual((reply.json()["width"], reply.json()["height"]), (1280, 720))
 
     @inlineCallbacks
     def test_content_in_parts(self) -> Any:
@@ -881,7 +1143,8 @@ class LargeAnswerTests(DaemonTestCase):
     def test_evaluate_results(self) -> Any:
         """
         A result that refers to itself answers at once with "[Circular]";
-        NaN and the infinities as JavaScript prints them; a result over
+        NaN and the infinities, Dates and RegExps as JavaScript writes
+        them; a result over
         the policy's max_bytes, or a graph with very many paths, is a 413
         at once, and the page goes on.
         """
@@ -895,6 +1158,22 @@ class LargeAnswerTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(
             reply.json(), {"result": {"n": 1, "x": "[Circular]", "y": ["[Circular]"]}}
+        )
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "[new Date(1.5e12), /re/g, /a\\/b/im, {d: 1, r: 2}]"},
+        )
+        self.assertEqual(
+            reply.json(),
+            {
+                "result": [
+                    "2017-07-14T02:40:00.000Z",
+                    "/re/g",
+                    "/a\\/b/im",
+                    {"d": 1, "r": 2},
+                ]
+            },
         )
         reply = yield self.request(
             "POST", "/browser/evaluate", {"script": "[NaN, 1/0, -1/0, 1.5]"}

@@ -11,7 +11,16 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.browser.urlpolicy import UrlTarget, glob_names, url_refusal
+from sandboxd.browser.urlpolicy import (
+    Refusal,
+    UrlPolicy,
+    UrlTarget,
+    check_host,
+    check_url,
+    combined,
+    glob_names,
+    url_refusal,
+)
 from tests.helpers import DaemonTestCase
 
 
@@ -19,6 +28,63 @@ def target(url: str) -> UrlTarget:
     found = UrlTarget.of(url)
     assert found is not None, url
     return found
+
+
+class CombinedTests(SynchronousTestCase):
+    """The browser's one rule, from the rules of its endpoints."""
+
+    def refused_by(self, policy: UrlPolicy, url: str) -> str | None:
+        try:
+            check_url(policy, url)
+        except Refusal as refusal:
+            return refusal.rule
+        return None
+
+    def test_strictest_wins(self) -> None:
+        """
+        Every endpoint's url_deny refuses, naming its own rule; a URL must
+        be in every url_allow list; block_private_networks on one holds
+        for the whole rule; equal rules make one.
+        """
+        navigate = UrlPolicy(
+            deny=("*/admin*",),
+            allow=("*.example.com", "example.org"),
+            block_private=True,
+            rules={
+                "params.url_deny": "policy:endpoints.browser_navigate",
+                "params.url_allow": "policy:endpoints.browser_navigate",
+                "params.block_private_networks": "policy:endpoints.browser_navigate",
+            },
+        )
+        click = UrlPolicy(
+            deny=("*/billing*",),
+            allow=("*.example.com",),
+            rules={
+                "params.url_deny": "policy:endpoints.browser_click",
+                "params.url_allow": "policy:endpoints.browser_click",
+            },
+        )
+        plain = UrlPolicy()
+        rule = combined([plain, navigate, click, plain])
+        self.assertEqual(
+            self.refused_by(rule, "https://a.example.com/admin"),
+            "policy:endpoints.browser_navigate",
+        )
+        self.assertEqual(
+            self.refused_by(rule, "https://a.example.com/billing"),
+            "policy:endpoints.browser_click",
+        )
+        self.assertEqual(
+            self.refused_by(rule, "https://example.org/"),
+            "policy:endpoints.browser_click",
+        )
+        self.assertIsNone(self.refused_by(rule, "https://a.example.com/x"))
+        self.assertTrue(rule.block_private)
+        with self.assertRaises(Refusal) as caught:
+            check_host(rule, "http://localhost/", "localhost")
+        self.assertEqual(caught.exception.rule, "policy:endpoints.browser_navigate")
+        self.assertEqual(UrlPolicy.from_json(rule.to_json()), rule)
+        self.assertEqual(combined([navigate, navigate]), navigate)
 
 
 class GlobTests(SynchronousTestCase):

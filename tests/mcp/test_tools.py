@@ -220,6 +220,28 @@ class ToolboxTests(SynchronousTestCase):
             )
             self.assertFalse(hints(name)["openWorldHint"], name)
 
+    def test_browser_annotations(self) -> None:
+        """
+        browser_console empties the buffer it reads: not read-only, not
+        idempotent (a retry gets nothing), not destructive; evaluate runs
+        any script (destructive, open world); click and type can submit
+        forms to the web (open world).
+        """
+        console = self.tool("browser_console").descriptor["annotations"]
+        self.assertEqual(
+            console,
+            {**console, "openWorldHint": False, "destructiveHint": False},
+        )
+        self.assertNotIn("readOnlyHint", console)
+        self.assertNotIn("idempotentHint", console)
+        evaluate = self.tool("browser_evaluate").descriptor["annotations"]
+        self.assertTrue(evaluate["destructiveHint"])
+        self.assertTrue(evaluate["openWorldHint"])
+        for name in ("browser_click", "browser_type"):
+            self.assertTrue(
+                self.tool(name).descriptor["annotations"]["openWorldHint"], name
+            )
+
     def test_follow_dropped_where_it_never_ends(self) -> None:
         """Agent event logs are paged: their follow argument is not offered."""
         events = self.tool("agents_events").descriptor["inputSchema"]

@@ -198,6 +198,43 @@ class AnonymousTests(SynchronousTestCase):
 class WarningTests(SynchronousTestCase):
     """What check-config says about a policy that loads."""
 
+    def test_browser_url_rules_on_one_endpoint(self) -> None:
+        """
+        A url_deny or block_private_networks written on browser_navigate
+        alone earns a warning naming the params and the endpoints: the
+        one page meets every endpoint's URL rules.  Written on the group,
+        or on none, it earns none.
+        """
+        p = load(
+            {
+                "groups": {"browser": True},
+                "endpoints": {
+                    "browser_navigate": {
+                        "params": {
+                            "url_deny": ["*/admin*"],
+                            "block_private_networks": True,
+                        }
+                    }
+                },
+            }
+        )
+        found = [w for w in p.warnings if "browser endpoints" in w]
+        self.assertEqual(len(found), 1, p.warnings)
+        self.assertIn("params url_deny, block_private_networks differ", found[0])
+        self.assertIn("(browser_navigate; browser_screenshot, ", found[0])
+        self.assertIn("group:browser", found[0])
+        for policy in (
+            {"groups": {"browser": True}},
+            {
+                "groups": {"browser": True},
+                "endpoints": {"group:browser": {"params": {"url_deny": ["*/admin*"]}}},
+            },
+        ):
+            p = load(policy)
+            self.assertEqual(
+                [w for w in p.warnings if "browser endpoints" in w], [], policy
+            )
+
     def test_open_custom_route(self) -> None:
         """A custom route registered with no scope earns a warning naming it."""
         table = builtin_table()

@@ -13,9 +13,11 @@ _BROWSER = (
     E(
         408,
         "timeout",
-        "the call ran past its timeout: a navigation still under way is stopped, "
-        "and a page that no longer answers (a script that never yields) is "
-        "replaced by a fresh blank one (cookies kept), as the message says",
+        "the call ran past its timeout: a navigate's own navigation is stopped; "
+        "a page still waiting for a slow server (a click or a script started a "
+        "navigation) is kept, and the message says it is still loading; a page "
+        "that no longer answers (a script that never yields) is replaced by a "
+        "fresh blank one (cookies kept), as the message says",
         "TimeoutError",
     ),
     E(
@@ -91,8 +93,21 @@ SCHEMAS: dict[str, Schema] = {
         ),
         response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
         errors=(
-            E(400, "invalid_param", "bad type or format, quality or timeout"),
+            E(
+                400,
+                "invalid_param",
+                "bad type or format, quality or timeout; the selector's element "
+                "is not visible",
+            ),
             E(404, "not_found", "no element matches selector", "ValueError"),
+            E(
+                413,
+                "payload_too_large",
+                "the image is too large to make or to send: a JPEG over 65535 "
+                "pixels a side (limit 65535), or an answer over the browser's "
+                "limit; take a png, a selector or the viewport",
+                "ResourceError",
+            ),
             *_BROWSER,
         ),
     ),
@@ -161,8 +176,10 @@ SCHEMAS: dict[str, Schema] = {
             *_BROWSER,
         ),
         notes="The result as JSON can carry it: NaN, Infinity and -Infinity as "
-        "those strings (as JavaScript prints them), a Date in ISO 8601, an object "
-        'met again inside itself as "[Circular]", nothing below 64 levels (null).',
+        "those strings (as JavaScript prints them), a Date as its toISOString() "
+        "(an invalid Date reads as the epoch: return String(date) to tell), a RegExp "
+        'as its String() (/re/g), an object met again inside itself as "[Circular]", '
+        "nothing below 64 levels (null).",
     ),
     "browser_pdf": Schema(
         body=(
@@ -180,7 +197,9 @@ SCHEMAS: dict[str, Schema] = {
                 "logs",
                 "array",
                 "[{type, text, timestamp}]; an entry cut to 16 KiB has "
-                "truncated: true and its whole size in bytes",
+                "truncated: true and its whole size in bytes; a dialog the page "
+                "opened is type dialog, its kind (alert, confirm, prompt, "
+                "beforeunload) in dialog",
                 items="object",
             ),
             F(
