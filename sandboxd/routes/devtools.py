@@ -164,6 +164,9 @@ class _Git:
         self.run_as = resolve_user(None, self.rule)
         self.timeout = self.rule.limits.timeout_seconds
         self.extra_config: list[str] = []
+        #: The work tree's top (names in git's output are relative to it),
+        #: once :meth:`prepare` learnt it; None for a bare repository.
+        self.top: str | None = None
 
     async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
         """Run git; the result, or the error the client sees."""
@@ -211,6 +214,7 @@ class _Git:
         places = git.parse_places(where.stdout, self.cwd)
         if places is None:
             raise git_error("a path of the repository holds a line break")
+        self.top = places.top
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, "read")
@@ -222,6 +226,16 @@ class _Git:
             self.extra_config = git.filter_overrides(git.config_names(config.stdout))
         except git.UnsettableName as e:
             raise e.as_error() from None
+
+    def shown(self, name: str) -> bool:
+        """
+        Whether the policy lets the caller see ``name``, a path git printed
+        relative to the work tree's top: decided on its name, as a listing
+        decides (git reports a link as a link, never what it leads to).
+        """
+        if self.top is None:
+            return True
+        return PathGuard(self.rule).decide(os.path.join(self.top, name)).allowed
 
     def file_arg(self) -> list[str]:
         """``-- FILE`` for ``?file=``, checked like ``path``."""
@@ -270,7 +284,9 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
     )
     if result.truncated:
         raise git_error("git status printed more than can be returned")
-    return git.status_result(result.stdout)
+    # A denied file is not named, as files_list does not name it.
+    shown = run.shown if request.rule.paths.deny else None
+    return git.status_result(result.stdout, shown)
 
 
 async def git_diff(request: ServerRequest) -> dict[str, Any]:
@@ -310,12 +326,39 @@ async def git_diff(request: ServerRequest) -> dict[str, Any]:
             [*common, "--numstat", "-z", *files], max_output_bytes=16 * defaults.MIB
         ),
     )
+    if request.rule.paths.deny:
+        _refuse_denied_changes(run, files[-1], numstat)
     stdout = patch.stdout[:limit] if patch.truncated else patch.stdout
     diff, truncated = git.truncate_diff(stdout, limit, cut=patch.truncated)
     out: dict[str, Any] = {"diff": diff, "stats": git.parse_numstat(numstat.stdout)}
     if truncated:
         out["truncated"] = True
     return out
+
+
+def _refuse_denied_changes(run: _Git, file: str, numstat: Any) -> None:
+    """
+    403 when the diff of ``file`` shows the changes of a file the policy
+    denies: git takes a directory (``.``, ``conf``) as every file below it,
+    so a diff of one is a diff of the denied files there too.  The names
+    are those of the numstat run beside the diff, with the same arguments;
+    none is given back.
+    """
+    from sandboxd import git  # on the first git call, not at start
+
+    if numstat.truncated:
+        raise git_error(
+            f"the diff of {file!r} changes more files than can be checked; name a file"
+        )
+    denied = sum(not run.shown(n) for n in git.numstat_names(numstat.stdout))
+    if denied:
+        raise forbidden(
+            f"the diff of {file!r} would show the changes of {denied} file(s)"
+            " paths.deny refuses: name a file, or a directory holding no"
+            " changed denied file",
+            Code.PATH_DENIED,
+            rule=run.rule.source("paths.deny") or "policy:paths.deny",
+        )
 
 
 HANDLERS: dict[str, Any] = {

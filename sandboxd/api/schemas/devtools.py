@@ -56,14 +56,19 @@ SCHEMAS: dict[str, Schema] = {
                 "files",
                 "array",
                 "[{path, status: modified|added|deleted|renamed|untracked|"
-                "copied|unmerged}]",
+                "copied|unmerged}]; a name that is not UTF-8 shows each such "
+                "byte as \\xNN, as files_list does",
                 items="object",
+            ),
+            F(
+                "hidden",
+                "integer",
+                "changed files paths.deny refuses, left out of files (absent when none)",
             ),
         ),
         errors=(
             *GUARD,
             E(400, "invalid_path", ".. or NUL in path or file"),
-            E(403, "path_denied", "no file while paths.deny rules apply"),
             E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
             E(500, "internal", "git is not installed", "FileNotFoundError"),
@@ -77,8 +82,10 @@ SCHEMAS: dict[str, Schema] = {
             F("staged", "boolean", default=False),
             F(
                 "file",
-                doc="limit the diff to one file (required while paths.deny rules "
-                "apply)",
+                doc="limit the diff to one file, or a directory (required while "
+                "paths.deny rules apply; a directory holding a changed denied "
+                "file is then refused); a name that is not UTF-8 by its bytes "
+                "percent-encoded (%E9)",
             ),
         ),
         response=(
@@ -88,6 +95,12 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *GUARD,
             E(400, "invalid_path", ".. or NUL in path or file"),
+            E(
+                403,
+                "path_denied",
+                "while paths.deny rules apply: no file, or a file whose diff "
+                "shows the changes of a denied file (a directory holding one)",
+            ),
             E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
             E(500, "internal", "git is not installed", "FileNotFoundError"),
