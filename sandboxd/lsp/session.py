@@ -45,6 +45,7 @@ from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import ENCODINGS
+from sandboxd.lsp.watched import Seen, Watchers, changes
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
@@ -64,6 +65,12 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
         "configuration": True,
         "workspaceFolders": True,
         "symbol": {"dynamicRegistration": False},
+        # The files a server reads but the daemon has not open change on
+        # disk too (sandboxd.lsp.watched).
+        "didChangeWatchedFiles": {
+            "dynamicRegistration": True,
+            "relativePatternSupport": True,
+        },
     },
     "textDocument": {
         "synchronization": {"dynamicRegistration": False, "didSave": False},
@@ -119,6 +126,7 @@ class Diagnostics:
         self.items: list[Any] = []
         #: How many more the last publish held than are kept.
         self.dropped = 0
+
         self.version: int | None = None
         #: How many publishes have come for this document.
         self.count = 0
@@ -170,6 +178,12 @@ class LspSession:
         #: Questions being answered with this session (none is stopped to
         #: make room while one is).
         self.held = 0
+        #: The file watchers the server registered, and the project's files
+        #: as last seen (None before the first look, or once the project
+        #: was found too large to watch).
+        self.watchers = Watchers()
+        self.files: dict[str, Seen] | None = None
+        self.watching = True
 
     # -- life ----------------------------------------------------------------
 
@@ -416,6 +430,50 @@ class LspSession:
         value = self.capabilities.get(capability)
         return value is not None and value is not False
 
+    # -- the project's files -------------------------------------------------
+
+    @property
+    def wants_files(self) -> bool:
+        """
+        Whether the project's files should be looked at before a question:
+        for the first look (what later ones are compared with), then while
+        the server has watchers registered.
+        """
+        return self.watching and (self.files is None or bool(self.watchers))
+
+    def files_seen(self, now: dict[str, Seen] | None) -> None:
+        """
+        The project's files now (:func:`~sandboxd.lsp.watched.scan`): the
+        server is told of the changes its watchers match since the last
+        look, and every open document is sent again at the next question
+        about it (the server answers about it anew, with the other files
+        as they are now).  None (too many files) stops the looking.
+        """
+        if now is None:
+            self.watching = False
+            self.files = None
+            self.messages.append(
+                {
+                    "type": 2,
+                    "message": "sandboxd: the project has more files than "
+                    "it watches; changes to files not open are not sent",
+                }
+            )
+            return
+        before, self.files = self.files, now
+        if before is None or not self.watchers or self.state != "ready":
+            return
+        found = [
+            {"uri": uri_of(path), "type": kind}
+            for path, kind in changes(before, now)
+            if self.watchers.match(path)
+        ]
+        if not found:
+            return
+        self.conn.notify("workspace/didChangeWatchedFiles", {"changes": found})
+        for doc in self.documents.values():
+            doc.digest = b""
+
     # -- documents -----------------------------------------------------------
 
     def sync(self, path: str, language: str, text: str, digest: bytes) -> bool:
@@ -552,15 +610,34 @@ class LspSession:
             return [{"uri": uri_of(self.root), "name": self.root}]
         if method == "workspace/applyEdit":
             return {"applied": False, "failureReason": "sandboxd applies no edits"}
+        if method == "client/registerCapability":
+            self._watch(params, register=True)
+            return None
+        if method == "client/unregisterCapability":
+            self._watch(params, register=False)
+            return None
         if method in (
-            "client/registerCapability",
-            "client/unregisterCapability",
             "window/workDoneProgress/create",
             "window/showMessageRequest",
             "window/showDocument",
         ):
             return None
         raise RpcError(METHOD_NOT_FOUND, f"sandboxd does not handle {method}")
+
+    def _watch(self, params: Any, register: bool) -> None:
+        """Keep or forget the file watchers a (un)registration names."""
+        key = "registrations" if register else "unregisterations"
+        items = params.get(key) if isinstance(params, dict) else None
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("method") != "workspace/didChangeWatchedFiles":
+                continue
+            registration_id = str(item.get("id"))
+            if register:
+                self.watchers.register(registration_id, item.get("registerOptions"))
+            else:
+                self.watchers.unregister(registration_id)
 
     def handle_notification(self, method: str, params: Any) -> None:
         """Diagnostics are kept; log and show messages go to :attr:`messages`."""

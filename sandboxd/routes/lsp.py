@@ -32,7 +32,7 @@ from sandboxd.errors import (
     unavailable,
     unsupported,
 )
-from sandboxd.lsp import answers
+from sandboxd.lsp import answers, watched
 from sandboxd.lsp import edits as workspace
 from sandboxd.lsp.catalog import (
     SERVERS,
@@ -439,6 +439,12 @@ async def question(request: ServerRequest) -> Question:
         session = await session_for(request, specs, root, run_as)
         language = language or session.spec.languages[0]
     _hold(session)
+    if session.wants_files:
+        session.files_seen(
+            await request.context.in_thread(
+                watched.scan, session.root, defaults.LSP_WATCHED_FILES
+            )
+        )
     fresh = session.sync(source.path, language, source.text, source.digest)
     text = source.lines.in_encoding(session.encoding)
     return Question(session, source, text, fresh, guard)

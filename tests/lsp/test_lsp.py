@@ -19,6 +19,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest
 
+from sandboxd.lsp.answers import uri_of
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_confinement import need_landlock
 
@@ -664,3 +665,67 @@ class ConfinedServerTests(LspTestCase):
         self.assertIn("undefined_name", json.dumps(out))
         self.assertEqual(os.listdir(self.outside), [])
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "by-server")))
+
+
+class FakeServerCase(LspTestCase):
+    """
+    A daemon whose ``pylsp`` is :mod:`tests.lsp.fake_server`, a server that
+    behaves one exact way (set by environment variables the test gives).
+    """
+
+    fake_env: dict[str, str] = {}
+
+    def setUp(self) -> Any:
+        self.bin = os.path.realpath(self.mktemp())
+        os.makedirs(self.bin)
+        exe = os.path.join(self.bin, "pylsp")
+        server = os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "fake_server.py"
+        )
+        settings = "".join(f"export {k}={v}\n" for k, v in self.fake_env.items())
+        with open(exe, "w") as f:
+            f.write(f"#!/bin/sh\n{settings}exec {sys.executable} {server}\n")
+        os.chmod(exe, 0o755)
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = self.bin + os.pathsep + path
+        self.addCleanup(os.environ.__setitem__, "PATH", path)
+        return super().setUp()
+
+    @inlineCallbacks
+    def heard(self, path: str) -> Any:
+        """What the fake server heard, as its hover on ``path`` says."""
+        out = yield self.ask("hover", path=path, line=1, column=1)
+        return json.loads(out["contents"])
+
+
+class WatchedFilesTests(FakeServerCase):
+    """The files a server reads but the daemon has not open change on disk too."""
+
+    @inlineCallbacks
+    def test_changes_on_disk_are_sent_as_watched_files(self) -> Any:
+        """
+        After a question, a file changed, one created and one deleted on
+        disk (none of them open) reach the server that registered a
+        ``**/*.py`` watcher as ``workspace/didChangeWatchedFiles``, a file
+        its watcher does not match does not; the file asked about is sent
+        again, so that its diagnostics are worked out anew.
+        """
+        self.write("proj/pyproject.toml", "")
+        app = self.write("proj/app.py", "from lib import greet\n")
+        lib = self.write("proj/lib.py", "def greet(): pass\n")
+        old = self.write("proj/old.py", "x = 1\n")
+        first = yield self.heard("proj/app.py")
+        self.assertEqual(first["changes"], [])
+        self.write("proj/lib.py", "def bye(): pass\n")
+        new = self.write("proj/new.py", "y = 2\n")
+        os.remove(old)
+        self.write("proj/notes.txt", "not watched\n")
+        second = yield self.heard("proj/app.py")
+        self.assertEqual(
+            sorted((c["uri"], c["type"]) for c in second["changes"]),
+            sorted([(uri_of(lib), 2), (uri_of(new), 1), (uri_of(old), 3)]),
+        )
+        self.assertEqual(second["texts"][uri_of(app)], [1, 2])
+        third = yield self.heard("proj/app.py")
+        self.assertEqual(len(third["changes"]), 3)
+        self.assertEqual(third["texts"][uri_of(app)], [1, 2])
