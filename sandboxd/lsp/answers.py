@@ -123,6 +123,33 @@ def locations(result: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def severity_of(item: Any) -> str:
+    """A diagnostic's severity by name (a server that gives none means an error)."""
+    value = item.get("severity") if isinstance(item, dict) else None
+    return _name(SEVERITIES, value) or "error"
+
+
+def severity_counts(items: list[Any]) -> dict[str, int]:
+    """How many of ``items`` (a publishDiagnostics list) there are of each severity."""
+    counts = {s: 0 for s in SEVERITIES if s is not None}
+    for item in items:
+        if isinstance(item, dict):
+            counts[severity_of(item)] += 1
+    return counts
+
+
+def most_severe(items: list[Any], keep: int) -> list[Any]:
+    """
+    ``keep`` of ``items``, the most severe first (errors before warnings,
+    in the server's order within each): a file with a thousand warnings
+    before its one error still shows the error.
+    """
+    if len(items) <= keep:
+        return items
+    rank = {name: i for i, name in enumerate(SEVERITIES) if name is not None}
+    return sorted(items, key=lambda item: rank[severity_of(item)])[:keep]
+
+
 def diagnostics(
     items: Any, text: Text, count_in: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
@@ -144,7 +171,7 @@ def diagnostics(
         out.append(
             {
                 **counted.span(item.get("range")),
-                "severity": _name(SEVERITIES, item.get("severity")) or "error",
+                "severity": severity_of(item),
                 "code": code if isinstance(code, (str, int)) else None,
                 "source": source or None,
                 "message": _text(item.get("message")),

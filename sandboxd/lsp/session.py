@@ -41,7 +41,7 @@ from sandboxd.jsonrpc import (
     encode,
     notification,
 )
-from sandboxd.lsp.answers import uri_of
+from sandboxd.lsp.answers import most_severe, severity_counts, uri_of
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import ENCODINGS
@@ -126,7 +126,8 @@ class Diagnostics:
         self.items: list[Any] = []
         #: How many more the last publish held than are kept.
         self.dropped = 0
-
+        #: How many the last publish held of each severity, kept or not.
+        self.counts: dict[str, int] = severity_counts([])
         self.version: int | None = None
         #: How many publishes have come for this document.
         self.count = 0
@@ -662,8 +663,9 @@ class LspSession:
         diag = self.diagnostics.setdefault(uri, Diagnostics())
         items = params.get("diagnostics")
         items = items if isinstance(items, list) else []
-        diag.items = items[: defaults.LSP_KEPT_DIAGNOSTICS]
+        diag.items = most_severe(items, defaults.LSP_KEPT_DIAGNOSTICS)
         diag.dropped = len(items) - len(diag.items)
+        diag.counts = severity_counts(items)
         version = params.get("version")
         diag.version = version if isinstance(version, int) else None
         diag.count += 1

@@ -482,13 +482,11 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
     found = answers.diagnostics(
         published.items, q.text, q.session.spec.diagnostics_count_in
     )
-    counts = {s: 0 for s in answers.SEVERITIES if s is not None}
-    for d in found:
-        counts[d["severity"]] += 1
+    # Counted before the cut: an agent stops at counts.error == 0.
     return q.answer(
         path=q.source.path,
         diagnostics=found,
-        counts=counts,
+        counts=dict(published.counts),
         settled=settled,
         truncated=published.dropped > 0,
     )

@@ -624,12 +624,15 @@ class ManyDiagnosticsTests(LspTestCase):
 
     @inlineCallbacks
     def test_kept_and_said(self) -> Any:
-        """1,200 undefined names: the first 1,000 are given, and truncated says so."""
+        """
+        1,200 undefined names: 1,000 are given, truncated says so, and
+        counts counts all 1,200.
+        """
         self.write("proj/pyproject.toml", "")
         self.write("proj/many.py", "".join(f"print(name_{n})\n" for n in range(1200)))
         out = yield self.ask("diagnostics", path="proj/many.py")
         self.assertEqual((len(out["diagnostics"]), out["truncated"]), (1000, True))
-        self.assertEqual(out["counts"]["error"], 1000)
+        self.assertEqual(out["counts"]["error"], 1200)
 
 
 class ConfinedServerTests(LspTestCase):
@@ -729,3 +732,25 @@ class WatchedFilesTests(FakeServerCase):
         third = yield self.heard("proj/app.py")
         self.assertEqual(len(third["changes"]), 3)
         self.assertEqual(third["texts"][uri_of(app)], [1, 2])
+
+
+class TruncatedDiagnosticsTests(FakeServerCase):
+    """A file with more diagnostics than are kept, its errors after its warnings."""
+
+    fake_env = {"FAKE_DIAGNOSTICS": "1200", "FAKE_WARNINGS_FIRST": "1100"}
+
+    @inlineCallbacks
+    def test_counts_are_of_every_diagnostic_and_errors_are_kept(self) -> Any:
+        """
+        1,100 warnings then 100 errors: ``counts`` says 100 errors and
+        1,100 warnings, the 1,000 kept hold every error, ``truncated``.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/w.py", "x = 1\n")
+        out = yield self.ask("diagnostics", path="proj/w.py")
+        self.assertEqual(
+            out["counts"], {"error": 100, "warning": 1100, "information": 0, "hint": 0}
+        )
+        self.assertTrue(out["truncated"])
+        severities = [d["severity"] for d in out["diagnostics"]]
+        self.assertEqual((len(severities), severities.count("error")), (1000, 100))

@@ -270,12 +270,14 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "counts",
                 "object",
-                "{error, warning, information, hint}: of those given",
+                "{error, warning, information, hint}: of every diagnostic the "
+                "server reported for the file, those left out by the cut too",
             ),
             F(
                 "truncated",
                 "boolean",
-                "the server reported more than the 1000 kept per file",
+                "the server reported more than the 1000 kept per file (the most "
+                "severe are kept: errors first)",
             ),
             F(
                 "settled",
