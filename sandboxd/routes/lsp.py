@@ -601,7 +601,9 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
         q.session.refresh(
             await request.context.in_thread(texts_now, q.guard, others, cap)
         )
-    result = await q.session.ask(
+    # A server still reading the project answers null (pyright's first
+    # rename does), which would read as "not a name": asked again while young.
+    result = await q.session.ask_warm(
         "textDocument/rename", {**q.position(body), "newName": new_name}
     )
     edits, operations = answers.text_edits(result)

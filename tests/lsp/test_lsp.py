@@ -754,3 +754,25 @@ class TruncatedDiagnosticsTests(FakeServerCase):
         self.assertTrue(out["truncated"])
         severities = [d["severity"] for d in out["diagnostics"]]
         self.assertEqual((len(severities), severities.count("error")), (1000, 100))
+
+
+class ColdRenameTests(FakeServerCase):
+    """A rename asked of a server still reading its project."""
+
+    fake_env = {"FAKE_COLD_RENAMES": "1"}
+
+    @inlineCallbacks
+    def test_first_rename_waits_for_a_young_server(self) -> Any:
+        """
+        A server that answers its first rename null, as pyright does while
+        it indexes, is asked again: the first rename of a new session
+        gives the edits, not 400 "found nothing to rename".
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/app.py", "greet = 1\n")
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=1, column=1, new_name="hi", dry_run=True
+        )
+        [changed] = out["files"]
+        self.assertIn("+higreet = 1", changed["diff"])
+        self.assertFalse(out["applied"])
