@@ -479,6 +479,16 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
     )
     q = await question(request)
     published, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
+    if published.oversized is not None:
+        limit = limits_of(request.rule)["max_message_bytes"]
+        raise payload_too_large(
+            limit,
+            message=f"the language server reported {published.oversized} bytes of "
+            f"diagnostics for {q.source.path}, over the {limit} bytes a message may "
+            "have: fix the first problems a smaller file shows, or ask another server",
+            setting=limit_setting(request.endpoint.id, "max_message_bytes"),
+            path=q.source.path,
+        )
     found = answers.diagnostics(
         published.items, q.text, q.session.spec.diagnostics_count_in
     )

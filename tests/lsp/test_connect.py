@@ -26,7 +26,7 @@ from sandboxd.lsp.answers import uri_of
 from sandboxd.policy.defaults import WS_CLOSE_SECONDS
 from sandboxd.processes.tree import proc_info
 from tests.helpers import DaemonTestCase, alive
-from tests.lsp.test_lsp import LspTestCase, lsp_policy, need_pylsp
+from tests.lsp.test_lsp import LspTestCase, fake_pylsp, lsp_policy, need_pylsp
 
 try:
     import websocket
@@ -474,6 +474,44 @@ def pylint_running(marker: str) -> dict[str, Any]:
         f.write(f"#!/bin/sh\ntouch {marker}\ncat >/dev/null\n")
     os.chmod(script, 0o755)
     return {"pylsp": {"plugins": {"pylint": {"enabled": True, "executable": script}}}}
+
+
+class OversizedTests(ConnectCase):
+    """A message of the server's over max_message_bytes, on an editor's socket."""
+
+    policy = lsp_policy(limits={"max_message_bytes": 200_000})
+
+    def setUp(self) -> Any:
+        fake_pylsp(self, {"FAKE_DIAGNOSTICS": "5000"})
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_oversized_diagnostics_are_dropped_and_told(self) -> Any:
+        """
+        Diagnostics of over a MB are not passed on, the editor is told
+        with a logMessage naming the method and the size; the socket and
+        the server live on: a hover after it is answered.
+        """
+        self.write("proj/pyproject.toml", "")
+        path = self.write("proj/many.py", "x = 1\n")
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(os.path.dirname(path))
+            editor.open(path)
+            told = editor.until(lambda m: m.get("method") == "window/logMessage")
+            rid = editor.request(
+                "textDocument/hover",
+                {
+                    "textDocument": {"uri": uri_of(path)},
+                    "position": {"line": 0, "character": 0},
+                },
+            )
+            return told, editor.answer(rid)
+
+        told, hover = yield self.talk(script, root="proj")
+        self.assertIn("textDocument/publishDiagnostics", told["params"]["message"])
+        self.assertIn("max_message_bytes 200000", told["params"]["message"])
+        self.assertIn("contents", hover["result"])
 
 
 class SettingsCase(ConnectCase):

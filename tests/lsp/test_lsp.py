@@ -17,9 +17,10 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.lsp.answers import uri_of
+from sandboxd.lsp.session import message_head
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_confinement import need_landlock
 
@@ -670,6 +671,24 @@ class ConfinedServerTests(LspTestCase):
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "by-server")))
 
 
+def fake_pylsp(case: Any, env: dict[str, str]) -> None:
+    """
+    Make the ``pylsp`` the daemon of ``case`` starts :mod:`tests.lsp.fake_server`
+    with ``env`` (first on the PATH, for the rest of the test).
+    """
+    bin_dir = os.path.realpath(case.mktemp())
+    os.makedirs(bin_dir)
+    exe = os.path.join(bin_dir, "pylsp")
+    server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_server.py")
+    settings = "".join(f"export {k}={v}\n" for k, v in env.items())
+    with open(exe, "w") as f:
+        f.write(f"#!/bin/sh\n{settings}exec {sys.executable} {server}\n")
+    os.chmod(exe, 0o755)
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = bin_dir + os.pathsep + path
+    case.addCleanup(os.environ.__setitem__, "PATH", path)
+
+
 class FakeServerCase(LspTestCase):
     """
     A daemon whose ``pylsp`` is :mod:`tests.lsp.fake_server`, a server that
@@ -679,19 +698,7 @@ class FakeServerCase(LspTestCase):
     fake_env: dict[str, str] = {}
 
     def setUp(self) -> Any:
-        self.bin = os.path.realpath(self.mktemp())
-        os.makedirs(self.bin)
-        exe = os.path.join(self.bin, "pylsp")
-        server = os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "fake_server.py"
-        )
-        settings = "".join(f"export {k}={v}\n" for k, v in self.fake_env.items())
-        with open(exe, "w") as f:
-            f.write(f"#!/bin/sh\n{settings}exec {sys.executable} {server}\n")
-        os.chmod(exe, 0o755)
-        path = os.environ.get("PATH", "")
-        os.environ["PATH"] = self.bin + os.pathsep + path
-        self.addCleanup(os.environ.__setitem__, "PATH", path)
+        fake_pylsp(self, self.fake_env)
         return super().setUp()
 
     @inlineCallbacks
@@ -776,3 +783,66 @@ class ColdRenameTests(FakeServerCase):
         [changed] = out["files"]
         self.assertIn("+higreet = 1", changed["diff"])
         self.assertFalse(out["applied"])
+
+
+class OversizedDiagnosticsTests(FakeServerCase):
+    """Diagnostics too large for one message, from a server that lives on."""
+
+    policy = lsp_policy(limits={"max_message_bytes": 200_000})
+    fake_env = {"FAKE_DIAGNOSTICS": "5000"}
+
+    @inlineCallbacks
+    def test_too_many_diagnostics_is_413_and_the_server_lives(self) -> Any:
+        """
+        A publish of over a MB (max_message_bytes 200 000) is 413 naming
+        the file, twice, from the same session; a hover after it is
+        answered by that session: the server was not killed.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/many.py", "x = 1\n")
+        first = yield self.ask("diagnostics", 413, path="proj/many.py")
+        self.assertEqual(first["code"], "payload_too_large")
+        self.assertIn("proj/many.py", first["error"])
+        self.assertIn("max_message_bytes", first["setting"])
+        again = yield self.ask("diagnostics", 413, path="proj/many.py")
+        self.assertEqual(again["code"], "payload_too_large")
+        heard = yield self.ask("hover", path="proj/many.py", line=1, column=1)
+        reply = yield self.request("GET", "/lsp/sessions")
+        [session] = reply.json()["sessions"]
+        self.assertEqual(
+            (session["state"], session["id"]), ("ready", heard["session_id"])
+        )
+
+
+class MessageHeadTests(SynchronousTestCase):
+    """What the start of a message too large to read tells of it."""
+
+    def test_heads(self) -> None:
+        """
+        An answer's id, a publish's method, uri and version, as far as the
+        head goes; nothing from what does not start as an object.
+        """
+        cases = [
+            (
+                b'{"jsonrpc": "2.0", "id": 5, "result": [1, 2',
+                {"jsonrpc": "2.0", "id": 5},
+            ),
+            (
+                b'{"jsonrpc":"2.0","method":"textDocument/publishDiagnostics",'
+                b'"params":{"uri":"file:///p/a.py","version":3,"diagnostics":[{"ra',
+                {
+                    "jsonrpc": "2.0",
+                    "method": "textDocument/publishDiagnostics",
+                    "params": {"uri": "file:///p/a.py", "version": 3},
+                },
+            ),
+            (
+                b'{"id": "a", "method": "workspace/applyEdit", "params": {"edit": {',
+                {"id": "a", "method": "workspace/applyEdit", "params": {}},
+            ),
+            (b"[1, 2", {}),
+            (b'{"id": 1\xff\xfe', {"id": 1}),
+            (b'\xff{"id": 1', {}),
+        ]
+        for head, expected in cases:
+            self.assertEqual(message_head(head), expected, head)

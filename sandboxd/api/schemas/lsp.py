@@ -102,7 +102,12 @@ _ERRORS = (
     ),
     E(403, "param_not_allowed", "a refused user"),
     E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
-    E(413, "payload_too_large", "the file is over max_bytes (4 MiB)"),
+    E(
+        413,
+        "payload_too_large",
+        "the file is over max_bytes (4 MiB), or the server's answer or the "
+        "file's diagnostics over max_message_bytes (16 MiB); the server lives on",
+    ),
     E(
         429,
         "too_many_sessions",
