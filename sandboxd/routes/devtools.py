@@ -51,14 +51,17 @@ from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import flag, seconds, string
 
 
-def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
+def _timeout_error(
+    what: str, seconds: float | None, idle: bool = False, **extra: Any
+) -> ApiError:
     """408 ``timeout``, or ``idle_timeout`` for a run that printed nothing."""
     if idle:
         return timed_out(
             f"IdleTimeout: {what} printed nothing for {seconds:g} s and was stopped",
             idle=True,
+            **extra,
         )
-    return timed_out(f"{what} timed out after {seconds:g} s")
+    return timed_out(f"{what} timed out after {seconds:g} s", **extra)
 
 
 def _text(data: bytes) -> str:
@@ -127,13 +130,22 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
         )
     except FileNotFoundError:
         raise internal(f"{language} runtime not found", "FileNotFoundError") from None
-    if result.timed_out:
-        raise _timeout_error("the code run", timeout)
-    if result.idle_timed_out:
-        raise _timeout_error("the code run", idle, idle=True)
-    out: dict[str, Any] = {
+    printed: dict[str, Any] = {
         "stdout": _text(result.stdout),
         "stderr": _text(result.stderr),
+    }
+    if result.truncated:
+        printed["truncated"] = True
+        printed["dropped_bytes"] = result.dropped_bytes
+    # What the code printed before it was stopped says where it stuck, as
+    # /shell's timeout answer does.
+    if result.timed_out:
+        raise _timeout_error("the code run", timeout, **printed)
+    if result.idle_timed_out:
+        raise _timeout_error("the code run", idle, idle=True, **printed)
+    out: dict[str, Any] = {
+        "stdout": printed["stdout"],
+        "stderr": printed["stderr"],
         "exit_code": result.exit_code,
         "language": language,
         "execution_time_ms": round(result.duration_ms, 2),

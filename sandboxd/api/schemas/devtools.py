@@ -30,17 +30,25 @@ SCHEMAS: dict[str, Schema] = {
             E(400, "invalid_param", "bad language, code, cwd, env or timeout"),
             E(403, "language_not_allowed", "language outside params.languages"),
             *GUARD[1:],
-            E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                408,
+                "timeout",
+                "past timeout: the group was killed (body: stdout and stderr "
+                "printed until then)",
+                "TimeoutError",
+            ),
             E(
                 408,
                 "idle_timeout",
-                "no output for idle_timeout seconds: the group was killed",
+                "no output for idle_timeout seconds: the group was killed (body: "
+                "stdout and stderr printed until then)",
                 "TimeoutError",
             ),
             E(
                 413,
                 "payload_too_large",
-                "code over 128 KiB (upload a file, use /shell)",
+                "code over 131071 bytes, 128 KiB less one: the most one argument "
+                "of a program holds, its NUL counted (upload a file, use /shell)",
             ),
             E(500, "internal", "the runtime is missing", "FileNotFoundError"),
         ),
