@@ -216,6 +216,15 @@ def candidates(
                 allowed=list(allowed),
                 rule=where,
             )
+        if language is not None and language not in spec.languages:
+            # It would start, say nothing about the file, and the empty
+            # answer would read as "no problems".
+            raise bad_request(
+                f"the language server {server!r} does not handle {language} "
+                f"(it handles {', '.join(spec.languages)}): name another server, "
+                "or the file's language",
+                kind="wrong_language",
+            )
         return [spec]
     assert language is not None
     specs = servers_for(language, rule.params.lsp_servers)

@@ -846,3 +846,22 @@ class MessageHeadTests(SynchronousTestCase):
         ]
         for head, expected in cases:
             self.assertEqual(message_head(head), expected, head)
+
+
+class WrongLanguageTests(LspTestCase):
+    """A server named for a file of a language it does not handle."""
+
+    @inlineCallbacks
+    def test_named_server_of_another_language_is_400(self) -> Any:
+        """
+        pylsp named for a TypeScript file is 400 kind wrong_language before
+        any server starts (it would say nothing, which reads as no errors).
+        """
+        self.write("proj/app.ts", "let x: number = 'a';\n")
+        out = yield self.ask("diagnostics", 400, path="proj/app.ts", server="pylsp")
+        self.assertEqual(
+            (out["code"], out["kind"]), ("invalid_param", "wrong_language")
+        )
+        self.assertIn("typescript", out["error"])
+        reply = yield self.request("GET", "/lsp/sessions")
+        self.assertEqual(reply.json()["sessions"], [])

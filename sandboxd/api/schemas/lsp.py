@@ -98,7 +98,8 @@ _ERRORS = (
         400,
         "invalid_param",
         "no language known for the file, an unknown or disallowed server (body: allowed), "
-        "a file that is not UTF-8 (kind: not_text), a line past the end (kind: past_end)",
+        "a file that is not UTF-8 (kind: not_text), a line past the end (kind: past_end), "
+        "a server named for a language it does not handle (kind: wrong_language)",
     ),
     E(403, "param_not_allowed", "a refused user"),
     E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
