@@ -8,6 +8,7 @@ text (:class:`~sandboxd.lsp.text.Text`).
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -196,10 +197,14 @@ def hover_text(contents: Any) -> str:
     return ""
 
 
-def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bool]:
+def completions(
+    result: Any, limit: int, typed: str = ""
+) -> tuple[list[dict[str, Any]], bool, bool]:
     """
     ``(items, is_incomplete, truncated)`` of a completion answer (a list or
-    a CompletionList), in the server's sort order, at most ``limit``.
+    a CompletionList), at most ``limit``: those that start with ``typed``
+    (the name being typed) first, as an editor filters them, the same case
+    before another; in the server's sort order within each.
     """
     incomplete = False
     items: Any = result
@@ -210,6 +215,8 @@ def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bo
         [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
     )
     entries.sort(key=lambda i: _text(i.get("sortText")) or _text(i.get("label")))
+    if typed:
+        entries.sort(key=lambda i: _typed_rank(i, typed))
     out = []
     for item in entries[:limit]:
         edit = item.get("textEdit")
@@ -228,6 +235,22 @@ def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bo
             }
         )
     return out, incomplete, len(entries) > limit
+
+
+def _typed_rank(item: dict[str, Any], typed: str) -> int:
+    """0: it is what was typed; 1: it starts so; 2: in another case; 3: neither."""
+    name = _text(item.get("filterText")) or _text(item.get("label"))
+    if name == typed:
+        return 0
+    if name.startswith(typed):
+        return 1
+    if name.lower().startswith(typed.lower()):
+        return 2
+    return 3
+
+
+#: The name being typed: the word characters just before the cursor.
+TYPED = re.compile(r"[\w$]*\Z")
 
 
 def document_symbols(result: Any, text: Text, path: str) -> list[dict[str, Any]]:

@@ -569,8 +569,12 @@ async def lsp_completions(request: ServerRequest) -> dict[str, Any]:
     q.needs("completionProvider", "completions")
     limit = result_limit(request, body, 50)
     params = {**q.position(body), "context": {"triggerKind": 1}}
+    line = q.text.lines[params["position"]["line"]]
+    column = integer(body.get("column", 1), "column", low=1)
+    found = answers.TYPED.search(line[: column - 1])
+    typed = found.group() if found is not None else ""
     result = await q.session.ask("textDocument/completion", params)
-    items, incomplete, truncated = answers.completions(result, limit)
+    items, incomplete, truncated = answers.completions(result, limit, typed)
     return q.answer(items=items, is_incomplete=incomplete, truncated=truncated)
 
 

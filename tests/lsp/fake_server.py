@@ -10,6 +10,7 @@ way (no real server does it reliably, or none is installed): started as
   each document sent to it).
 - ``FAKE_DIAGNOSTICS=N`` publishes N diagnostics (errors after
   ``FAKE_WARNINGS_FIRST`` warnings) for every document it is sent.
+- A completion answers pyright's list after ``os.wal``, in its order.
 - ``FAKE_COLD_RENAMES=N``: the first N renames answer null, as a server
   still indexing does.
 """
@@ -91,6 +92,7 @@ def main() -> None:
                 "textDocumentSync": 1,
                 "hoverProvider": True,
                 "renameProvider": True,
+                "completionProvider": {},
             }
             send({"id": message["id"], "result": {"capabilities": capabilities}})
         elif method == "initialized":
@@ -116,6 +118,18 @@ def main() -> None:
         elif method == "textDocument/hover":
             heard = json.dumps({"changes": changes, "texts": texts})
             send({"id": message["id"], "result": {"contents": heard}})
+        elif method == "textDocument/completion":
+            # pyright's answer after ``os.wal``: sorted for an editor that
+            # filters by what was typed itself.
+            labels = ["MFD_ALLOW_SEALING", "WIFSIGNALED", "_wrap_close", "fwalk"]
+            labels += ["waitid_result", "walk"]
+            items = [
+                {"label": label, "sortText": f"{n:02d}"}
+                for n, label in enumerate(labels)
+            ]
+            send(
+                {"id": message["id"], "result": {"isIncomplete": False, "items": items}}
+            )
         elif method == "textDocument/rename":
             if cold > 0:
                 cold -= 1

@@ -865,3 +865,21 @@ class WrongLanguageTests(LspTestCase):
         self.assertIn("typescript", out["error"])
         reply = yield self.request("GET", "/lsp/sessions")
         self.assertEqual(reply.json()["sessions"], [])
+
+
+class CompletionOrderTests(FakeServerCase):
+    """Completions as an editor shows them, ranked by what was typed."""
+
+    @inlineCallbacks
+    def test_what_was_typed_ranks_first(self) -> Any:
+        """
+        After ``os.wal`` the server's list, where ``walk`` comes last (after
+        ``fwalk`` and ``waitid_result``), comes back with ``walk`` first and
+        nothing left out.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/c.py", "import os\nos.wal\n")
+        out = yield self.ask("completions", path="proj/c.py", line=2, column=7)
+        labels = [i["label"] for i in out["items"]]
+        self.assertEqual(labels[0], "walk")
+        self.assertEqual(len(labels), 6)

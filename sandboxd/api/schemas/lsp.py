@@ -388,7 +388,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "items",
                 "array",
-                "[{label, kind, detail, documentation, insert_text}] in the server's order",
+                "[{label, kind, detail, documentation, insert_text}]: those starting "
+                "with the name being typed first, in the server's order within each",
                 items="object",
             ),
             F(
