@@ -233,6 +233,10 @@ class LineFramer:
 MAX_HEADER_BYTES = 1024
 
 
+#: What :class:`ContentLengthFramer` keeps of a message it reads past.
+OVERSIZED_HEAD_BYTES = 64 * 1024
+
+
 class ContentLengthFramer:
     """
     Split a byte stream into ``Content-Length`` framed messages (LSP).
@@ -243,8 +247,15 @@ class ContentLengthFramer:
     length over ``max_bytes`` is broken framing: nothing after it can be
     trusted to start a message, so the framer stops and says why once.
 
+    With ``on_oversized``, a length over ``max_bytes`` is not broken
+    framing: the length is still known, so the body is read past (never
+    held whole) and the next message read as usual; ``on_oversized`` gets
+    the body's first :data:`OVERSIZED_HEAD_BYTES` (enough to tell what
+    the message was) and its length.
+
     :param on_message: each message's body.
     :param on_broken: the reason, once, when the framing breaks.
+    :param on_oversized: ``(head, length)`` of each message over ``max_bytes``.
     """
 
     def __init__(
@@ -252,13 +263,19 @@ class ContentLengthFramer:
         max_bytes: int,
         on_message: Callable[[bytes], None],
         on_broken: Callable[[str], None],
+        on_oversized: Callable[[bytes, int], None] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self._on_message = on_message
         self._on_broken = on_broken
+        self._on_oversized = on_oversized
         self._buffer = bytearray()
         #: The body length of the message being read, once its headers are.
         self._length: int | None = None
+        #: Bytes left of an oversized body being read past, its length and head.
+        self._skip = 0
+        self._skipped_length = 0
+        self._head = bytearray()
         self.stopped = False
 
     def feed(self, data: bytes) -> None:
@@ -267,8 +284,14 @@ class ContentLengthFramer:
             return
         self._buffer += data
         while not self.stopped:
+            if self._skip:
+                if not self._read_past():
+                    return
+                continue
             if self._length is None and not self._read_headers():
                 return
+            if self._skip:
+                continue
             assert self._length is not None
             if len(self._buffer) < self._length:
                 return
@@ -294,11 +317,31 @@ class ContentLengthFramer:
             self._broken("a message with no valid Content-Length")
             return False
         if length > self.max_bytes:
+            if self._on_oversized is not None:
+                self._skip = self._skipped_length = length
+                return True
             self._broken(
                 f"a message of {length} bytes (max_message_bytes {self.max_bytes})"
             )
             return False
         self._length = length
+        return True
+
+    def _read_past(self) -> bool:
+        """Drop what is buffered of an oversized body; True once it is all gone."""
+        take = min(self._skip, len(self._buffer))
+        room = OVERSIZED_HEAD_BYTES - len(self._head)
+        if room > 0:
+            self._head += self._buffer[: min(take, room)]
+        del self._buffer[:take]
+        self._skip -= take
+        if self._skip:
+            return False
+        head, self._head = bytes(self._head), bytearray()
+        length = self._skipped_length
+        on_oversized = self._on_oversized
+        assert on_oversized is not None
+        _deliver(lambda h: on_oversized(h, length), head)
         return True
 
     def _broken(self, reason: str) -> None:

@@ -126,6 +126,18 @@ class ParserTests(SynchronousTestCase):
             {"files_changed": 4, "insertions": 13, "deletions": 1},
         )
 
+    def test_numstat_conflict_is_one_file(self) -> None:
+        """A file in conflict prints a record per side: it is one file changed."""
+        out = b"0\t0\tf\x004\t0\tf\x001\t1\tg\x00"
+        self.assertEqual(
+            git.parse_numstat(out),
+            {"files_changed": 2, "insertions": 5, "deletions": 1},
+        )
+        self.assertEqual(
+            git.numstat_names(b"1\t0\ta\xe9\x000\t0\t\x00old\x00new\x00"),
+            ["a\udce9", "old", "new"],
+        )
+
     def test_truncate(self) -> None:
         """A diff over the limit is cut at a line end and ends with the seed's marker."""
         diff = b"".join(b"+line %d\n" % i for i in range(300000))
@@ -602,3 +614,116 @@ class GitDiffDenyTests(DaemonTestCase):
         reply = yield self.request("GET", "/git/diff?path=repo&file=a.txt")
         self.assertEqual(reply.status, 200, reply.body)
         self.assertIn("+b", reply.json()["diff"])
+
+    @inlineCallbacks
+    def test_a_directory_holding_denied_changes_is_refused(self) -> Any:
+        """
+        ``file`` naming a directory is a diff of every file below it: ``.``,
+        ``./`` and ``conf`` (whose ``secret/`` changed, or was deleted, or
+        its deletion staged) are 403 path_denied with nothing of the
+        denied file shown, while ``docs``, whose changes are all allowed,
+        is served.
+        """
+        repo = new_repo(
+            os.path.join(self.base_dir, "repo"),
+            {
+                "secret/keys.env": "KEY=old\n",
+                "conf/secret/db.ini": "pw=old\n",
+                "conf/app.ini": "a=1\n",
+                "docs/readme.md": "hi\n",
+            },
+        )
+        write(os.path.join(repo, "secret", "keys.env"), "KEY=sk-new-secret\n")
+        write(os.path.join(repo, "conf", "secret", "db.ini"), "pw=secret-pw\n")
+        write(os.path.join(repo, "conf", "app.ini"), "a=2\n")
+        write(os.path.join(repo, "docs", "readme.md"), "hello\n")
+        for file in (".", "./", "conf", "conf/"):
+            reply = yield self.request("GET", f"/git/diff?path=repo&file={file}")
+            self.assertEqual(reply.status, 403, (file, reply.body))
+            self.assertEqual(reply.json()["code"], "path_denied")
+            self.assertIn("rule", reply.json())
+            self.assertNotIn(b"secret", reply.body.replace(b"**/secret/**", b""))
+        reply = yield self.request("GET", "/git/diff?path=repo&file=docs")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+hello", reply.json()["diff"])
+        self.assertEqual(reply.json()["stats"]["files_changed"], 1)
+        # Deleted from the work tree, then the deletion staged: the same.
+        shutil.rmtree(os.path.join(repo, "conf", "secret"))
+        reply = yield self.request("GET", "/git/diff?path=repo&file=conf")
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertNotIn(b"pw=", reply.body)
+        run_git(repo, "add", "-A", "conf")
+        reply = yield self.request("GET", "/git/diff?path=repo&file=conf&staged=true")
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertNotIn(b"pw=", reply.body)
+
+
+class GitStatusDenyTests(DaemonTestCase):
+    """git_status does not name the files paths.deny refuses, as files_list does not."""
+
+    skip = NO_GIT
+    policy = {
+        "groups": {"dev_tools": True},
+        "endpoints": {"git_status": {"paths": {"deny": ["**/secret/**"]}}},
+    }
+
+    @inlineCallbacks
+    def test_denied_names_are_left_out(self) -> Any:
+        """
+        A changed denied file is left out and counted in ``hidden``; a file
+        renamed out of a denied directory is listed without its old name.
+        """
+        repo = new_repo(
+            os.path.join(self.base_dir, "repo"),
+            {"secret/keys.env": "K=1\n", "secret/moved.txt": "m\n", "a.txt": "a\n"},
+        )
+        write(os.path.join(repo, "secret", "keys.env"), "K=2\n")
+        write(os.path.join(repo, "a.txt"), "b\n")
+        run_git(repo, "mv", "secret/moved.txt", "moved.txt")
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertNotIn(b"secret", reply.body)
+        self.assertEqual(
+            sorted((f["path"], f["status"]) for f in body["files"]),
+            [("a.txt", "modified"), ("moved.txt", "renamed")],
+        )
+        self.assertNotIn("orig_path", body["files"][-1])
+        self.assertEqual((body["hidden"], body["clean"]), (1, False))
+
+
+class GitNamesTests(DaemonTestCase):
+    """Names that are not UTF-8, as git_status shows them and git_diff takes them."""
+
+    skip = NO_GIT
+    policy = {"groups": {"dev_tools": True}}
+
+    @inlineCallbacks
+    def test_name_not_utf8_round_trips(self) -> Any:
+        """
+        A name holding the byte 0xE9 is listed as ``lat\\xe9.txt`` (as
+        files_list shows it), and its bytes percent-encoded give its diff.
+        """
+        repo = new_repo(os.path.join(self.base_dir, "repo"), {"a.txt": "a\n"})
+        name = os.path.join(os.fsencode(repo), b"lat\xe9.txt")
+        with open(name, "wb") as f:
+            f.write(b"old\n")
+        run_git(repo, "add", "-A")
+        run_git(repo, "commit", "-q", "-m", "second")
+        with open(name, "wb") as f:
+            f.write(b"new\n")
+        with open(os.path.join(os.fsencode(repo), b"un\xe9tracked.txt"), "wb") as f:
+            f.write(b"u\n")
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            sorted(f["path"] for f in reply.json()["files"]),
+            ["lat\\xe9.txt", "un\\xe9tracked.txt"],
+        )
+        listed = yield self.request("GET", "/files/list?path=repo")
+        self.assertIn(
+            "lat\\xe9.txt", [e["name"] for e in listed.json().get("entries", [])]
+        )
+        reply = yield self.request("GET", "/git/diff?path=repo&file=lat%E9.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+new", reply.json()["diff"])

@@ -101,6 +101,34 @@ class ContentLengthFramerTests(SynchronousTestCase):
         self.assertEqual(len(broken), 1)
         self.assertIn("11 bytes", broken[0])
 
+    def test_oversized_frames_are_read_past(self) -> None:
+        """
+        With on_oversized, a frame over max_bytes is read past, fed in
+        pieces, its head and length handed on, and the frames after it
+        come out whole; the stream is not broken.
+        """
+        messages: list[bytes] = []
+        broken: list[str] = []
+        skipped: list[tuple[bytes, int]] = []
+        framer = jsonrpc.ContentLengthFramer(
+            100,
+            messages.append,
+            broken.append,
+            lambda head, length: skipped.append((head, length)),
+        )
+        big = b'{"id": 7, "result": [' + b"1," * 100_000 + b"1]}"
+        data = (
+            jsonrpc.content_length_frame(b"[0]")
+            + jsonrpc.content_length_frame(big)
+            + jsonrpc.content_length_frame(b"[1]")
+        )
+        for i in range(0, len(data), 4096):
+            framer.feed(data[i : i + 4096])
+        self.assertEqual((messages, broken), ([b"[0]", b"[1]"], []))
+        [(head, length)] = skipped
+        self.assertEqual(length, len(big))
+        self.assertEqual(head, big[: jsonrpc.OVERSIZED_HEAD_BYTES])
+
     def test_no_length(self) -> None:
         """Headers without a number, or with none at all, break the stream."""
         for head in (b"Content-Length: ten\r\n\r\n", b"X: 1\r\n\r\n"):

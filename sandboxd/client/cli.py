@@ -1021,6 +1021,12 @@ def cmd_diagnostics(
                 f"sandboxd diagnostics: {name}: the server had not finished within "
                 "the timeout; these may be its earlier ones\n"
             )
+        left_out = sum(answer["counts"].values()) - len(answer["diagnostics"])
+        if answer.get("truncated") and left_out > 0:
+            err.write(
+                f"sandboxd diagnostics: {name}: {left_out} more not shown "
+                "(the most severe are)\n"
+            )
     if args.json:
         _print_json(answers, out)
     return 1 if any(a["counts"].get("error") for a in answers) else 0

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
 from sandboxd.errors import ApiError, git_error
+from sandboxd.files.walk import display_name
 
 #: Settings given with ``-c`` on every call.  Command-line configuration is
 #: read last, so it wins over the repository's ``.git/config``.
@@ -294,14 +295,18 @@ class FileStatus:
     orig_path: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """The file entry of SPEC §7.7 (plus ``staged`` and ``orig_path``)."""
+        """
+        The file entry of SPEC §7.7 (plus ``staged`` and ``orig_path``),
+        names shown as ``files_list`` shows them (a byte that is not UTF-8
+        as ``\\xNN``), so that a name can be given back percent-encoded.
+        """
         out: dict[str, Any] = {
-            "path": self.path,
+            "path": display_name(self.path),
             "status": self.status,
             "staged": self.index not in (" ", "?", "!") and self.status != "unmerged",
         }
         if self.orig_path is not None:
-            out["orig_path"] = self.orig_path
+            out["orig_path"] = display_name(self.orig_path)
         return out
 
 
@@ -380,14 +385,15 @@ def parse_status(output: bytes) -> tuple[BranchInfo, list[FileStatus]]:
     Parse ``git status --porcelain=v1 -b -z``.
 
     With ``-z`` paths are printed verbatim (no C quoting) and a rename's
-    entry is ``XY NEW\\0OLD\\0``.
+    entry is ``XY NEW\\0OLD\\0``.  Names keep their bytes (undecodable
+    ones as surrogates, as the file API takes them).
     """
     branch = BranchInfo(branch=None)
     files: list[FileStatus] = []
     records = output.split(b"\0")
     i = 0
     while i < len(records):
-        record = records[i].decode("utf-8", "replace")
+        record = records[i].decode("utf-8", "surrogateescape")
         i += 1
         if not record:
             continue
@@ -400,22 +406,41 @@ def parse_status(output: bytes) -> tuple[BranchInfo, list[FileStatus]]:
         orig = None
         if "R" in xy or "C" in xy:
             if i < len(records):
-                orig = records[i].decode("utf-8", "replace")
+                orig = records[i].decode("utf-8", "surrogateescape")
                 i += 1
         files.append(FileStatus(path, classify(xy), xy[0], xy[1], orig))
     return branch, files
 
 
-def status_result(output: bytes) -> dict[str, Any]:
-    """The body of ``GET /git/status`` from git's output."""
+def status_result(
+    output: bytes, shown: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
+    """
+    The body of ``GET /git/status`` from git's output.
+
+    :param shown: whether a name (relative to the work tree's top) may be
+        shown; a file it refuses is left out and counted in ``hidden``, a
+        rename's refused old name is left out of its entry.
+    """
     branch, files = parse_status(output)
+    listed = []
+    hidden = 0
+    for f in files:
+        if shown is not None and not shown(f.path):
+            hidden += 1
+            continue
+        if shown is not None and f.orig_path is not None and not shown(f.orig_path):
+            f = attrs.evolve(f, orig_path=None)
+        listed.append(f.as_json())
     out: dict[str, Any] = {
         "branch": branch.branch,
         "clean": not files,
         "ahead": branch.ahead,
         "behind": branch.behind,
-        "files": [f.as_json() for f in files],
+        "files": listed,
     }
+    if hidden:
+        out["hidden"] = hidden
     if branch.upstream is not None:
         out["upstream"] = branch.upstream
     if branch.detached:
@@ -426,14 +451,8 @@ def status_result(output: bytes) -> dict[str, Any]:
 # -- git diff ----------------------------------------------------------------
 
 
-def parse_numstat(output: bytes) -> dict[str, int]:
-    """
-    ``{files_changed, insertions, deletions}`` from ``git diff --numstat -z``.
-
-    Binary files print ``-`` for both counts: they count as changed files
-    with no lines.  With ``-z`` a rename is ``A\\tD\\t\\0OLD\\0NEW\\0``.
-    """
-    files = insertions = deletions = 0
+def _numstat_records(output: bytes) -> Iterator[tuple[bytes, bytes, list[bytes]]]:
+    """``(added, removed, names)`` of each record of ``git diff --numstat -z``."""
     records = output.split(b"\0")
     i = 0
     while i < len(records):
@@ -445,14 +464,47 @@ def parse_numstat(output: bytes) -> dict[str, int]:
         if len(parts) < 3:
             continue
         added, removed, path = parts
+        names = [path]
         if path == b"":
+            names = records[i : i + 2]
             i += 2
-        files += 1
+        yield added, removed, names
+
+
+def parse_numstat(output: bytes) -> dict[str, int]:
+    """
+    ``{files_changed, insertions, deletions}`` from ``git diff --numstat -z``.
+
+    Binary files print ``-`` for both counts: they count as changed files
+    with no lines.  With ``-z`` a rename is ``A\\tD\\t\\0OLD\\0NEW\\0``.
+    A file in conflict has a record per side: it is one file changed.
+    """
+    files: set[tuple[bytes, ...]] = set()
+    insertions = deletions = 0
+    for added, removed, names in _numstat_records(output):
+        files.add(tuple(names))
         if added.isdigit():
             insertions += int(added)
         if removed.isdigit():
             deletions += int(removed)
-    return {"files_changed": files, "insertions": insertions, "deletions": deletions}
+    return {
+        "files_changed": len(files),
+        "insertions": insertions,
+        "deletions": deletions,
+    }
+
+
+def numstat_names(output: bytes) -> list[str]:
+    """
+    Every name ``git diff --numstat -z`` printed (a rename's both), relative
+    to the work tree's top, undecodable bytes kept as surrogates: what the
+    diff of the same arguments shows the changes of.
+    """
+    return [
+        name.decode("utf-8", "surrogateescape")
+        for _, _, names in _numstat_records(output)
+        for name in names
+    ]
 
 
 def size_label(limit: int) -> str:

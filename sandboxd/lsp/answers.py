@@ -8,6 +8,7 @@ text (:class:`~sandboxd.lsp.text.Text`).
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -123,6 +124,33 @@ def locations(result: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def severity_of(item: Any) -> str:
+    """A diagnostic's severity by name (a server that gives none means an error)."""
+    value = item.get("severity") if isinstance(item, dict) else None
+    return _name(SEVERITIES, value) or "error"
+
+
+def severity_counts(items: list[Any]) -> dict[str, int]:
+    """How many of ``items`` (a publishDiagnostics list) there are of each severity."""
+    counts = {s: 0 for s in SEVERITIES if s is not None}
+    for item in items:
+        if isinstance(item, dict):
+            counts[severity_of(item)] += 1
+    return counts
+
+
+def most_severe(items: list[Any], keep: int) -> list[Any]:
+    """
+    ``keep`` of ``items``, the most severe first (errors before warnings,
+    in the server's order within each): a file with a thousand warnings
+    before its one error still shows the error.
+    """
+    if len(items) <= keep:
+        return items
+    rank = {name: i for i, name in enumerate(SEVERITIES) if name is not None}
+    return sorted(items, key=lambda item: rank[severity_of(item)])[:keep]
+
+
 def diagnostics(
     items: Any, text: Text, count_in: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
@@ -144,7 +172,7 @@ def diagnostics(
         out.append(
             {
                 **counted.span(item.get("range")),
-                "severity": _name(SEVERITIES, item.get("severity")) or "error",
+                "severity": severity_of(item),
                 "code": code if isinstance(code, (str, int)) else None,
                 "source": source or None,
                 "message": _text(item.get("message")),
@@ -169,10 +197,14 @@ def hover_text(contents: Any) -> str:
     return ""
 
 
-def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bool]:
+def completions(
+    result: Any, limit: int, typed: str = ""
+) -> tuple[list[dict[str, Any]], bool, bool]:
     """
     ``(items, is_incomplete, truncated)`` of a completion answer (a list or
-    a CompletionList), in the server's sort order, at most ``limit``.
+    a CompletionList), at most ``limit``: those that start with ``typed``
+    (the name being typed) first, as an editor filters them, the same case
+    before another; in the server's sort order within each.
     """
     incomplete = False
     items: Any = result
@@ -183,6 +215,8 @@ def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bo
         [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
     )
     entries.sort(key=lambda i: _text(i.get("sortText")) or _text(i.get("label")))
+    if typed:
+        entries.sort(key=lambda i: _typed_rank(i, typed))
     out = []
     for item in entries[:limit]:
         edit = item.get("textEdit")
@@ -201,6 +235,22 @@ def completions(result: Any, limit: int) -> tuple[list[dict[str, Any]], bool, bo
             }
         )
     return out, incomplete, len(entries) > limit
+
+
+def _typed_rank(item: dict[str, Any], typed: str) -> int:
+    """0: it is what was typed; 1: it starts so; 2: in another case; 3: neither."""
+    name = _text(item.get("filterText")) or _text(item.get("label"))
+    if name == typed:
+        return 0
+    if name.startswith(typed):
+        return 1
+    if name.lower().startswith(typed.lower()):
+        return 2
+    return 3
+
+
+#: The name being typed: the word characters just before the cursor.
+TYPED = re.compile(r"[\w$]*\Z")
 
 
 def document_symbols(result: Any, text: Text, path: str) -> list[dict[str, Any]]:

@@ -8,9 +8,13 @@ told about.  Every URI (``uri``, ``rootUri``, ``targetUri`` and any other
 ``...Uri``) and every ``rootPath``, at any depth of a message's
 ``params`` (or of the ``result`` of an answer to the server's own
 request), must name a local path (``file://``) the caller may read under
-the policy; the workspace the server is given (``rootUri``, ``rootPath``,
-``workspaceFolders``, folders added later) must lie within the socket's
-root; ``workspace/executeCommand`` runs only the commands
+the policy, judged as the REST routes judge a path (:meth:`PathGuard.check`:
+links followed, so a link in the project that leads out of the boundary or
+into a denied directory is refused by the name of the link, since the
+server would follow it); the workspace the server is given (``rootUri``,
+``rootPath``, ``workspaceFolders``, folders added later, under any
+spelling of ``workspace/didChangeWorkspaceFolders``) must lie within the
+socket's root once resolved; ``workspace/executeCommand`` runs only the commands
 ``params.lsp_commands`` names, since a command does whatever the server
 makes of it.  A URI of another scheme is refused: nobody would check what
 the server reads for it.
@@ -34,22 +38,18 @@ or punctuation (:func:`method_key`).
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Any
 
 import attrs
 
-from sandboxd.access.guard import PathGuard, refusal
-from sandboxd.errors import Code
+from sandboxd.access.guard import PathGuard
+from sandboxd.errors import ApiError, Code
 from sandboxd.lsp.answers import path_of
 
 #: Keys whose value is the workspace (a URI, or a list of folders).
 _ROOT_URIS = frozenset({"rootUri"})
 _FOLDER_LISTS = frozenset({"workspaceFolders"})
-#: ``workspace/didChangeWorkspaceFolders`` names its new folders ``added``.
-_CHANGE_FOLDERS = "workspace/didChangeWorkspaceFolders"
-
 _NOT_NAME = re.compile(r"[^a-z0-9]")
 
 
@@ -63,6 +63,8 @@ def method_key(method: str) -> str:
 
 
 _EXECUTE = method_key("workspace/executeCommand")
+#: ``workspace/didChangeWorkspaceFolders`` names its new folders ``added``.
+_CHANGE_FOLDERS = method_key("workspace/didChangeWorkspaceFolders")
 _INITIALIZE = method_key("initialize")
 _CHANGE_SETTINGS = method_key("workspace/didChangeConfiguration")
 #: The methods that carry an editor's settings, and the key that holds them.
@@ -118,7 +120,7 @@ class EditorRules:
                     Code.INVALID_PARAM,
                 )
         if isinstance(method, str):
-            return self._walk(params, method)
+            return self._walk(params, key)
         return self._walk(message.get("result"), "")
 
     def keeps_settings(self, message: dict[str, Any]) -> tuple[bool, str | None]:
@@ -170,7 +172,10 @@ class EditorRules:
         )
 
     def _walk(self, value: Any, method: str) -> Refusal | None:
-        """Every URI and path named anywhere in ``value``, checked (no recursion)."""
+        """
+        Every URI and path named anywhere in ``value``, checked (no
+        recursion); ``method`` is the message's :func:`method_key`.
+        """
         stack: list[tuple[Any, bool]] = [(value, False)]
         while stack:
             item, folder = stack.pop()
@@ -188,8 +193,7 @@ class EditorRules:
                 elif key in _FOLDER_LISTS or (
                     key == "added" and method == _CHANGE_FOLDERS
                 ):
-                    if isinstance(v, list):
-                        stack.extend((f, True) for f in v)
+                    stack.append((v, True))
                     continue
                 else:
                     stack.append((v, False))
@@ -216,13 +220,18 @@ class EditorRules:
                 f"{key}: {str(named)[:200]!r} is not an absolute path",
                 Code.INVALID_PARAM,
             )
-        decision = self.guard.decide(path, "read")
-        if not decision.allowed:
-            error = refusal(decision)
+        # Resolved as a read through the REST routes is: the server opens
+        # the path it is given, following every link on the way.
+        try:
+            resolved = self.guard.check(path, "read")
+        except ApiError as e:
+            rule = e.extra.get("rule")
             return Refusal(
-                error.message, error.code or Code.PATH_NOT_ALLOWED, error.rule
+                e.message,
+                e.code or Code.PATH_NOT_ALLOWED,
+                rule if isinstance(rule, str) else None,
             )
-        if workspace and not _within(posixpath.normpath(path), self.root):
+        if workspace and not _within(resolved, self.root):
             return Refusal(
                 f"{key}: {path} is outside this socket's root {self.root}",
                 Code.PATH_NOT_ALLOWED,

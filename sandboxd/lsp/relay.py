@@ -44,7 +44,7 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.checks import EditorRules, Refusal
-from sandboxd.lsp.session import server_child
+from sandboxd.lsp.session import message_head, server_child, too_large
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
@@ -95,7 +95,13 @@ class EditorRelay:
         self.rules = rules
         self.editor: Editor | None = None
         self.stderr, self.process = server_child(
-            reactor, children, limits, self._message, self._broken, self._exited
+            reactor,
+            children,
+            limits,
+            self._message,
+            self._broken,
+            self._exited,
+            self._oversized,
         )
         self.framer = self.process.framer
         #: The editor sent ``exit``: the server's exit is the end it asked for.
@@ -186,6 +192,34 @@ class EditorRelay:
         self.process.kill()
 
     # -- server -> editor ----------------------------------------------------
+
+    def _oversized(self, head: bytes, size: int) -> None:
+        """
+        A message of the server's over ``max_message_bytes``, read past
+        (the server and the socket live on): an answer to the editor
+        becomes an error for its request, a request of the server's is
+        refused to it, and the editor is told with a ``window/logMessage``.
+        """
+        fields = message_head(head)
+        what = too_large(size, self.limits["max_message_bytes"])
+        method, request_id = fields.get("method"), fields.get("id")
+        if method is None and request_id is not None:
+            self._tell_editor(
+                error(request_id, REQUEST_FAILED, f"sandboxd read past {what}")
+            )
+            return
+        if request_id is not None:
+            self.process.write(
+                content_length_frame(
+                    encode(
+                        error(request_id, REQUEST_FAILED, f"sandboxd read past {what}")
+                    )
+                )
+            )
+        self._log(
+            LOG_ERROR,
+            f"sandboxd did not pass on the language server's {method or 'message'}: {what}",
+        )
 
     def _message(self, body: bytes) -> None:
         """

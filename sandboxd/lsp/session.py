@@ -20,6 +20,8 @@ later question waiting out its timeout too.
 from __future__ import annotations
 
 import itertools
+import json
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -30,9 +32,16 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from sandboxd.agents.process import AgentProcess, HeadTailLog
-from sandboxd.errors import ApiError, Code, server_unavailable, timed_out
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    payload_too_large,
+    server_unavailable,
+    timed_out,
+)
 from sandboxd.jsonrpc import (
     METHOD_NOT_FOUND,
+    REQUEST_FAILED,
     Connection,
     ConnectionLost,
     ContentLengthFramer,
@@ -41,10 +50,12 @@ from sandboxd.jsonrpc import (
     encode,
     notification,
 )
-from sandboxd.lsp.answers import uri_of
+from sandboxd.jsonrpc import error as error_message
+from sandboxd.lsp.answers import most_severe, severity_counts, uri_of
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import ENCODINGS
+from sandboxd.lsp.watched import Seen, Watchers, changes
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.command import RunAs
@@ -53,6 +64,10 @@ from sandboxd.waiters import Waiters
 log = Logger(namespace="sandboxd.lsp")
 
 _ids = itertools.count(1)
+
+#: The error code an answer read past is turned into (not one a server sends:
+#: JSON-RPC leaves -32000 to -32099 to the implementation).
+_ANSWER_TOO_LARGE = -32099
 
 #: The server's log messages kept per session.
 KEPT_LOG_MESSAGES = 50
@@ -64,6 +79,12 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
         "configuration": True,
         "workspaceFolders": True,
         "symbol": {"dynamicRegistration": False},
+        # The files a server reads but the daemon has not open change on
+        # disk too (sandboxd.lsp.watched).
+        "didChangeWatchedFiles": {
+            "dynamicRegistration": True,
+            "relativePatternSupport": True,
+        },
     },
     "textDocument": {
         "synchronization": {"dynamicRegistration": False, "didSave": False},
@@ -90,16 +111,72 @@ def server_child(
     on_message: Callable[[bytes], None],
     on_broken: Callable[[str], None],
     on_exit: Callable[[int | None, str | None], None],
+    on_oversized: Callable[[bytes, int], None] | None = None,
 ) -> tuple[HeadTailLog, AgentProcess]:
     """
     A language server's child, not yet spawned, and the head and tail of
     its stderr: stdout in ``Content-Length`` frames up to
-    ``max_message_bytes``, each to ``on_message``; broken framing to
-    ``on_broken``; the exit to ``on_exit``.
+    ``max_message_bytes``, each to ``on_message``; a longer one read past,
+    its head to ``on_oversized``; broken framing to ``on_broken``; the
+    exit to ``on_exit``.
     """
     stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
-    framer = ContentLengthFramer(limits["max_message_bytes"], on_message, on_broken)
+    framer = ContentLengthFramer(
+        limits["max_message_bytes"], on_message, on_broken, on_oversized
+    )
     return stderr, AgentProcess(reactor, children, stderr, framer, on_exit)
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _past_space(text: str, i: int) -> int:
+    found = _SPACE.match(text, i)
+    return found.end() if found is not None else i
+
+
+def message_head(head: bytes) -> dict[str, Any]:
+    """
+    What the start of a message too large to read says of it: the plain
+    members before the first list or object (``id``, ``method``), and
+    those ``params`` starts with (a publishDiagnostics' ``uri`` and
+    ``version``, which servers put before its list), as far as they go.
+    """
+    text = head.decode("utf-8", "replace")
+    fields: dict[str, Any] = {}
+    into = fields
+    i = _past_space(text, 0)
+    if not text.startswith("{", i):
+        return fields
+    i += 1
+    while True:
+        i = _past_space(text, i)
+        if text.startswith(",", i):
+            i = _past_space(text, i + 1)
+        try:
+            key, i = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return fields
+        i = _past_space(text, i)
+        if not isinstance(key, str) or not text.startswith(":", i):
+            return fields
+        i = _past_space(text, i + 1)
+        if key == "params" and into is fields and text.startswith("{", i):
+            into = fields["params"] = {}
+            i += 1
+            continue
+        if text.startswith(("{", "["), i):
+            return fields
+        try:
+            into[key], i = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return fields
+
+
+def too_large(size: int, limit: int) -> str:
+    """How a message read past is described."""
+    return f"a message of {size} bytes (max_message_bytes {limit})"
 
 
 class Document:
@@ -119,7 +196,11 @@ class Diagnostics:
         self.items: list[Any] = []
         #: How many more the last publish held than are kept.
         self.dropped = 0
+        #: How many the last publish held of each severity, kept or not.
+        self.counts: dict[str, int] = severity_counts([])
         self.version: int | None = None
+        #: The size of the last publish when it was too large to read.
+        self.oversized: int | None = None
         #: How many publishes have come for this document.
         self.count = 0
         self.published = Waiters[None]()
@@ -161,7 +242,13 @@ class LspSession:
         self.diagnostics: dict[str, Diagnostics] = {}
         self.messages: deque[dict[str, Any]] = deque(maxlen=KEPT_LOG_MESSAGES)
         self.stderr, self.process = server_child(
-            reactor, children, limits, self._message, self._broken, self._exited
+            reactor,
+            children,
+            limits,
+            self._message,
+            self._broken,
+            self._exited,
+            self._oversized,
         )
         self.conn = Connection(self.process.write, self, content_length_frame)
         self._ready: Waiters[None] = Waiters()
@@ -170,6 +257,12 @@ class LspSession:
         #: Questions being answered with this session (none is stopped to
         #: make room while one is).
         self.held = 0
+        #: The file watchers the server registered, and the project's files
+        #: as last seen (None before the first look, or once the project
+        #: was found too large to watch).
+        self.watchers = Watchers()
+        self.files: dict[str, Seen] | None = None
+        self.watching = True
 
     # -- life ----------------------------------------------------------------
 
@@ -366,6 +459,15 @@ class LspSession:
             if self.state == "ready":
                 message += self._timed_out()
             raise timed_out(message, status=504, limit=timeout)
+        if isinstance(error, RpcError) and error.code == _ANSWER_TOO_LARGE:
+            self.timeouts = 0
+            limit = self.limits["max_message_bytes"]
+            raise payload_too_large(
+                limit,
+                message=f"the language server's answer to {method} was "
+                f"{error.message}, over the {limit} bytes a message may have "
+                "(max_message_bytes): ask a narrower question",
+            )
         if isinstance(error, RpcError):
             self.timeouts = 0
             raise server_unavailable(
@@ -415,6 +517,50 @@ class LspSession:
         """Whether the server said it answers ``capability`` (``hoverProvider``...)."""
         value = self.capabilities.get(capability)
         return value is not None and value is not False
+
+    # -- the project's files -------------------------------------------------
+
+    @property
+    def wants_files(self) -> bool:
+        """
+        Whether the project's files should be looked at before a question:
+        for the first look (what later ones are compared with), then while
+        the server has watchers registered.
+        """
+        return self.watching and (self.files is None or bool(self.watchers))
+
+    def files_seen(self, now: dict[str, Seen] | None) -> None:
+        """
+        The project's files now (:func:`~sandboxd.lsp.watched.scan`): the
+        server is told of the changes its watchers match since the last
+        look, and every open document is sent again at the next question
+        about it (the server answers about it anew, with the other files
+        as they are now).  None (too many files) stops the looking.
+        """
+        if now is None:
+            self.watching = False
+            self.files = None
+            self.messages.append(
+                {
+                    "type": 2,
+                    "message": "sandboxd: the project has more files than "
+                    "it watches; changes to files not open are not sent",
+                }
+            )
+            return
+        before, self.files = self.files, now
+        if before is None or not self.watchers or self.state != "ready":
+            return
+        found = [
+            {"uri": uri_of(path), "type": kind}
+            for path, kind in changes(before, now)
+            if self.watchers.match(path)
+        ]
+        if not found:
+            return
+        self.conn.notify("workspace/didChangeWatchedFiles", {"changes": found})
+        for doc in self.documents.values():
+            doc.digest = b""
 
     # -- documents -----------------------------------------------------------
 
@@ -552,15 +698,34 @@ class LspSession:
             return [{"uri": uri_of(self.root), "name": self.root}]
         if method == "workspace/applyEdit":
             return {"applied": False, "failureReason": "sandboxd applies no edits"}
+        if method == "client/registerCapability":
+            self._watch(params, register=True)
+            return None
+        if method == "client/unregisterCapability":
+            self._watch(params, register=False)
+            return None
         if method in (
-            "client/registerCapability",
-            "client/unregisterCapability",
             "window/workDoneProgress/create",
             "window/showMessageRequest",
             "window/showDocument",
         ):
             return None
         raise RpcError(METHOD_NOT_FOUND, f"sandboxd does not handle {method}")
+
+    def _watch(self, params: Any, register: bool) -> None:
+        """Keep or forget the file watchers a (un)registration names."""
+        key = "registrations" if register else "unregisterations"
+        items = params.get(key) if isinstance(params, dict) else None
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("method") != "workspace/didChangeWatchedFiles":
+                continue
+            registration_id = str(item.get("id"))
+            if register:
+                self.watchers.register(registration_id, item.get("registerOptions"))
+            else:
+                self.watchers.unregister(registration_id)
 
     def handle_notification(self, method: str, params: Any) -> None:
         """Diagnostics are kept; log and show messages go to :attr:`messages`."""
@@ -576,21 +741,57 @@ class LspSession:
                 }
             )
 
-    def _publish(self, params: dict[str, Any]) -> None:
+    def _publish(self, params: dict[str, Any], oversized: int | None = None) -> None:
         uri = params.get("uri")
         if not isinstance(uri, str) or not any(
             d.uri == uri for d in self.documents.values()
         ):
             return
         diag = self.diagnostics.setdefault(uri, Diagnostics())
+        diag.oversized = oversized
         items = params.get("diagnostics")
         items = items if isinstance(items, list) else []
-        diag.items = items[: defaults.LSP_KEPT_DIAGNOSTICS]
+        diag.items = most_severe(items, defaults.LSP_KEPT_DIAGNOSTICS)
         diag.dropped = len(items) - len(diag.items)
+        diag.counts = severity_counts(items)
         version = params.get("version")
         diag.version = version if isinstance(version, int) else None
         diag.count += 1
         diag.published.fire(None)
+
+    def _oversized(self, head: bytes, size: int) -> None:
+        """
+        A message over ``max_message_bytes``, read past rather than taken
+        for broken framing (the server lives on): diagnostics say so for
+        their document, an answer fails its question, a request of the
+        server's is refused.
+        """
+        fields = message_head(head)
+        what = too_large(size, self.limits["max_message_bytes"])
+        method, request_id = fields.get("method"), fields.get("id")
+        params = fields.get("params")
+        if method == "textDocument/publishDiagnostics" and isinstance(params, dict):
+            self._publish(params, oversized=size)
+        elif method is None and request_id is not None:
+            self.conn.message_received(
+                encode(error_message(request_id, _ANSWER_TOO_LARGE, f"{size} bytes"))
+            )
+        elif request_id is not None:
+            self.process.write(
+                content_length_frame(
+                    encode(
+                        error_message(
+                            request_id, REQUEST_FAILED, f"sandboxd read past {what}"
+                        )
+                    )
+                )
+            )
+        self.messages.append(
+            {
+                "type": 2,
+                "message": f"sandboxd read past {what}: {method or 'an answer'}",
+            }
+        )
 
     def handle_garbage(self, line: bytes, reason: str, message: Any) -> None:
         """Kept as a log message (a late answer to a question given up on is one)."""

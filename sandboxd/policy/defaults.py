@@ -153,6 +153,11 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: the files of a project the daemon watches for its
+#: server (``workspace/didChangeWatchedFiles``); a project with more is
+#: not watched (the files open are still sent as they change).
+LSP_WATCHED_FILES = 20_000
+
 #: Language servers: a server that lets this many questions in a row time
 #: out is taken for hung: its tree is killed and the next question starts a
 #: new one.  More than one, so that one slow question (the first over a
@@ -171,8 +176,8 @@ LSP_SHUTDOWN_SECONDS = 1.0
 #: 502 and the session document show of why it failed).
 LSP_STDERR_BYTES = 64 * KIB
 
-#: Language servers: the diagnostics kept of one document (the first ones
-#: published; the answer says when there were more).
+#: Language servers: the diagnostics kept of one document (the most severe
+#: first; the answer says when there were more, and counts them all).
 LSP_KEPT_DIAGNOSTICS = 1000
 
 #: Language servers: how long diagnostics must stay unchanged before they

@@ -51,14 +51,17 @@ from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import flag, seconds, string
 
 
-def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
+def _timeout_error(
+    what: str, seconds: float | None, idle: bool = False, **extra: Any
+) -> ApiError:
     """408 ``timeout``, or ``idle_timeout`` for a run that printed nothing."""
     if idle:
         return timed_out(
             f"IdleTimeout: {what} printed nothing for {seconds:g} s and was stopped",
             idle=True,
+            **extra,
         )
-    return timed_out(f"{what} timed out after {seconds:g} s")
+    return timed_out(f"{what} timed out after {seconds:g} s", **extra)
 
 
 def _text(data: bytes) -> str:
@@ -127,13 +130,22 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
         )
     except FileNotFoundError:
         raise internal(f"{language} runtime not found", "FileNotFoundError") from None
-    if result.timed_out:
-        raise _timeout_error("the code run", timeout)
-    if result.idle_timed_out:
-        raise _timeout_error("the code run", idle, idle=True)
-    out: dict[str, Any] = {
+    printed: dict[str, Any] = {
         "stdout": _text(result.stdout),
         "stderr": _text(result.stderr),
+    }
+    if result.truncated:
+        printed["truncated"] = True
+        printed["dropped_bytes"] = result.dropped_bytes
+    # What the code printed before it was stopped says where it stuck, as
+    # /shell's timeout answer does.
+    if result.timed_out:
+        raise _timeout_error("the code run", timeout, **printed)
+    if result.idle_timed_out:
+        raise _timeout_error("the code run", idle, idle=True, **printed)
+    out: dict[str, Any] = {
+        "stdout": printed["stdout"],
+        "stderr": printed["stderr"],
         "exit_code": result.exit_code,
         "language": language,
         "execution_time_ms": round(result.duration_ms, 2),
@@ -164,6 +176,9 @@ class _Git:
         self.run_as = resolve_user(None, self.rule)
         self.timeout = self.rule.limits.timeout_seconds
         self.extra_config: list[str] = []
+        #: The work tree's top (names in git's output are relative to it),
+        #: once :meth:`prepare` learnt it; None for a bare repository.
+        self.top: str | None = None
 
     async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
         """Run git; the result, or the error the client sees."""
@@ -211,6 +226,7 @@ class _Git:
         places = git.parse_places(where.stdout, self.cwd)
         if places is None:
             raise git_error("a path of the repository holds a line break")
+        self.top = places.top
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, "read")
@@ -222,6 +238,16 @@ class _Git:
             self.extra_config = git.filter_overrides(git.config_names(config.stdout))
         except git.UnsettableName as e:
             raise e.as_error() from None
+
+    def shown(self, name: str) -> bool:
+        """
+        Whether the policy lets the caller see ``name``, a path git printed
+        relative to the work tree's top: decided on its name, as a listing
+        decides (git reports a link as a link, never what it leads to).
+        """
+        if self.top is None:
+            return True
+        return PathGuard(self.rule).decide(os.path.join(self.top, name)).allowed
 
     def file_arg(self) -> list[str]:
         """``-- FILE`` for ``?file=``, checked like ``path``."""
@@ -270,7 +296,9 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
     )
     if result.truncated:
         raise git_error("git status printed more than can be returned")
-    return git.status_result(result.stdout)
+    # A denied file is not named, as files_list does not name it.
+    shown = run.shown if request.rule.paths.deny else None
+    return git.status_result(result.stdout, shown)
 
 
 async def git_diff(request: ServerRequest) -> dict[str, Any]:
@@ -310,12 +338,39 @@ async def git_diff(request: ServerRequest) -> dict[str, Any]:
             [*common, "--numstat", "-z", *files], max_output_bytes=16 * defaults.MIB
         ),
     )
+    if request.rule.paths.deny:
+        _refuse_denied_changes(run, files[-1], numstat)
     stdout = patch.stdout[:limit] if patch.truncated else patch.stdout
     diff, truncated = git.truncate_diff(stdout, limit, cut=patch.truncated)
     out: dict[str, Any] = {"diff": diff, "stats": git.parse_numstat(numstat.stdout)}
     if truncated:
         out["truncated"] = True
     return out
+
+
+def _refuse_denied_changes(run: _Git, file: str, numstat: Any) -> None:
+    """
+    403 when the diff of ``file`` shows the changes of a file the policy
+    denies: git takes a directory (``.``, ``conf``) as every file below it,
+    so a diff of one is a diff of the denied files there too.  The names
+    are those of the numstat run beside the diff, with the same arguments;
+    none is given back.
+    """
+    from sandboxd import git  # on the first git call, not at start
+
+    if numstat.truncated:
+        raise git_error(
+            f"the diff of {file!r} changes more files than can be checked; name a file"
+        )
+    denied = sum(not run.shown(n) for n in git.numstat_names(numstat.stdout))
+    if denied:
+        raise forbidden(
+            f"the diff of {file!r} would show the changes of {denied} file(s)"
+            " paths.deny refuses: name a file, or a directory holding no"
+            " changed denied file",
+            Code.PATH_DENIED,
+            rule=run.rule.source("paths.deny") or "policy:paths.deny",
+        )
 
 
 HANDLERS: dict[str, Any] = {

@@ -32,7 +32,7 @@ from sandboxd.errors import (
     unavailable,
     unsupported,
 )
-from sandboxd.lsp import answers
+from sandboxd.lsp import answers, watched
 from sandboxd.lsp import edits as workspace
 from sandboxd.lsp.catalog import (
     SERVERS,
@@ -215,6 +215,15 @@ def candidates(
                 f"the language server {server!r} {why} (allowed: {', '.join(allowed) or 'none'})",
                 allowed=list(allowed),
                 rule=where,
+            )
+        if language is not None and language not in spec.languages:
+            # It would start, say nothing about the file, and the empty
+            # answer would read as "no problems".
+            raise bad_request(
+                f"the language server {server!r} does not handle {language} "
+                f"(it handles {', '.join(spec.languages)}): name another server, "
+                "or the file's language",
+                kind="wrong_language",
             )
         return [spec]
     assert language is not None
@@ -439,6 +448,12 @@ async def question(request: ServerRequest) -> Question:
         session = await session_for(request, specs, root, run_as)
         language = language or session.spec.languages[0]
     _hold(session)
+    if session.wants_files:
+        session.files_seen(
+            await request.context.in_thread(
+                watched.scan, session.root, defaults.LSP_WATCHED_FILES
+            )
+        )
     fresh = session.sync(source.path, language, source.text, source.digest)
     text = source.lines.in_encoding(session.encoding)
     return Question(session, source, text, fresh, guard)
@@ -473,16 +488,24 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
     )
     q = await question(request)
     published, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
+    if published.oversized is not None:
+        limit = limits_of(request.rule)["max_message_bytes"]
+        raise payload_too_large(
+            limit,
+            message=f"the language server reported {published.oversized} bytes of "
+            f"diagnostics for {q.source.path}, over the {limit} bytes a message may "
+            "have: fix the first problems a smaller file shows, or ask another server",
+            setting=limit_setting(request.endpoint.id, "max_message_bytes"),
+            path=q.source.path,
+        )
     found = answers.diagnostics(
         published.items, q.text, q.session.spec.diagnostics_count_in
     )
-    counts = {s: 0 for s in answers.SEVERITIES if s is not None}
-    for d in found:
-        counts[d["severity"]] += 1
+    # Counted before the cut: an agent stops at counts.error == 0.
     return q.answer(
         path=q.source.path,
         diagnostics=found,
-        counts=counts,
+        counts=dict(published.counts),
         settled=settled,
         truncated=published.dropped > 0,
     )
@@ -546,8 +569,12 @@ async def lsp_completions(request: ServerRequest) -> dict[str, Any]:
     q.needs("completionProvider", "completions")
     limit = result_limit(request, body, 50)
     params = {**q.position(body), "context": {"triggerKind": 1}}
+    line = q.text.lines[params["position"]["line"]]
+    column = integer(body.get("column", 1), "column", low=1)
+    found = answers.TYPED.search(line[: column - 1])
+    typed = found.group() if found is not None else ""
     result = await q.session.ask("textDocument/completion", params)
-    items, incomplete, truncated = answers.completions(result, limit)
+    items, incomplete, truncated = answers.completions(result, limit, typed)
     return q.answer(items=items, is_incomplete=incomplete, truncated=truncated)
 
 
@@ -597,7 +624,9 @@ async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
         q.session.refresh(
             await request.context.in_thread(texts_now, q.guard, others, cap)
         )
-    result = await q.session.ask(
+    # A server still reading the project answers null (pyright's first
+    # rename does), which would read as "not a name": asked again while young.
+    result = await q.session.ask_warm(
         "textDocument/rename", {**q.position(body), "newName": new_name}
     )
     edits, operations = answers.text_edits(result)

@@ -242,6 +242,21 @@ class CliTests(LspClientCase):
         self.assertIn(b"not_found", missing.stderr)
 
     @inlineCallbacks
+    def test_an_error_past_the_kept_diagnostics_still_exits_1(self) -> Any:
+        """
+        1,200 unused imports before an undefined name: more than the 1,000
+        kept, yet the error is printed, the command exits 1, and stderr
+        says how many were not shown.
+        """
+        with open(self.path("proj", "w.py"), "w") as f:
+            f.write("".join(f"import os as m{n}\n" for n in range(1200)))
+            f.write("print(really_undefined)\n")
+        done = yield self.cli("diagnostics", "--timeout", "60", "proj/w.py")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn(b"really_undefined", done.stdout)
+        self.assertIn(b"201 more not shown", done.stderr)
+
+    @inlineCallbacks
     def test_definition(self) -> Any:
         """
         ``PATH:LINE:COLUMN: TEXT`` of the def, exit 0; nothing there exits 1;

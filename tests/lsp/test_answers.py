@@ -85,6 +85,21 @@ class AnswerTests(SynchronousTestCase):
         items, _, truncated = answers.completions(result["items"], 10)
         self.assertEqual((items[2]["documentation"], truncated), ("doc", False))
 
+    def test_completions_ranked_by_what_was_typed(self) -> None:
+        """
+        The name typed first, then those starting with it (same case, then
+        another), then the rest, each group in the server's order.
+        """
+        labels = ["Walk_x", "fwalk", "walker", "walk", "WALK", "a"]
+        items = [{"label": x, "sortText": f"{n}"} for n, x in enumerate(labels)]
+        ranked, _, _ = answers.completions(items, 10, "walk")
+        self.assertEqual(
+            [i["label"] for i in ranked],
+            ["walk", "walker", "Walk_x", "WALK", "fwalk", "a"],
+        )
+        plain, _, _ = answers.completions(items, 10)
+        self.assertEqual([i["label"] for i in plain], labels)
+
     def test_document_symbols_flattened(self) -> None:
         """Hierarchical symbols come out flat, each naming its container."""
         text = Text("class A:\n    def m(self):\n        pass\n")

@@ -14,7 +14,7 @@ import attrs
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.errors import Code
+from sandboxd.errors import ApiError, Code
 from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.checks import EditorRules
 from tests.test_guard import make_rule
@@ -162,3 +162,78 @@ class EditorRulesTests(SynchronousTestCase):
         self.assertEqual(init["params"], {"initializationOptions": {"a": 1}})
         self.assertIsNone(allowing.refusal(listed))
         self.assertFalse(allowing.keeps_from_editor("workspace/configuration"))
+
+    def test_links_are_followed_as_the_rest_routes_follow_them(self) -> None:
+        """
+        A URI through a link in the project is judged by where the link
+        leads, as a REST read of the same path is: out of the boundary
+        (path_not_allowed) or into a denied directory (path_denied), by
+        file or as the workspace; a link that stays inside and allowed
+        passes, but not as a workspace outside the root.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        os.makedirs(os.path.join(self.root, "secret"))
+        os.makedirs(os.path.join(self.base, "other"))
+        os.symlink(outside, os.path.join(self.root, "outlink"))
+        os.symlink("/etc", os.path.join(self.root, "etclink"))
+        os.symlink(
+            os.path.join(self.root, "secret"), os.path.join(self.base, "other", "sec")
+        )
+        os.symlink(os.path.join(self.base, "other"), os.path.join(self.root, "side"))
+        guard = self.rules.guard
+        cases = [
+            (os.path.join(self.root, "outlink", "creds.py"), Code.PATH_NOT_ALLOWED),
+            (os.path.join(self.root, "etclink", "passwd"), Code.PATH_NOT_ALLOWED),
+            (os.path.join(self.base, "other", "sec", "keys.py"), Code.PATH_DENIED),
+        ]
+        for path, code in cases:
+            with self.assertRaises(ApiError) as rest:
+                guard.check(path)
+            self.assertEqual(rest.exception.code, code, path)
+            for message in (
+                {"method": "textDocument/hover", "id": 1, "params": {"uri": path}},
+                {"method": "initialize", "id": 1, "params": {"rootUri": path}},
+            ):
+                message["params"] = {k: uri_of(v) for k, v in message["params"].items()}
+                self.assertEqual(self.code(message), code, (path, message))
+        side = os.path.join(self.root, "side")
+        self.assertIsNone(
+            self.code({"method": "x", "params": {"uri": uri_of(side + "/m.py")}})
+        )
+        for params in (
+            {"rootUri": uri_of(side)},
+            {"rootPath": side},
+            {"workspaceFolders": [{"uri": uri_of(side), "name": "s"}]},
+        ):
+            refused = self.rules.refusal(
+                {"method": "initialize", "id": 1, "params": params}
+            )
+            assert refused is not None, params
+            self.assertEqual(refused.code, Code.PATH_NOT_ALLOWED)
+            self.assertIn("outside this socket's root", refused.message)
+
+    def test_added_folders_under_every_spelling(self) -> None:
+        """
+        A folder added outside the root is refused under each spelling
+        pylsp dispatches as workspace/didChangeWorkspaceFolders, and so
+        is a folder list that is not a list.
+        """
+        beside = uri_of(os.path.join(self.base, "other"))
+        for method in (
+            "workspace/didChangeWorkspaceFolders",
+            "workspace/did_change_workspace_folders",
+            "Workspace/DidChangeWorkspaceFolders",
+            "$/workspace/didChangeWorkspaceFolders",
+        ):
+            added = {"event": {"added": [{"uri": beside}], "removed": []}}
+            self.assertEqual(
+                self.code({"method": method, "params": added}),
+                Code.PATH_NOT_ALLOWED,
+                method,
+            )
+        single = {"workspaceFolders": {"uri": beside, "name": "o"}}
+        self.assertEqual(
+            self.code({"method": "initialize", "id": 1, "params": single}),
+            Code.PATH_NOT_ALLOWED,
+        )

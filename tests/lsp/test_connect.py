@@ -26,7 +26,7 @@ from sandboxd.lsp.answers import uri_of
 from sandboxd.policy.defaults import WS_CLOSE_SECONDS
 from sandboxd.processes.tree import proc_info
 from tests.helpers import DaemonTestCase, alive
-from tests.lsp.test_lsp import LspTestCase, lsp_policy, need_pylsp
+from tests.lsp.test_lsp import LspTestCase, fake_pylsp, lsp_policy, need_pylsp
 
 try:
     import websocket
@@ -316,6 +316,98 @@ class RelayTests(ConnectCase):
         self.assertEqual(about_outside, [])
 
     @inlineCallbacks
+    def test_links_out_of_the_boundary_are_refused_as_rest_refuses_them(
+        self,
+    ) -> Any:
+        """
+        A link in the project that leads out of the base directory is
+        refused by its name, as ``POST /lsp/hover`` refuses it (403
+        path_not_allowed): as the workspace of ``initialize`` and a
+        request about a file through it get a JSON-RPC error with that
+        code, and the server never quotes what lies behind it; a folder
+        added through it, under a spelling pylsp also dispatches, is
+        dropped with a logMessage.
+        """
+        self.write("proj/pyproject.toml", "")
+        root = os.path.join(self.base_dir, "proj")
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        with open(os.path.join(outside, "creds.py"), "w") as f:
+            f.write("TOKEN = 'outside-the-boundary'\n")
+        os.symlink(outside, os.path.join(root, "outlink"))
+        os.symlink("/etc", os.path.join(root, "etclink"))
+        rest = yield self.request(
+            "POST",
+            "/lsp/hover",
+            {"path": "proj/outlink/creds.py", "line": 1, "column": 1},
+        )
+        self.assertEqual(rest.status, 403, rest.body)
+        self.assertEqual(rest.json()["code"], "path_not_allowed")
+
+        def script(editor: Editor) -> Any:
+            linked = uri_of(os.path.join(root, "outlink"))
+            rid = editor.request(
+                "initialize",
+                {"processId": None, "rootUri": linked, "capabilities": {}},
+            )
+            as_root = editor.answer(rid)
+            editor.initialize(root)
+            answers = [as_root]
+            for path in ("outlink/creds.py", "etclink/passwd"):
+                rid = editor.request(
+                    "textDocument/documentSymbol",
+                    {"textDocument": {"uri": uri_of(os.path.join(root, path))}},
+                )
+                answers.append(editor.answer(rid))
+            editor.notify(
+                "workspace/did_change_workspace_folders",
+                {"event": {"added": [{"uri": linked, "name": "o"}], "removed": []}},
+            )
+            told = editor.until(lambda m: m.get("method") == "window/logMessage")
+            return answers, told, editor.seen
+
+        answers, told, seen = yield self.talk(script, root="proj")
+        for answer in answers:
+            self.assertNotIn("result", answer)
+            self.assertEqual(answer["error"]["data"]["code"], "path_not_allowed")
+        self.assertIn("did_change_workspace_folders", told["params"]["message"])
+        heard = json.dumps(seen)
+        self.assertNotIn("outside-the-boundary", heard)
+        self.assertNotIn('"root"', heard)
+
+    @inlineCallbacks
+    def test_added_folder_outside_the_root_under_another_spelling(self) -> Any:
+        """
+        A workspace folder beside the root, added with a spelling of
+        didChangeWorkspaceFolders that pylsp dispatches as well, is dropped
+        with a logMessage naming the root, as the usual spelling is.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("other/x.py", "")
+        root = os.path.join(self.base_dir, "proj")
+        beside = uri_of(os.path.join(self.base_dir, "other"))
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(root)
+            told = []
+            for method in (
+                "workspace/did_change_workspace_folders",
+                "Workspace/DidChangeWorkspaceFolders",
+            ):
+                editor.notify(
+                    method,
+                    {"event": {"added": [{"uri": beside, "name": "o"}], "removed": []}},
+                )
+                told.append(
+                    editor.until(lambda m: m.get("method") == "window/logMessage")
+                )
+            return told
+
+        told = yield self.talk(script, root="proj")
+        for message in told:
+            self.assertIn("outside this socket's root", message["params"]["message"])
+
+    @inlineCallbacks
     def test_root_outside_the_socket_root_is_refused(self) -> Any:
         """An initialize whose rootUri lies outside the socket's root is refused, not passed on."""
         self.write("proj/pyproject.toml", "")
@@ -382,6 +474,44 @@ def pylint_running(marker: str) -> dict[str, Any]:
         f.write(f"#!/bin/sh\ntouch {marker}\ncat >/dev/null\n")
     os.chmod(script, 0o755)
     return {"pylsp": {"plugins": {"pylint": {"enabled": True, "executable": script}}}}
+
+
+class OversizedTests(ConnectCase):
+    """A message of the server's over max_message_bytes, on an editor's socket."""
+
+    policy = lsp_policy(limits={"max_message_bytes": 200_000})
+
+    def setUp(self) -> Any:
+        fake_pylsp(self, {"FAKE_DIAGNOSTICS": "5000"})
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_oversized_diagnostics_are_dropped_and_told(self) -> Any:
+        """
+        Diagnostics of over a MB are not passed on, the editor is told
+        with a logMessage naming the method and the size; the socket and
+        the server live on: a hover after it is answered.
+        """
+        self.write("proj/pyproject.toml", "")
+        path = self.write("proj/many.py", "x = 1\n")
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(os.path.dirname(path))
+            editor.open(path)
+            told = editor.until(lambda m: m.get("method") == "window/logMessage")
+            rid = editor.request(
+                "textDocument/hover",
+                {
+                    "textDocument": {"uri": uri_of(path)},
+                    "position": {"line": 0, "character": 0},
+                },
+            )
+            return told, editor.answer(rid)
+
+        told, hover = yield self.talk(script, root="proj")
+        self.assertIn("textDocument/publishDiagnostics", told["params"]["message"])
+        self.assertIn("max_message_bytes 200000", told["params"]["message"])
+        self.assertIn("contents", hover["result"])
 
 
 class SettingsCase(ConnectCase):

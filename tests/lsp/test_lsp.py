@@ -17,8 +17,10 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.lsp.answers import uri_of
+from sandboxd.lsp.session import message_head
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_confinement import need_landlock
 
@@ -623,12 +625,15 @@ class ManyDiagnosticsTests(LspTestCase):
 
     @inlineCallbacks
     def test_kept_and_said(self) -> Any:
-        """1,200 undefined names: the first 1,000 are given, and truncated says so."""
+        """
+        1,200 undefined names: 1,000 are given, truncated says so, and
+        counts counts all 1,200.
+        """
         self.write("proj/pyproject.toml", "")
         self.write("proj/many.py", "".join(f"print(name_{n})\n" for n in range(1200)))
         out = yield self.ask("diagnostics", path="proj/many.py")
         self.assertEqual((len(out["diagnostics"]), out["truncated"]), (1000, True))
-        self.assertEqual(out["counts"]["error"], 1000)
+        self.assertEqual(out["counts"]["error"], 1200)
 
 
 class ConfinedServerTests(LspTestCase):
@@ -664,3 +669,217 @@ class ConfinedServerTests(LspTestCase):
         self.assertIn("undefined_name", json.dumps(out))
         self.assertEqual(os.listdir(self.outside), [])
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "by-server")))
+
+
+def fake_pylsp(case: Any, env: dict[str, str]) -> None:
+    """
+    Make the ``pylsp`` the daemon of ``case`` starts :mod:`tests.lsp.fake_server`
+    with ``env`` (first on the PATH, for the rest of the test).
+    """
+    bin_dir = os.path.realpath(case.mktemp())
+    os.makedirs(bin_dir)
+    exe = os.path.join(bin_dir, "pylsp")
+    server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_server.py")
+    settings = "".join(f"export {k}={v}\n" for k, v in env.items())
+    with open(exe, "w") as f:
+        f.write(f"#!/bin/sh\n{settings}exec {sys.executable} {server}\n")
+    os.chmod(exe, 0o755)
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = bin_dir + os.pathsep + path
+    case.addCleanup(os.environ.__setitem__, "PATH", path)
+
+
+class FakeServerCase(LspTestCase):
+    """
+    A daemon whose ``pylsp`` is :mod:`tests.lsp.fake_server`, a server that
+    behaves one exact way (set by environment variables the test gives).
+    """
+
+    fake_env: dict[str, str] = {}
+
+    def setUp(self) -> Any:
+        fake_pylsp(self, self.fake_env)
+        return super().setUp()
+
+    @inlineCallbacks
+    def heard(self, path: str) -> Any:
+        """What the fake server heard, as its hover on ``path`` says."""
+        out = yield self.ask("hover", path=path, line=1, column=1)
+        return json.loads(out["contents"])
+
+
+class WatchedFilesTests(FakeServerCase):
+    """The files a server reads but the daemon has not open change on disk too."""
+
+    @inlineCallbacks
+    def test_changes_on_disk_are_sent_as_watched_files(self) -> Any:
+        """
+        After a question, a file changed, one created and one deleted on
+        disk (none of them open) reach the server that registered a
+        ``**/*.py`` watcher as ``workspace/didChangeWatchedFiles``, a file
+        its watcher does not match does not; the file asked about is sent
+        again, so that its diagnostics are worked out anew.
+        """
+        self.write("proj/pyproject.toml", "")
+        app = self.write("proj/app.py", "from lib import greet\n")
+        lib = self.write("proj/lib.py", "def greet(): pass\n")
+        old = self.write("proj/old.py", "x = 1\n")
+        first = yield self.heard("proj/app.py")
+        self.assertEqual(first["changes"], [])
+        self.write("proj/lib.py", "def bye(): pass\n")
+        new = self.write("proj/new.py", "y = 2\n")
+        os.remove(old)
+        self.write("proj/notes.txt", "not watched\n")
+        second = yield self.heard("proj/app.py")
+        self.assertEqual(
+            sorted((c["uri"], c["type"]) for c in second["changes"]),
+            sorted([(uri_of(lib), 2), (uri_of(new), 1), (uri_of(old), 3)]),
+        )
+        self.assertEqual(second["texts"][uri_of(app)], [1, 2])
+        third = yield self.heard("proj/app.py")
+        self.assertEqual(len(third["changes"]), 3)
+        self.assertEqual(third["texts"][uri_of(app)], [1, 2])
+
+
+class TruncatedDiagnosticsTests(FakeServerCase):
+    """A file with more diagnostics than are kept, its errors after its warnings."""
+
+    fake_env = {"FAKE_DIAGNOSTICS": "1200", "FAKE_WARNINGS_FIRST": "1100"}
+
+    @inlineCallbacks
+    def test_counts_are_of_every_diagnostic_and_errors_are_kept(self) -> Any:
+        """
+        1,100 warnings then 100 errors: ``counts`` says 100 errors and
+        1,100 warnings, the 1,000 kept hold every error, ``truncated``.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/w.py", "x = 1\n")
+        out = yield self.ask("diagnostics", path="proj/w.py")
+        self.assertEqual(
+            out["counts"], {"error": 100, "warning": 1100, "information": 0, "hint": 0}
+        )
+        self.assertTrue(out["truncated"])
+        severities = [d["severity"] for d in out["diagnostics"]]
+        self.assertEqual((len(severities), severities.count("error")), (1000, 100))
+
+
+class ColdRenameTests(FakeServerCase):
+    """A rename asked of a server still reading its project."""
+
+    fake_env = {"FAKE_COLD_RENAMES": "1"}
+
+    @inlineCallbacks
+    def test_first_rename_waits_for_a_young_server(self) -> Any:
+        """
+        A server that answers its first rename null, as pyright does while
+        it indexes, is asked again: the first rename of a new session
+        gives the edits, not 400 "found nothing to rename".
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/app.py", "greet = 1\n")
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=1, column=1, new_name="hi", dry_run=True
+        )
+        [changed] = out["files"]
+        self.assertIn("+higreet = 1", changed["diff"])
+        self.assertFalse(out["applied"])
+
+
+class OversizedDiagnosticsTests(FakeServerCase):
+    """Diagnostics too large for one message, from a server that lives on."""
+
+    policy = lsp_policy(limits={"max_message_bytes": 200_000})
+    fake_env = {"FAKE_DIAGNOSTICS": "5000"}
+
+    @inlineCallbacks
+    def test_too_many_diagnostics_is_413_and_the_server_lives(self) -> Any:
+        """
+        A publish of over a MB (max_message_bytes 200 000) is 413 naming
+        the file, twice, from the same session; a hover after it is
+        answered by that session: the server was not killed.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/many.py", "x = 1\n")
+        first = yield self.ask("diagnostics", 413, path="proj/many.py")
+        self.assertEqual(first["code"], "payload_too_large")
+        self.assertIn("proj/many.py", first["error"])
+        self.assertIn("max_message_bytes", first["setting"])
+        again = yield self.ask("diagnostics", 413, path="proj/many.py")
+        self.assertEqual(again["code"], "payload_too_large")
+        heard = yield self.ask("hover", path="proj/many.py", line=1, column=1)
+        reply = yield self.request("GET", "/lsp/sessions")
+        [session] = reply.json()["sessions"]
+        self.assertEqual(
+            (session["state"], session["id"]), ("ready", heard["session_id"])
+        )
+
+
+class MessageHeadTests(SynchronousTestCase):
+    """What the start of a message too large to read tells of it."""
+
+    def test_heads(self) -> None:
+        """
+        An answer's id, a publish's method, uri and version, as far as the
+        head goes; nothing from what does not start as an object.
+        """
+        cases = [
+            (
+                b'{"jsonrpc": "2.0", "id": 5, "result": [1, 2',
+                {"jsonrpc": "2.0", "id": 5},
+            ),
+            (
+                b'{"jsonrpc":"2.0","method":"textDocument/publishDiagnostics",'
+                b'"params":{"uri":"file:///p/a.py","version":3,"diagnostics":[{"ra',
+                {
+                    "jsonrpc": "2.0",
+                    "method": "textDocument/publishDiagnostics",
+                    "params": {"uri": "file:///p/a.py", "version": 3},
+                },
+            ),
+            (
+                b'{"id": "a", "method": "workspace/applyEdit", "params": {"edit": {',
+                {"id": "a", "method": "workspace/applyEdit", "params": {}},
+            ),
+            (b"[1, 2", {}),
+            (b'{"id": 1\xff\xfe', {"id": 1}),
+            (b'\xff{"id": 1', {}),
+        ]
+        for head, expected in cases:
+            self.assertEqual(message_head(head), expected, head)
+
+
+class WrongLanguageTests(LspTestCase):
+    """A server named for a file of a language it does not handle."""
+
+    @inlineCallbacks
+    def test_named_server_of_another_language_is_400(self) -> Any:
+        """
+        pylsp named for a TypeScript file is 400 kind wrong_language before
+        any server starts (it would say nothing, which reads as no errors).
+        """
+        self.write("proj/app.ts", "let x: number = 'a';\n")
+        out = yield self.ask("diagnostics", 400, path="proj/app.ts", server="pylsp")
+        self.assertEqual(
+            (out["code"], out["kind"]), ("invalid_param", "wrong_language")
+        )
+        self.assertIn("typescript", out["error"])
+        reply = yield self.request("GET", "/lsp/sessions")
+        self.assertEqual(reply.json()["sessions"], [])
+
+
+class CompletionOrderTests(FakeServerCase):
+    """Completions as an editor shows them, ranked by what was typed."""
+
+    @inlineCallbacks
+    def test_what_was_typed_ranks_first(self) -> Any:
+        """
+        After ``os.wal`` the server's list, where ``walk`` comes last (after
+        ``fwalk`` and ``waitid_result``), comes back with ``walk`` first and
+        nothing left out.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/c.py", "import os\nos.wal\n")
+        out = yield self.ask("completions", path="proj/c.py", line=2, column=7)
+        labels = [i["label"] for i in out["items"]]
+        self.assertEqual(labels[0], "walk")
+        self.assertEqual(len(labels), 6)

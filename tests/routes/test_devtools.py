@@ -135,6 +135,25 @@ class CodeRunTests(DaemonTestCase):
         self.assertFalse(alive(pid))
 
     @inlineCallbacks
+    def test_timeout_keeps_what_was_printed(self) -> Any:
+        """
+        A run stopped at its timeout answers 408 with what it printed on
+        stdout and stderr before it hung, as /shell does.
+        """
+        code = (
+            "import sys, time\n"
+            "print('step 1 done', flush=True)\n"
+            "print('waiting on the lock', file=sys.stderr, flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        reply = yield self.request("POST", "/code/run", {"code": code, "timeout": 2})
+        self.assertEqual(reply.status, 408, reply.body)
+        body = reply.json()
+        self.assertEqual(body["code"], "timeout")
+        self.assertEqual(body["stdout"], "step 1 done\n")
+        self.assertEqual(body["stderr"], "waiting on the lock\n")
+
+    @inlineCallbacks
     def test_idle_timeout_is_idle_timeout(self) -> Any:
         """A run silent for ``idle_timeout`` is 408 TimeoutError with code idle_timeout (SPEC §6)."""
         reply = yield self.request(

@@ -30,17 +30,25 @@ SCHEMAS: dict[str, Schema] = {
             E(400, "invalid_param", "bad language, code, cwd, env or timeout"),
             E(403, "language_not_allowed", "language outside params.languages"),
             *GUARD[1:],
-            E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                408,
+                "timeout",
+                "past timeout: the group was killed (body: stdout and stderr "
+                "printed until then)",
+                "TimeoutError",
+            ),
             E(
                 408,
                 "idle_timeout",
-                "no output for idle_timeout seconds: the group was killed",
+                "no output for idle_timeout seconds: the group was killed (body: "
+                "stdout and stderr printed until then)",
                 "TimeoutError",
             ),
             E(
                 413,
                 "payload_too_large",
-                "code over 128 KiB (upload a file, use /shell)",
+                "code over 131071 bytes, 128 KiB less one: the most one argument "
+                "of a program holds, its NUL counted (upload a file, use /shell)",
             ),
             E(500, "internal", "the runtime is missing", "FileNotFoundError"),
         ),
@@ -56,14 +64,19 @@ SCHEMAS: dict[str, Schema] = {
                 "files",
                 "array",
                 "[{path, status: modified|added|deleted|renamed|untracked|"
-                "copied|unmerged}]",
+                "copied|unmerged}]; a name that is not UTF-8 shows each such "
+                "byte as \\xNN, as files_list does",
                 items="object",
+            ),
+            F(
+                "hidden",
+                "integer",
+                "changed files paths.deny refuses, left out of files (absent when none)",
             ),
         ),
         errors=(
             *GUARD,
             E(400, "invalid_path", ".. or NUL in path or file"),
-            E(403, "path_denied", "no file while paths.deny rules apply"),
             E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
             E(500, "internal", "git is not installed", "FileNotFoundError"),
@@ -77,8 +90,10 @@ SCHEMAS: dict[str, Schema] = {
             F("staged", "boolean", default=False),
             F(
                 "file",
-                doc="limit the diff to one file (required while paths.deny rules "
-                "apply)",
+                doc="limit the diff to one file, or a directory (required while "
+                "paths.deny rules apply; a directory holding a changed denied "
+                "file is then refused); a name that is not UTF-8 by its bytes "
+                "percent-encoded (%E9)",
             ),
         ),
         response=(
@@ -88,6 +103,12 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *GUARD,
             E(400, "invalid_path", ".. or NUL in path or file"),
+            E(
+                403,
+                "path_denied",
+                "while paths.deny rules apply: no file, or a file whose diff "
+                "shows the changes of a denied file (a directory holding one)",
+            ),
             E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
             E(500, "internal", "git is not installed", "FileNotFoundError"),

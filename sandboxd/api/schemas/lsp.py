@@ -98,11 +98,17 @@ _ERRORS = (
         400,
         "invalid_param",
         "no language known for the file, an unknown or disallowed server (body: allowed), "
-        "a file that is not UTF-8 (kind: not_text), a line past the end (kind: past_end)",
+        "a file that is not UTF-8 (kind: not_text), a line past the end (kind: past_end), "
+        "a server named for a language it does not handle (kind: wrong_language)",
     ),
     E(403, "param_not_allowed", "a refused user"),
     E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
-    E(413, "payload_too_large", "the file is over max_bytes (4 MiB)"),
+    E(
+        413,
+        "payload_too_large",
+        "the file is over max_bytes (4 MiB), or the server's answer or the "
+        "file's diagnostics over max_message_bytes (16 MiB); the server lives on",
+    ),
     E(
         429,
         "too_many_sessions",
@@ -270,12 +276,14 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "counts",
                 "object",
-                "{error, warning, information, hint}: of those given",
+                "{error, warning, information, hint}: of every diagnostic the "
+                "server reported for the file, those left out by the cut too",
             ),
             F(
                 "truncated",
                 "boolean",
-                "the server reported more than the 1000 kept per file",
+                "the server reported more than the 1000 kept per file (the most "
+                "severe are kept: errors first)",
             ),
             F(
                 "settled",
@@ -380,7 +388,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "items",
                 "array",
-                "[{label, kind, detail, documentation, insert_text}] in the server's order",
+                "[{label, kind, detail, documentation, insert_text}]: those starting "
+                "with the name being typed first, in the server's order within each",
                 items="object",
             ),
             F(
