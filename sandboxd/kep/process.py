@@ -63,6 +63,7 @@ from sandboxd.policy.defaults import (
     KEP_EXECUTE_DRAIN_SECONDS,
     KEP_MAX_MESSAGE_BYTES,
     KEP_START_DRAIN_SECONDS,
+    KEP_TERMINAL_UNREAD_SECONDS,
 )
 from sandboxd.processes.command import (
     check_not_denied,
@@ -704,8 +705,14 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
         rpc.fail(internal("the terminal took no client"))
         return
     rpc.on_over(lambda: session.detach(client))
+    # A slow reader pauses the terminal as long as a plain Start's pauses
+    # its pipes, not the few seconds a WebSocket viewer is given: an agent
+    # may think for a while between two reads of its build's output.
     rpc.call.register_producer(
-        Pauser(lambda: session.pause(client), lambda: session.resume(client))
+        Pauser(
+            lambda: session.pause(client, KEP_TERMINAL_UNREAD_SECONDS),
+            lambda: session.resume(client),
+        )
     )
 
 

@@ -786,6 +786,59 @@ class PtyOutputTests(ProcessCase):
             self.assertEqual(len(out), len(want))
             self.assertTrue(out == want, "the terminal's output was not exact")
 
+    @inlineCallbacks
+    def test_a_terminal_waits_for_a_slow_reader(self) -> Any:
+        """
+        A client that stops reading a terminal ``Start`` for longer than a
+        WebSocket viewer may lag pauses the terminal, as a plain ``Start``
+        pauses its pipes: once it reads again every byte comes and the
+        command runs to its end, rather than the stream being cut and the
+        command killed.
+        """
+        from sandboxd.routes import terminal as terminal_routes
+
+        opened = terminal_routes.open_session
+
+        def open_session(*args: Any, **kwargs: Any) -> Any:
+            # A viewer's patience this short, so that the test need not
+            # outwait the default ten seconds.
+            session = opened(*args, **kwargs)
+            session.slow_client_seconds = 0.2
+            return session
+
+        self.patch(terminal_routes, "open_session", open_session)
+        pb, _ = stubs()
+        stub = self.stub()
+        lines = 1500000
+        want = b"".join(b"%d\r\n" % i for i in range(1, lines + 1))
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["seq", "1", str(lines)]),
+                    pty=pb.PTY(cols=120, rows=40),
+                ),
+                timeout=60,
+            )
+            next(stream)
+            time.sleep(2)
+            out = bytearray()
+            code = None
+            try:
+                for response in stream:
+                    if response.HasField("stdout"):
+                        out += response.stdout
+                    elif response.HasField("exit"):
+                        code = response.exit.exit_code
+            except grpc.RpcError as e:
+                return bytes(out), status_of(e)
+            return bytes(out), code
+
+        out, code = yield self.blocking(job)
+        self.assertEqual(code, 0)
+        self.assertEqual(len(out), len(want))
+        self.assertTrue(out == want, "the terminal's output was not exact")
+
 
 def _eof(pb: Any, pid: int) -> Any:
     from google.protobuf import empty_pb2
