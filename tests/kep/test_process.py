@@ -893,6 +893,58 @@ class AccessTests(ProcessCase):
             [("-", 401), ("agent", 200), ("reader", 403)],
         )
 
+    @inlineCallbacks
+    def test_a_bad_header_fails_its_call_not_the_channel(self) -> Any:
+        """
+        On the one channel the SDK shares between calls, a call whose
+        ``authorization`` is ``Bearer `` (an empty token, as an interceptor
+        sends for an unset variable) is UNAUTHENTICATED, and one whose
+        metadata value ends with a space runs; a ``Start`` running on the
+        same channel meanwhile goes on to its end.
+        """
+        pb, pb_grpc = stubs()
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.addCleanup(channel.close)
+        stub = pb_grpc.ProcessServiceStub(channel)
+        auth = ("authorization", f"Bearer {TOKEN}")
+        request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", "echo ok"]))
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "echo up; sleep 1; echo done"])
+                ),
+                metadata=[auth],
+                timeout=20,
+            )
+            next(stream)
+            seen = b""
+            while b"up" not in seen:
+                seen += next(stream).stdout
+            empty = self.caught(
+                stub.Execute,
+                request,
+                metadata=[("authorization", "Bearer ")],
+                timeout=10,
+            )
+            spaced = self.caught(
+                stub.Execute,
+                request,
+                metadata=[auth, ("x-request-tag", "abc ")],
+                timeout=10,
+            )
+            try:
+                rest = events(stream)
+            except grpc.RpcError as e:
+                rest = [("error", status_of(e))]
+            return empty, spaced, rest
+
+        empty, spaced, rest = yield self.blocking(job)
+        self.assertIsInstance(empty, grpc.RpcError)
+        self.assertEqual(status_of(empty)[0], "UNAUTHENTICATED")
+        self.assertEqual((spaced.stdout, spaced.exit_code), (b"ok\n", 0))
+        self.assertEqual(rest, [("stdout", b"done\n"), ("exit", 0)])
+
 
 class TransportRefusalTests(ProcessCase):
     """What the transport refuses before any handler runs is audited too."""
