@@ -176,9 +176,10 @@ class Rpc:
 
     def hold(self) -> None:
         """
-        Note the admitted call as a stream that lasts as long as its client
-        keeps it, so that a policy reload that takes its identity, scope
-        or endpoint away ends it (:meth:`_revoked`).
+        Note the admitted call as one that may last (a stream, as long as
+        its client keeps it; an ``Execute``, as long as its command runs),
+        so that a policy reload that takes its identity, scope or endpoint
+        away ends it (:meth:`_revoked`).
         """
         assert self.passed is not None
         held = held_connections.hold(
@@ -188,9 +189,10 @@ class Rpc:
 
     def _revoked(self, error: ApiError) -> None:
         """
-        A reload no longer lets the stream's caller in: answered with the
+        A reload no longer lets the call's caller in: answered with the
         refusal, then what it ran ends as when its client cancels (the
-        protocol ties a process to its stream).
+        protocol ties a process to its stream; an ``Execute``'s command
+        is its call's).
         """
         callbacks = list(self._on_gone)
         self.fail(error)
@@ -363,8 +365,9 @@ def serve(
             # is chosen (a terminal's only for one the caller may drive).
             rpc.admit("kep", spend=False)
             rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
-            if call.method.server_streaming:
-                rpc.hold()
+            # Every call, not only the streams: an Execute's command runs
+            # as long as a Start's, and a revoked caller's must end too.
+            rpc.hold()
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:
             rpc.fail(e)

@@ -1040,3 +1040,50 @@ class ReloadTests(ProcessCase):
         out, error = yield went_on
         self.assertIsNone(error)
         self.assertTrue(out.endswith(b"done\n"), out)
+
+    @inlineCallbacks
+    def test_a_revoked_callers_execute_ends(self) -> Any:
+        """
+        Taking a token out of the policy, or ``process:run`` from it, ends
+        its running ``Execute`` at the reload (UNAUTHENTICATED or
+        PERMISSION_DENIED, saying why) and kills its command, as it ends
+        its ``Start`` streams; the command does not run on to its end.
+        """
+        agent = {"id": "agent", "token_sha256": DIGEST, "scopes": ["*"]}
+        pb, _ = stubs()
+        for narrowed, status, says in (
+            (None, "UNAUTHENTICATED", "'agent' is no longer in the policy"),
+            (["files:read"], "PERMISSION_DENIED", "process:run"),
+        ):
+            yield self.start_on_policy_file(self.tokens_policy([agent]))
+            pid_file = os.path.join(self.base_dir, "pid")
+            if os.path.exists(pid_file):
+                os.remove(pid_file)
+            script = f"echo $$ > {pid_file}; sleep 30; echo done"
+            request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script]))
+            running = self.blocking(
+                self.caught, self.stub(TOKEN).Execute, request, timeout=60
+            )
+            for _ in range(100):
+                if os.path.exists(pid_file) and open(pid_file).read().strip():
+                    break
+                yield self.sleep(0.05)
+            with open(pid_file) as f:
+                shell = int(f.read())
+            began = time.monotonic()
+            self.reload_policy(
+                self.tokens_policy(
+                    [] if narrowed is None else [{**agent, "scopes": narrowed}]
+                )
+            )
+            error = yield running
+            self.assertIsInstance(error, grpc.RpcError)
+            name, details, _ = status_of(error)
+            self.assertEqual(name, status)
+            self.assertIn(says, details)
+            self.assertLess(time.monotonic() - began, 10)
+            for _ in range(50):
+                if not alive(shell):
+                    break
+                yield self.sleep(0.1)
+            self.assertFalse(alive(shell))
