@@ -13,7 +13,9 @@ import socket
 import stat
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy import PolicyError, load_policy
@@ -232,6 +234,46 @@ class RawTests(KepCase):
             [(line["endpoint"], line["status"]) for line in lines],
             [("files_read_raw", 200), ("files_list", 200), ("files_delete", 204)],
         )
+
+    @inlineCallbacks
+    def test_a_download_the_client_drops(self) -> Any:
+        """
+        A client that goes away in the middle of a download (Ctrl-C, a
+        port-forward dropping) is routine: no error is logged, and the
+        audit line says the client left (499 ``client_closed``), not 200.
+        """
+        path = os.path.join(self.base_dir, "big.bin")
+        with open(path, "wb") as f:
+            f.truncate(64 * 1024 * 1024)
+
+        def drop() -> int:
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as sock:
+                sock.sendall(
+                    b"GET /v1/files/big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                )
+                got = 0
+                while got < 1024 * 1024:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+            return got
+
+        for _ in range(3):
+            got = yield self.blocking(drop)
+            self.assertGreaterEqual(got, 1024 * 1024)
+        lines: list[Any] = []
+        for _ in range(100):
+            lines = [
+                (line["status"], line["code"])
+                for line in self.audit_lines()
+                if line.get("endpoint") == "files_read_raw"
+            ]
+            if len(lines) == 3:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(lines, [(499, "client_closed")] * 3)
+        self.assertEqual(self.flushLoggedErrors(), [])
 
     @inlineCallbacks
     def test_health_and_metadata(self) -> Any:
