@@ -400,13 +400,16 @@ class Config:
         """
         The config of a ``StartRequest`` or ``ExecuteRequest``.
 
-        :raises ApiError: 400 without a command, as the reference answers.
+        :raises ApiError: 400 without a command, as the reference answers;
+            400 for a ``cwd`` holding NUL, as for a command holding one.
         """
         config = message.get("config") or {}
         argv = list(config.get("command") or [])
         if not argv or not argv[0]:
             raise bad_request("command is required")
         cwd = config.get("cwd")
+        if cwd and "\x00" in cwd:
+            raise bad_request("'cwd' must not contain NUL")
         return cls(argv, dict(config.get("env_vars") or {}), cwd or None)
 
 

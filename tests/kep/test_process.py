@@ -224,6 +224,40 @@ class ExecuteTests(ProcessCase):
         )
         self.assertEqual(status_of(error)[0], "INVALID_ARGUMENT")
 
+    @inlineCallbacks
+    def test_a_nul_in_cwd(self) -> Any:
+        """
+        A ``cwd`` holding a NUL byte is INVALID_ARGUMENT for ``Execute`` and
+        ``Start``, as a NUL in the command is, with nothing logged.
+        """
+        pb, _ = stubs()
+        bad = config(pb, ["true"], cwd="a\x00b")
+        errors = [
+            (
+                yield self.blocking(
+                    self.caught,
+                    self.stub().Execute,
+                    pb.ExecuteRequest(config=bad),
+                    timeout=10,
+                )
+            ),
+            (
+                yield self.blocking(
+                    self.caught,
+                    lambda: list(
+                        self.stub().Start(pb.StartRequest(config=bad), timeout=10)
+                    ),
+                )
+            ),
+        ]
+        for error in errors:
+            self.assertIsInstance(error, grpc.RpcError)
+            self.assertEqual(
+                status_of(error)[:2],
+                ("INVALID_ARGUMENT", "'cwd' must not contain NUL"),
+            )
+        self.assertEqual(self.flushLoggedErrors(), [])
+
     def caught_plain(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
