@@ -7,6 +7,7 @@ protocol's error bodies with sandboxd's code and rule in headers.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
@@ -120,6 +121,41 @@ class SdkTests(KepCase):
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "d/e/f.txt")))
         yield self.blocking(fs.delete, "d", recursive=True)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "d")))
+
+    @inlineCallbacks
+    def test_a_tree_written_into_while_deleted(self) -> Any:
+        """
+        A recursive delete that meets a file created in the tree after it
+        was walked (a PUT racing it) is 409 CONFLICT, which a client may
+        retry, not 500; the retry removes the tree.
+        """
+        from sandboxd.files import walk
+
+        rmtree = walk.shutil.rmtree
+        raced: list[str] = []
+
+        def racing_rmtree(name: str, dir_fd: int) -> None:
+            if not raced:
+                raced.append(name)
+                raise OSError(errno.ENOTEMPTY, "Directory not empty", name)
+            rmtree(name, dir_fd=dir_fd)
+
+        self.patch(walk.shutil, "rmtree", racing_rmtree)
+        fs = self.filesystem()
+        yield self.blocking(fs.write, "race/x/y/f.txt", b"x")
+        error = _sdk_error(
+            self,
+            (
+                yield self.assertFailure(
+                    self.blocking(fs.delete, "race/x", recursive=True), Exception
+                )
+            ),
+        )
+        self.assertEqual(error.status_code, 409)
+        self.assertEqual(error.response.json()["code"], "CONFLICT")
+        self.assertIn("try again", error.response.json()["message"])
+        yield self.blocking(fs.delete, "race/x", recursive=True)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "race/x")))
 
 
 class RawTests(KepCase):
