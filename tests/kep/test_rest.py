@@ -482,6 +482,31 @@ class AuthTests(KepCase):
         self.assertEqual(response.status, 401)
 
     @inlineCallbacks
+    def test_a_credential_the_door_cannot_read_is_401(self) -> Any:
+        """
+        With ``unauthenticated_as``, an ``Authorization`` header holding no
+        token the daemon reads (``Basic``, an empty one) is 401
+        UNAUTHENTICATED, not the stand-in's identity: its caller believes
+        it is authenticated.  Without the header the stand-in still holds.
+        """
+        yield self.daemon.stop()
+        policy = dict(self.extra_policy)
+        policy["endpoints"] = {"kep": {"params": {"unauthenticated_as": "agent"}}}
+        self.extra_policy = policy
+        yield self.start()
+        with open(os.path.join(self.base_dir, "r.txt"), "w") as f:
+            f.write("ok")
+        for value in ("Basic dXNlcjpwYXNz", ""):
+            r = yield self.http(
+                "GET", "/v1/files/r.txt", headers={"Authorization": value}
+            )
+            self.assertEqual(
+                (r.status_code, r.json()["code"]), (401, "UNAUTHENTICATED"), value
+            )
+        r = yield self.http("GET", "/v1/files/r.txt")
+        self.assertEqual((r.status_code, r.content), (200, b"ok"))
+
+    @inlineCallbacks
     def test_counted_link_spends_one_use_per_call(self) -> Any:
         """
         A counted link on the KEP door: one use per call let in (not one
