@@ -222,12 +222,25 @@ class KepRestDoor(PortDoor):
     ) -> tuple[int, bytes, bytes, dict[str, str]]:
         """The protocol's status and error, sandboxd's code and rule in headers."""
         status = kep_status(error).http
+        body = error_body(error)
+        body["message"] = self.as_given(body["message"])
         return (
             status,
             b"application/json",
-            _json(error_body(error)),
+            _json(body),
             {**error.headers, **error_headers(error)},
         )
+
+    def as_given(self, message: str) -> str:
+        """
+        A message with the paths below the root as the caller gives them
+        (relative to it): the handlers name the absolute path they were
+        handed, which says where the root is and, with ``--kep-root``
+        below the base directory, names paths the caller never used.
+        """
+        if self.root == "/":
+            return message
+        return message.replace(self.root + "/", "")
 
     def admit(self, call: Call, endpoint: Any, spend: bool = True) -> gate.Passed:
         """The gate, a call without credentials standing for ``unauthenticated_as``."""

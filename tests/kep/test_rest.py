@@ -195,6 +195,21 @@ class RawTests(KepCase):
         self.assertEqual((r.status_code, r.json()["code"]), (404, "NOT_FOUND"))
 
     @inlineCallbacks
+    def test_messages_name_the_callers_paths(self) -> Any:
+        """
+        An error names a path as the caller gave it, relative to the root,
+        never the daemon's absolute path of it.
+        """
+        os.makedirs(os.path.join(self.base_dir, "conf"))
+        for method in ("GET", "DELETE"):
+            r = yield self.http(method, "/v1/files/conf%2Fnope")
+            self.assertEqual(r.status_code, 404)
+            self.assertEqual(
+                r.json()["message"], "No such file or directory: conf/nope"
+            )
+            self.assertNotIn(self.base_dir, r.text)
+
+    @inlineCallbacks
     def test_listing_shape(self) -> Any:
         """A directory is a DirectoryListing: RFC 3339 times, octal modes, links resolved."""
         self.put_file("l/x.txt", b"abc")
