@@ -257,7 +257,9 @@ def identify(
         is this token id's identity (its scopes, path rules, limits, audit
         name), on a door whose clients cannot send one (the KEP door's
         ``params.unauthenticated_as``); one that presents a credential is
-        authenticated as always.
+        authenticated as always, and an ``Authorization`` header that holds
+        no token this daemon reads (``Basic ...``, an empty one) is such a
+        credential, refused: its caller believes it is authenticated.
     :raises ApiError: 401 ``unauthorized``, ``link_invalid``,
         ``link_expired``; 400 ``ambiguous_credentials`` when two different
         tokens are presented in one header, or a query token and a header
@@ -275,7 +277,12 @@ def identify(
         headers = {**headers, b"x-access-token": [token]}
     tokens = presented_tokens(headers)
     store = context.policy.tokens
-    if not tokens and unauthenticated_as is not None and not store.local_mode:
+    if (
+        not tokens
+        and unauthenticated_as is not None
+        and not store.local_mode
+        and not headers.get(b"authorization")
+    ):
         stand_in = store.identity_named(unauthenticated_as)
         if stand_in is not None:
             return stand_in

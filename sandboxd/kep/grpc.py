@@ -29,7 +29,12 @@ What it does, and why:
   through :meth:`Call.on_end`, its Deferred is cancelled, and nothing more
   is written for it.
 - Every ``h2`` protocol error ends the connection with GOAWAY, quietly: a
-  client speaking HTTP/1.1 to this port is one of them.
+  client speaking HTTP/1.1 to this port is one of them.  A malformed
+  request head is not one: RFC 9113 makes it an error of its stream, so
+  it ends that call (INVALID_ARGUMENT) and the connection's other calls
+  go on.  A value's surrounding spaces are dropped first, as the HTTP/1.1
+  parser drops them on the REST port (``Bearer `` is then no credential:
+  401, as there).
 - Bounds: connections, streams per connection, header list size, message
   size, queued bytes per stream, idle connections (all in
   :mod:`sandboxd.policy.defaults`).
@@ -65,6 +70,7 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
+from h2.utilities import HeaderValidationFlags, validate_headers
 from hyperframe.frame import GoAwayFrame
 from twisted.internet import defer
 from twisted.internet.interfaces import (
@@ -123,6 +129,20 @@ EndReason = Literal["cancelled", "deadline", "overrun"]
 _PREFIX = 5
 _FRAME_HEADER = 9
 _GRPC_TYPES = (b"application/grpc", b"application/grpc+proto")
+#: What a request's head is checked as (a server's, not trailers).
+_REQUEST_HEAD = HeaderValidationFlags(
+    is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False
+)
+
+
+def _path_of(raw: list[tuple[bytes, bytes]]) -> str:
+    """A request head's ``:path``, for the audit of a refused one."""
+    for name, value in raw:
+        if name == b":path":
+            return value.decode("latin-1")
+    return ""
+
+
 _TRAILER_NAME = re.compile(r"[0-9a-z_.\-]+\Z")
 _TIMEOUT = re.compile(rb"([0-9]{1,8})([HMSmun])\Z")
 _TIMEOUT_UNITS = {
@@ -539,7 +559,14 @@ class _Connection(Protocol):
     def connectionMade(self) -> None:
         address: IAddress = self.transport.getPeer()  # type: ignore[union-attr]
         self.peer = str(getattr(address, "host", address))
-        h2 = H2Connection(H2Configuration(client_side=False, header_encoding=None))
+        # Request heads are checked per stream (:meth:`_request`): h2's own
+        # check would end the connection, and every call on it, for one
+        # call's bad header.
+        h2 = H2Connection(
+            H2Configuration(
+                client_side=False, header_encoding=None, validate_inbound_headers=False
+            )
+        )
         factory = self.factory
         h2.local_settings = Settings(
             client=False,
@@ -679,6 +706,23 @@ class _Connection(Protocol):
             self._reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             return
         self._cancel_idle()
+        raw = [
+            (name, value if name.startswith(b":") else value.strip(b" \t"))
+            for name, value in raw
+        ]
+        try:
+            list(validate_headers(raw, _REQUEST_HEAD))
+        except ProtocolError as e:
+            self._early(
+                stream_id,
+                ended,
+                200,
+                Status.INVALID_ARGUMENT,
+                # Without the value h2 quotes: it may be a credential.
+                f"malformed request headers: {str(e).split(': b', 1)[0]}",
+                path=_path_of(raw),
+            )
+            return
         pseudo: dict[bytes, bytes] = {}
         headers: dict[bytes, list[bytes]] = {}
         for name, value in raw:

@@ -63,6 +63,7 @@ from sandboxd.policy.defaults import (
     KEP_EXECUTE_DRAIN_SECONDS,
     KEP_MAX_MESSAGE_BYTES,
     KEP_START_DRAIN_SECONDS,
+    KEP_TERMINAL_UNREAD_SECONDS,
 )
 from sandboxd.processes.command import (
     check_not_denied,
@@ -175,9 +176,10 @@ class Rpc:
 
     def hold(self) -> None:
         """
-        Note the admitted call as a stream that lasts as long as its client
-        keeps it, so that a policy reload that takes its identity, scope
-        or endpoint away ends it (:meth:`_revoked`).
+        Note the admitted call as one that may last (a stream, as long as
+        its client keeps it; an ``Execute``, as long as its command runs),
+        so that a policy reload that takes its identity, scope or endpoint
+        away ends it (:meth:`_revoked`).
         """
         assert self.passed is not None
         held = held_connections.hold(
@@ -187,9 +189,10 @@ class Rpc:
 
     def _revoked(self, error: ApiError) -> None:
         """
-        A reload no longer lets the stream's caller in: answered with the
+        A reload no longer lets the call's caller in: answered with the
         refusal, then what it ran ends as when its client cancels (the
-        protocol ties a process to its stream).
+        protocol ties a process to its stream; an ``Execute``'s command
+        is its call's).
         """
         callbacks = list(self._on_gone)
         self.fail(error)
@@ -362,8 +365,9 @@ def serve(
             # is chosen (a terminal's only for one the caller may drive).
             rpc.admit("kep", spend=False)
             rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
-            if call.method.server_streaming:
-                rpc.hold()
+            # Every call, not only the streams: an Execute's command runs
+            # as long as a Start's, and a revoked caller's must end too.
+            rpc.hold()
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:
             rpc.fail(e)
@@ -396,13 +400,16 @@ class Config:
         """
         The config of a ``StartRequest`` or ``ExecuteRequest``.
 
-        :raises ApiError: 400 without a command, as the reference answers.
+        :raises ApiError: 400 without a command, as the reference answers;
+            400 for a ``cwd`` holding NUL, as for a command holding one.
         """
         config = message.get("config") or {}
         argv = list(config.get("command") or [])
         if not argv or not argv[0]:
             raise bad_request("command is required")
         cwd = config.get("cwd")
+        if cwd and "\x00" in cwd:
+            raise bad_request("'cwd' must not contain NUL")
         return cls(argv, dict(config.get("env_vars") or {}), cwd or None)
 
 
@@ -704,8 +711,14 @@ def start_terminal(rpc: Rpc, message: dict[str, Any], config: Config) -> None:
         rpc.fail(internal("the terminal took no client"))
         return
     rpc.on_over(lambda: session.detach(client))
+    # A slow reader pauses the terminal as long as a plain Start's pauses
+    # its pipes, not the few seconds a WebSocket viewer is given: an agent
+    # may think for a while between two reads of its build's output.
     rpc.call.register_producer(
-        Pauser(lambda: session.pause(client), lambda: session.resume(client))
+        Pauser(
+            lambda: session.pause(client, KEP_TERMINAL_UNREAD_SECONDS),
+            lambda: session.resume(client),
+        )
     )
 
 

@@ -93,6 +93,60 @@ SENSITIVE_MARKERS = (
     "CERT",
 )
 METADATA_PREFIX = "SANDBOX_"
+#: A name's byte that is not UTF-8, as a listing shows it, and a doubled
+#: backslash (:func:`listed_name`): read back into the name by
+#: :func:`named`.  Only bytes 80-ff: no UTF-8 name holds one alone, and
+#: ``\\x2f`` never becomes a separator.
+_ESCAPE = re.compile(r"\\\\|\\x([89a-fA-F][0-9a-fA-F])")
+_SPELLS_ESCAPE = re.compile(r"x[89a-fA-F][0-9a-fA-F]")
+
+
+def _undecodable(char: str) -> bool:
+    return "\udc80" <= char <= "\udcff"
+
+
+def listed_name(name: str) -> str:
+    """
+    A name as a listing shows it: as ``files_list`` shows it (each byte
+    that is not UTF-8 as ``\\xNN``), and a backslash doubled where it would
+    otherwise read as part of such an escape (before another backslash,
+    an escaped byte, or ``x`` and two hex digits from 80), so that no two
+    names are listed alike and each listed name, passed back as the SDK
+    passes it, leads to its own file (:func:`named`).  A name without
+    either is listed as it is.
+    """
+    if "\\" not in name and not any(_undecodable(c) for c in name):
+        return name
+    out: list[str] = []
+    for i, char in enumerate(name):
+        if _undecodable(char):
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif char == "\\":
+            rest = name[i + 1 :]
+            ambiguous = (
+                rest[:1] == "\\"
+                or _undecodable(rest[:1])
+                or _SPELLS_ESCAPE.match(rest) is not None
+            )
+            out.append("\\\\" if ambiguous else "\\")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def named(given: str) -> str:
+    """
+    The name a path given as a listing shows it stands for: ``\\xNN`` (80
+    to ff) is that byte, ``\\\\`` one backslash, any other backslash itself.
+    """
+    if "\\" not in given:
+        return given
+
+    def one(match: re.Match[str]) -> str:
+        byte = match.group(1)
+        return "\\" if byte is None else chr(0xDC00 + int(byte, 16))
+
+    return _ESCAPE.sub(one, given)
 
 
 class KepRestDoor(PortDoor):
@@ -168,12 +222,25 @@ class KepRestDoor(PortDoor):
     ) -> tuple[int, bytes, bytes, dict[str, str]]:
         """The protocol's status and error, sandboxd's code and rule in headers."""
         status = kep_status(error).http
+        body = error_body(error)
+        body["message"] = self.as_given(body["message"])
         return (
             status,
             b"application/json",
-            _json(error_body(error)),
+            _json(body),
             {**error.headers, **error_headers(error)},
         )
+
+    def as_given(self, message: str) -> str:
+        """
+        A message with the paths below the root as the caller gives them
+        (relative to it): the handlers name the absolute path they were
+        handed, which says where the root is and, with ``--kep-root``
+        below the base directory, names paths the caller never used.
+        """
+        if self.root == "/":
+            return message
+        return message.replace(self.root + "/", "")
 
     def admit(self, call: Call, endpoint: Any, spend: bool = True) -> gate.Passed:
         """The gate, a call without credentials standing for ``unauthenticated_as``."""
@@ -193,9 +260,9 @@ class KepRestDoor(PortDoor):
         """
         raw = call.request.path[len(FILES) :].lstrip(b"/")
         # Bytes that are not UTF-8 name the file with those bytes, as the
-        # reference daemon takes them: a name no listing can show as it is
-        # stays reachable by its percent-encoded bytes.
-        given = os.fsdecode(urllib.parse.unquote_to_bytes(raw))
+        # reference daemon takes them; so does the form a listing shows
+        # them in, which a client passes back as UTF-8.
+        given = named(os.fsdecode(urllib.parse.unquote_to_bytes(raw)))
         if "\x00" in given:
             raise bad_request("the path holds a NUL byte", Code.INVALID_PATH)
         return given, below_root(self.root, given, follow=follow)
@@ -448,14 +515,14 @@ def listing(call: Call, given: str, path: str) -> Deferred[Any]:
                     break
                 entries.append(
                     {
-                        "name": walk.display_name(name),
+                        "name": listed_name(name),
                         "size": st.st_size,
                         "type": "directory" if stat.S_ISDIR(st.st_mode) else "file",
                         "modified_at": rfc3339(st.st_mtime),
                         "mode": f"{stat.S_IMODE(st.st_mode) & 0o777:04o}",
                     }
                 )
-        return {"path": shown, "entries": entries}, truncated
+        return {"path": listed_name(shown), "entries": entries}, truncated
 
     def answer(result: tuple[dict[str, Any], bool]) -> dict[str, Any]:
         if result[1]:

@@ -1143,6 +1143,13 @@ KEP_STOP_GRACE_SECONDS = 5.0
 #: ``pipeDrainGrace``).
 KEP_EXECUTE_DRAIN_SECONDS = 10.0
 KEP_START_DRAIN_SECONDS = 5.0
+#: How long a ``Start`` on a terminal waits for a client that reads none of
+#: its output (the terminal is not read meanwhile, as a plain ``Start``'s
+#: pipes are not).  The caller is the terminal's one client, not a viewer
+#: holding up others, so it gets a plain ``Start``'s patience: in effect the
+#: stream's own life (its deadline, the policy's ``timeout_seconds``); a day
+#: only so that the timer stays within what the reactor's poller takes.
+KEP_TERMINAL_UNREAD_SECONDS = 24 * 3600.0
 #: A client's reset this close to a call's deadline is that deadline: the
 #: client's clock started first, so its timer fires before ours.
 KEP_DEADLINE_SLACK_SECONDS = 0.1

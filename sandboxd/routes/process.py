@@ -22,9 +22,11 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import processes
+from sandboxd.access import held as held_connections
 from sandboxd.access.guard import MAX_LINKS, PathGuard, system_refusal
 from sandboxd.errors import (
     RESOURCE_ERRNOS,
+    ApiError,
     Code,
     bad_request,
     conflict,
@@ -199,13 +201,34 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
 
     → ``{"stdout", "stderr", "exit_code", "truncated", "dropped_bytes"}``;
     past the timeout the group is killed and the answer is 500
-    TimeoutError (with the output gathered so far).
+    TimeoutError (with the output gathered so far).  A policy reload that
+    no longer lets its caller in (the identity gone, ``process:run`` taken
+    away) ends the command's group and answers that refusal, as it ends
+    the caller's streams.
     """
     spec = launch(request)
+    ran = Deferred.fromCoroutine(
+        run_to_end(request, spec, max_total_bytes=request.output_bytes)
+    )
+    revoked: list[ApiError] = []
+
+    def close(error: ApiError) -> None:
+        revoked.append(error)
+        ran.cancel()
+
+    held = held_connections.hold(
+        request.context, request.identity, request.endpoint, close
+    )
     try:
-        result = await run_to_end(request, spec, max_total_bytes=request.output_bytes)
+        result = await ran
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
+    except CancelledError:
+        if revoked:
+            raise revoked[0] from None
+        raise
+    finally:
+        held_connections.release(request.context, held)
     body = {
         "stdout": _text(result.stdout),
         "stderr": _text(result.stderr),

@@ -382,13 +382,26 @@ def send_response(
 
     def sent(count: int) -> None:
         call.bytes_out = count
+        transport = raw.channel.transport if raw.channel is not None else None
+        if getattr(transport, "disconnected", False):
+            # The client left mid-body: the transport stopped the producer
+            # on its way to connectionLost, which has not reached the
+            # request yet.  Finishing now would find the producer still
+            # registered (Twisted logs that as critical); as the HTTP
+            # door, the call is audited as the client's leaving.
+            call._gone()
+            return
         if not call.closed:
             raw.finish()
         call.done()
 
-    def failed(_: Any) -> None:
+    def failed(failure: Failure) -> None:
         if not call.closed:
             raw.channel.transport.abortConnection()
+        if failure.check(BrokenPipeError, ConnectionResetError):
+            # sendfile() met the client's close before the transport did.
+            call._gone()
+            return
         call.done()
 
     response.write_to(raw).addCallbacks(sent, failed)

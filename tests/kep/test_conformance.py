@@ -172,6 +172,37 @@ class FilesConformance(ConformanceCase):
             self.assertEqual(f.read(), b"backslashes")
 
     @inlineCallbacks
+    def test_listed_names_lead_to_their_own_files(self) -> Any:
+        """
+        Names the SDK lists lead back to their own files when the SDK reads
+        them, none listed like another: a name whose bytes are not UTF-8
+        (shown with ``\\xNN``), one spelling those escapes with
+        backslashes (shown with them doubled), and one with a plain
+        backslash (shown as it is).
+        """
+        folder = os.path.join(os.fsencode(self.base_dir), b"d")
+        os.mkdir(folder)
+        files = {
+            b"r\xe9sum\xe9.txt": b"latin-1 name",
+            b"r\\xe9sum\\xe9.txt": b"backslashes",
+            b"a\\b.txt": b"plain backslash",
+        }
+        for name, data in files.items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+        fs = self.filesystem()
+        listed = yield self.blocking(fs.list, "d")
+        names = sorted(entry.name for entry in listed)
+        self.assertEqual(
+            names, ["a\\b.txt", "r\\\\xe9sum\\\\xe9.txt", "r\\xe9sum\\xe9.txt"]
+        )
+        read = {}
+        for name in names:
+            read[name] = yield self.blocking(fs.read, "d/" + name)
+        self.assertEqual(sorted(read.values()), sorted(files.values()))
+        self.assertEqual(read["r\\xe9sum\\xe9.txt"], b"latin-1 name")
+
+    @inlineCallbacks
     def test_put_multipart_spooled_to_disk(self) -> Any:
         """
         A multipart body big enough to be kept on disk is written (a form

@@ -46,14 +46,21 @@ def framed(value: dict[str, Any]) -> bytes:
 class Harness:
     """One client connection to a factory, pumped by hand."""
 
-    def __init__(self, factory: GrpcFactory, window: int | None = None) -> None:
+    def __init__(
+        self, factory: GrpcFactory, window: int | None = None, validate: bool = True
+    ) -> None:
         self.factory = factory
         protocol = factory.buildProtocol(ADDRESS)
         assert protocol is not None
         self.server = protocol
         self.transport = StringTransport(peerAddress=ADDRESS)
         self.client = H2Connection(
-            H2Configuration(client_side=True, header_encoding=None)
+            H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                validate_outbound_headers=validate,
+                normalize_outbound_headers=validate,
+            )
         )
         self.client.initiate_connection()
         if window is not None:
@@ -182,6 +189,38 @@ class H2Tests(SynchronousTestCase):
             self.assertEqual(fields[b":status"], http, kwargs)
             self.assertEqual(fields[b"grpc-status"], b"%d" % status, kwargs)
         self.assertFalse(h.transport.disconnecting)
+
+    def test_a_malformed_head_fails_its_call_only(self) -> None:
+        """
+        A request head HTTP/2 calls malformed (a NUL in a value, an
+        upper-case name, a connection header) is INVALID_ARGUMENT on its
+        own stream, without the value in the message; a value's
+        surrounding spaces are dropped rather than refused.  The
+        connection and a call running on it go on.
+        """
+        h = Harness(self.factory, validate=False)
+        running = h.request("/t/Hang", body=framed({}))
+        for bad in (
+            [(b"x-tag", b"secret\x00")],
+            [(b"X-Tag", b"a")],
+            [(b"connection", b"close")],
+        ):
+            stream = h.request(body=framed({"text": "hi"}), headers=bad)
+            fields = h.response(stream)
+            self.assertEqual(
+                fields[b"grpc-status"], b"%d" % Status.INVALID_ARGUMENT, bad
+            )
+            self.assertIn(b"malformed request headers", fields[b"grpc-message"])
+            self.assertNotIn(b"secret", fields[b"grpc-message"])
+        spaced = h.request(body=framed({"text": "hi"}), headers=[(b"x-tag", b" abc ")])
+        self.assertEqual(h.response(spaced)[b"grpc-status"], b"0")
+        self.assertEqual(h.data(spaced), framed({"text": "hi"}))
+        self.assertFalse(h.transport.disconnecting)
+        self.assertFalse(
+            any(isinstance(e, ConnectionTerminated) for e in h.events), h.events
+        )
+        self.assertEqual(self.recorder.ended, [])
+        self.assertNotIn(b"grpc-status", h.response(running))
 
     def test_more_than_one_message(self) -> None:
         """Two request messages on a unary call: INVALID_ARGUMENT, handler not run."""

@@ -224,6 +224,40 @@ class ExecuteTests(ProcessCase):
         )
         self.assertEqual(status_of(error)[0], "INVALID_ARGUMENT")
 
+    @inlineCallbacks
+    def test_a_nul_in_cwd(self) -> Any:
+        """
+        A ``cwd`` holding a NUL byte is INVALID_ARGUMENT for ``Execute`` and
+        ``Start``, as a NUL in the command is, with nothing logged.
+        """
+        pb, _ = stubs()
+        bad = config(pb, ["true"], cwd="a\x00b")
+        errors = [
+            (
+                yield self.blocking(
+                    self.caught,
+                    self.stub().Execute,
+                    pb.ExecuteRequest(config=bad),
+                    timeout=10,
+                )
+            ),
+            (
+                yield self.blocking(
+                    self.caught,
+                    lambda: list(
+                        self.stub().Start(pb.StartRequest(config=bad), timeout=10)
+                    ),
+                )
+            ),
+        ]
+        for error in errors:
+            self.assertIsInstance(error, grpc.RpcError)
+            self.assertEqual(
+                status_of(error)[:2],
+                ("INVALID_ARGUMENT", "'cwd' must not contain NUL"),
+            )
+        self.assertEqual(self.flushLoggedErrors(), [])
+
     def caught_plain(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -786,6 +820,59 @@ class PtyOutputTests(ProcessCase):
             self.assertEqual(len(out), len(want))
             self.assertTrue(out == want, "the terminal's output was not exact")
 
+    @inlineCallbacks
+    def test_a_terminal_waits_for_a_slow_reader(self) -> Any:
+        """
+        A client that stops reading a terminal ``Start`` for longer than a
+        WebSocket viewer may lag pauses the terminal, as a plain ``Start``
+        pauses its pipes: once it reads again every byte comes and the
+        command runs to its end, rather than the stream being cut and the
+        command killed.
+        """
+        from sandboxd.routes import terminal as terminal_routes
+
+        opened = terminal_routes.open_session
+
+        def open_session(*args: Any, **kwargs: Any) -> Any:
+            # A viewer's patience this short, so that the test need not
+            # outwait the default ten seconds.
+            session = opened(*args, **kwargs)
+            session.slow_client_seconds = 0.2
+            return session
+
+        self.patch(terminal_routes, "open_session", open_session)
+        pb, _ = stubs()
+        stub = self.stub()
+        lines = 1500000
+        want = b"".join(b"%d\r\n" % i for i in range(1, lines + 1))
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["seq", "1", str(lines)]),
+                    pty=pb.PTY(cols=120, rows=40),
+                ),
+                timeout=60,
+            )
+            next(stream)
+            time.sleep(2)
+            out = bytearray()
+            code = None
+            try:
+                for response in stream:
+                    if response.HasField("stdout"):
+                        out += response.stdout
+                    elif response.HasField("exit"):
+                        code = response.exit.exit_code
+            except grpc.RpcError as e:
+                return bytes(out), status_of(e)
+            return bytes(out), code
+
+        out, code = yield self.blocking(job)
+        self.assertEqual(code, 0)
+        self.assertEqual(len(out), len(want))
+        self.assertTrue(out == want, "the terminal's output was not exact")
+
 
 def _eof(pb: Any, pid: int) -> Any:
     from google.protobuf import empty_pb2
@@ -839,6 +926,58 @@ class AccessTests(ProcessCase):
             [(r["identity"], r["status"]) for r in lines],
             [("-", 401), ("agent", 200), ("reader", 403)],
         )
+
+    @inlineCallbacks
+    def test_a_bad_header_fails_its_call_not_the_channel(self) -> Any:
+        """
+        On the one channel the SDK shares between calls, a call whose
+        ``authorization`` is ``Bearer `` (an empty token, as an interceptor
+        sends for an unset variable) is UNAUTHENTICATED, and one whose
+        metadata value ends with a space runs; a ``Start`` running on the
+        same channel meanwhile goes on to its end.
+        """
+        pb, pb_grpc = stubs()
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.addCleanup(channel.close)
+        stub = pb_grpc.ProcessServiceStub(channel)
+        auth = ("authorization", f"Bearer {TOKEN}")
+        request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", "echo ok"]))
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "echo up; sleep 1; echo done"])
+                ),
+                metadata=[auth],
+                timeout=20,
+            )
+            next(stream)
+            seen = b""
+            while b"up" not in seen:
+                seen += next(stream).stdout
+            empty = self.caught(
+                stub.Execute,
+                request,
+                metadata=[("authorization", "Bearer ")],
+                timeout=10,
+            )
+            spaced = self.caught(
+                stub.Execute,
+                request,
+                metadata=[auth, ("x-request-tag", "abc ")],
+                timeout=10,
+            )
+            try:
+                rest = events(stream)
+            except grpc.RpcError as e:
+                rest = [("error", status_of(e))]
+            return empty, spaced, rest
+
+        empty, spaced, rest = yield self.blocking(job)
+        self.assertIsInstance(empty, grpc.RpcError)
+        self.assertEqual(status_of(empty)[0], "UNAUTHENTICATED")
+        self.assertEqual((spaced.stdout, spaced.exit_code), (b"ok\n", 0))
+        self.assertEqual(rest, [("stdout", b"done\n"), ("exit", 0)])
 
 
 class TransportRefusalTests(ProcessCase):
@@ -935,3 +1074,50 @@ class ReloadTests(ProcessCase):
         out, error = yield went_on
         self.assertIsNone(error)
         self.assertTrue(out.endswith(b"done\n"), out)
+
+    @inlineCallbacks
+    def test_a_revoked_callers_execute_ends(self) -> Any:
+        """
+        Taking a token out of the policy, or ``process:run`` from it, ends
+        its running ``Execute`` at the reload (UNAUTHENTICATED or
+        PERMISSION_DENIED, saying why) and kills its command, as it ends
+        its ``Start`` streams; the command does not run on to its end.
+        """
+        agent = {"id": "agent", "token_sha256": DIGEST, "scopes": ["*"]}
+        pb, _ = stubs()
+        for narrowed, status, says in (
+            (None, "UNAUTHENTICATED", "'agent' is no longer in the policy"),
+            (["files:read"], "PERMISSION_DENIED", "process:run"),
+        ):
+            yield self.start_on_policy_file(self.tokens_policy([agent]))
+            pid_file = os.path.join(self.base_dir, "pid")
+            if os.path.exists(pid_file):
+                os.remove(pid_file)
+            script = f"echo $$ > {pid_file}; sleep 30; echo done"
+            request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", script]))
+            running = self.blocking(
+                self.caught, self.stub(TOKEN).Execute, request, timeout=60
+            )
+            for _ in range(100):
+                if os.path.exists(pid_file) and open(pid_file).read().strip():
+                    break
+                yield self.sleep(0.05)
+            with open(pid_file) as f:
+                shell = int(f.read())
+            began = time.monotonic()
+            self.reload_policy(
+                self.tokens_policy(
+                    [] if narrowed is None else [{**agent, "scopes": narrowed}]
+                )
+            )
+            error = yield running
+            self.assertIsInstance(error, grpc.RpcError)
+            name, details, _ = status_of(error)
+            self.assertEqual(name, status)
+            self.assertIn(says, details)
+            self.assertLess(time.monotonic() - began, 10)
+            for _ in range(50):
+                if not alive(shell):
+                    break
+                yield self.sleep(0.1)
+            self.assertFalse(alive(shell))

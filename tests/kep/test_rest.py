@@ -7,13 +7,16 @@ protocol's error bodies with sandboxd's code and rule in headers.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
 import stat
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy import PolicyError, load_policy
@@ -119,6 +122,41 @@ class SdkTests(KepCase):
         yield self.blocking(fs.delete, "d", recursive=True)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "d")))
 
+    @inlineCallbacks
+    def test_a_tree_written_into_while_deleted(self) -> Any:
+        """
+        A recursive delete that meets a file created in the tree after it
+        was walked (a PUT racing it) is 409 CONFLICT, which a client may
+        retry, not 500; the retry removes the tree.
+        """
+        from sandboxd.files import walk
+
+        rmtree = walk.shutil.rmtree
+        raced: list[str] = []
+
+        def racing_rmtree(name: str, dir_fd: int) -> None:
+            if not raced:
+                raced.append(name)
+                raise OSError(errno.ENOTEMPTY, "Directory not empty", name)
+            rmtree(name, dir_fd=dir_fd)
+
+        self.patch(walk.shutil, "rmtree", racing_rmtree)
+        fs = self.filesystem()
+        yield self.blocking(fs.write, "race/x/y/f.txt", b"x")
+        error = _sdk_error(
+            self,
+            (
+                yield self.assertFailure(
+                    self.blocking(fs.delete, "race/x", recursive=True), Exception
+                )
+            ),
+        )
+        self.assertEqual(error.status_code, 409)
+        self.assertEqual(error.response.json()["code"], "CONFLICT")
+        self.assertIn("try again", error.response.json()["message"])
+        yield self.blocking(fs.delete, "race/x", recursive=True)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "race/x")))
+
 
 class RawTests(KepCase):
     """What the SDK does not reach, with a raw HTTP client."""
@@ -155,6 +193,21 @@ class RawTests(KepCase):
         self.assertEqual((r.status_code, r.content), (404, b""))
         r = yield self.http("GET", "/v1/files/nope")
         self.assertEqual((r.status_code, r.json()["code"]), (404, "NOT_FOUND"))
+
+    @inlineCallbacks
+    def test_messages_name_the_callers_paths(self) -> Any:
+        """
+        An error names a path as the caller gave it, relative to the root,
+        never the daemon's absolute path of it.
+        """
+        os.makedirs(os.path.join(self.base_dir, "conf"))
+        for method in ("GET", "DELETE"):
+            r = yield self.http(method, "/v1/files/conf%2Fnope")
+            self.assertEqual(r.status_code, 404)
+            self.assertEqual(
+                r.json()["message"], "No such file or directory: conf/nope"
+            )
+            self.assertNotIn(self.base_dir, r.text)
 
     @inlineCallbacks
     def test_listing_shape(self) -> Any:
@@ -232,6 +285,46 @@ class RawTests(KepCase):
             [(line["endpoint"], line["status"]) for line in lines],
             [("files_read_raw", 200), ("files_list", 200), ("files_delete", 204)],
         )
+
+    @inlineCallbacks
+    def test_a_download_the_client_drops(self) -> Any:
+        """
+        A client that goes away in the middle of a download (Ctrl-C, a
+        port-forward dropping) is routine: no error is logged, and the
+        audit line says the client left (499 ``client_closed``), not 200.
+        """
+        path = os.path.join(self.base_dir, "big.bin")
+        with open(path, "wb") as f:
+            f.truncate(64 * 1024 * 1024)
+
+        def drop() -> int:
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as sock:
+                sock.sendall(
+                    b"GET /v1/files/big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                )
+                got = 0
+                while got < 1024 * 1024:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+            return got
+
+        for _ in range(3):
+            got = yield self.blocking(drop)
+            self.assertGreaterEqual(got, 1024 * 1024)
+        lines: list[Any] = []
+        for _ in range(100):
+            lines = [
+                (line["status"], line["code"])
+                for line in self.audit_lines()
+                if line.get("endpoint") == "files_read_raw"
+            ]
+            if len(lines) == 3:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(lines, [(499, "client_closed")] * 3)
+        self.assertEqual(self.flushLoggedErrors(), [])
 
     @inlineCallbacks
     def test_health_and_metadata(self) -> Any:
@@ -402,6 +495,31 @@ class AuthTests(KepCase):
         # The HTTP port is not the KEP door: no credential is 401 there.
         response = yield self.daemon.request("GET", "/files/list?path=.", token=None)
         self.assertEqual(response.status, 401)
+
+    @inlineCallbacks
+    def test_a_credential_the_door_cannot_read_is_401(self) -> Any:
+        """
+        With ``unauthenticated_as``, an ``Authorization`` header holding no
+        token the daemon reads (``Basic``, an empty one) is 401
+        UNAUTHENTICATED, not the stand-in's identity: its caller believes
+        it is authenticated.  Without the header the stand-in still holds.
+        """
+        yield self.daemon.stop()
+        policy = dict(self.extra_policy)
+        policy["endpoints"] = {"kep": {"params": {"unauthenticated_as": "agent"}}}
+        self.extra_policy = policy
+        yield self.start()
+        with open(os.path.join(self.base_dir, "r.txt"), "w") as f:
+            f.write("ok")
+        for value in ("Basic dXNlcjpwYXNz", ""):
+            r = yield self.http(
+                "GET", "/v1/files/r.txt", headers={"Authorization": value}
+            )
+            self.assertEqual(
+                (r.status_code, r.json()["code"]), (401, "UNAUTHENTICATED"), value
+            )
+        r = yield self.http("GET", "/v1/files/r.txt")
+        self.assertEqual((r.status_code, r.content), (200, b"ok"))
 
     @inlineCallbacks
     def test_counted_link_spends_one_use_per_call(self) -> Any:

@@ -7,6 +7,7 @@ resumable output.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import secrets
@@ -514,6 +515,73 @@ class ShellTests(ProcessCase):
         reply = yield self.request("POST", "/shell", {"command": "true"})
         self.assertEqual(reply.status, 503)
         self.daemon.context.draining = False
+
+
+class ShellRevokedTests(ProcessCase):
+    """A policy reload ends the ``/shell`` command of a caller it no longer lets in."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start_on_policy_file(self.tokens_policy(["*"]))
+
+    def tokens_policy(self, agent_scopes: list[str] | None) -> dict[str, Any]:
+        tokens = [
+            {
+                "id": "keeper",
+                "token_sha256": hashlib.sha256(b"keeper-token").hexdigest(),
+                "scopes": ["*"],
+            }
+        ]
+        if agent_scopes is not None:
+            tokens.append(
+                {
+                    "id": "agent",
+                    "token_sha256": hashlib.sha256(b"agent-token").hexdigest(),
+                    "scopes": agent_scopes,
+                }
+            )
+        return {"auth": {"tokens": tokens}}
+
+    @inlineCallbacks
+    def check_revoked(self, policy: dict[str, Any], status: int, says: str) -> Any:
+        running = self.request(
+            "POST",
+            "/shell",
+            {"command": f"sleep {self.marker}"},
+            token="agent-token",
+        )
+        up = yield wait_until(lambda: bool(marked_pids(self.marker)))
+        self.assertTrue(up)
+        began = time.monotonic()
+        self.reload_policy(policy)
+        reply = yield running
+        self.assertLess(time.monotonic() - began, 10)
+        self.assertEqual(reply.status, status, reply.body)
+        self.assertIn(says, reply.json()["error"])
+        left = yield self.gone()
+        self.assertEqual(left, [])
+        other = yield self.request(
+            "POST", "/shell", {"command": "echo ok"}, token="keeper-token"
+        )
+        self.assertEqual((other.status, other.json()["stdout"]), (200, "ok\n"))
+
+    def test_removed_identity(self) -> Any:
+        """
+        Taking the caller's token out of the policy answers its running
+        ``/shell`` 401 at the reload and kills the command, rather than
+        letting it run to its end; another token's calls go on.
+        """
+        return self.check_revoked(
+            self.tokens_policy(None), 401, "'agent' is no longer in the policy"
+        )
+
+    def test_scope_taken_away(self) -> Any:
+        """Taking ``process:run`` away does the same, 403."""
+        return self.check_revoked(
+            self.tokens_policy(["files:read"]), 403, "process:run"
+        )
 
 
 class ShellStreamTests(ProcessCase):
