@@ -59,8 +59,13 @@ _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def iso_time(ts: float) -> str:
-    """Seconds since the epoch as ISO 8601 UTC (``2026-09-21T00:00:00+00:00``)."""
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
+    """
+    Seconds since the epoch as ISO 8601 UTC with its microseconds, as
+    agent-sandbox-server writes file times (``2026-09-21T00:00:00.446213+00:00``;
+    no fraction when there is none): a client that syncs by comparing
+    ``modified`` sees an edit made in the same second.
+    """
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat()
 
 
 def type_of(st: os.stat_result) -> str:

@@ -667,6 +667,15 @@ class TreeTests(FilesCase):
             (body["accessed"], body["created"]),
             (walk.iso_time(st.st_atime), walk.iso_time(st.st_ctime)),
         )
+        # With microseconds, as the seed gives them: an edit in the same
+        # second shows.
+        os.utime(path, ns=(1_790_000_000_446_213_000, 1_790_000_000_446_213_000))
+        for endpoint in ("/files/stat", "/files/list"):
+            reply = yield self.get(endpoint, "s.txt" if "stat" in endpoint else ".")
+            body = reply.json()
+            if "entries" in body:
+                body = next(e for e in body["entries"] if e["name"] == "s.txt")
+            self.assertEqual(body["modified"], "2026-09-21T14:13:20.446213+00:00")
         reply = yield self.get("/files/stat", "missing")
         self.assertEqual(reply.status, 200)
         self.assertEqual(

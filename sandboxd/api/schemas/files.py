@@ -142,7 +142,7 @@ SCHEMAS: dict[str, Schema] = {
                 "entries",
                 "array",
                 "[{name, path, type: file|directory|symlink, size, "
-                "modified (ISO 8601 UTC)}]",
+                "modified (ISO 8601 UTC, with microseconds)}]",
                 items="object",
             ),
             F("truncated", "boolean", "max_entries (10000) was reached"),
@@ -164,7 +164,7 @@ SCHEMAS: dict[str, Schema] = {
             F("type", enum=("file", "directory", "symlink", "unknown")),
             F("size", "integer"),
             F("permissions", doc='octal, e.g. "644"'),
-            F("modified", doc="ISO 8601 UTC"),
+            F("modified", doc="ISO 8601 UTC, with microseconds"),
             F("accessed", doc="ISO 8601 UTC"),
             F(
                 "created",
