@@ -830,8 +830,10 @@ class TreeTests(FilesCase):
     def test_write_to_a_name_ending_in_a_slash(self) -> Any:
         """
         A file written to ``new/`` (or ``p/new/``) is refused as a directory,
-        as open() refuses it, by every write route: no file ``new``, no
-        parent made for it.
+        as open() refuses it, by every write route, saying what is wrong
+        (the trailing slash; was "Is a directory" of a directory that is
+        not there): no file ``new``, no parent made for it.  A slash after
+        a directory that is there is "Is a directory" still.
         """
         for method, route, body, raw in (
             ("POST", "/files/raw?path=p/new1/", None, b"x"),
@@ -847,7 +849,18 @@ class TreeTests(FilesCase):
             self.assertEqual(
                 (reply.status, reply.json()["type"]), (400, "IsADirectoryError"), route
             )
+            self.assertIn("ends in '/', which names a directory", reply.json()["error"])
         self.assertEqual(os.listdir(self.base_dir), [])
+        os.mkdir(os.path.join(self.base_dir, "there"))
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "there/", "content_base64": b64(b"x")},
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["error"]),
+            (400, "Is a directory: there/"),
+        )
 
     @inlineCallbacks
     def test_search(self) -> Any:
