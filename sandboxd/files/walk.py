@@ -568,6 +568,18 @@ def _move_to(
 ) -> tuple[str, str]:
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
+    src_st = src.lstat()
+    if (
+        src_st is not None
+        and dst_st is not None
+        and dst.path == src.path
+        and (src_st.st_dev, src_st.st_ino) == (dst_st.st_dev, dst_st.st_ino)
+        and (stat.S_ISDIR(src_st.st_mode) or not str(destination).endswith("/"))
+    ):
+        # Onto itself: nothing to do, as rename(2) and the seed's
+        # shutil.move do nothing (not a 409 for a file in its own way,
+        # nor a directory moved into itself).
+        return src.path, dst.path
     dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
     # What a message names: the entry in the way, inside the destination
     # directory when the move goes into one.

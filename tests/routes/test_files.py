@@ -770,6 +770,37 @@ class TreeTests(FilesCase):
         self.assertTrue(os.path.isdir(self.base_dir))
 
     @inlineCallbacks
+    def test_move_onto_itself(self) -> Any:
+        """
+        A file or a directory moved onto itself (by any spelling of its
+        path) is a 200 that changes nothing, as on the seed (was: 409
+        file_exists for a file, 400 for a directory); a file named with a
+        trailing slash is still 400.
+        """
+        self.put("a.txt", b"same")
+        self.put("d/in.txt", b"inside")
+        for source, destination, where in (
+            ("a.txt", "a.txt", "a.txt"),
+            ("a.txt", "./a.txt", "a.txt"),
+            (os.path.join(self.base_dir, "a.txt"), "a.txt", "a.txt"),
+            ("d", "d", "d"),
+            ("d", "d/", "d"),
+        ):
+            reply = yield self.request(
+                "POST", "/files/move", {"source": source, "destination": destination}
+            )
+            self.assertEqual(reply.status, 200, (source, destination, reply.body))
+            full = os.path.join(self.base_dir, where)
+            self.assertEqual(reply.json(), {"source": full, "destination": full})
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["a.txt", "d"])
+        self.assertEqual(self.read("a.txt"), b"same")
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "d")), ["in.txt"])
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "a.txt", "destination": "a.txt/"}
+        )
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
     def test_move_onto_a_name_ending_in_a_slash(self) -> Any:
         """
         A destination ending in ``/`` names a directory, as it does to mv:
