@@ -712,7 +712,10 @@ class TreeTests(FilesCase):
 
     @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
-        """mkdir with parents (twice is fine), delete recursively, move with prefixes and 404."""
+        """
+        mkdir with parents (twice is fine), delete recursively, move with
+        prefixes and 404; the base dir itself is never deleted.
+        """
         reply = yield self.request("POST", "/files/mkdir", {"path": "m/n/o"})
         self.assertEqual(
             reply.json(),
@@ -763,11 +766,22 @@ class TreeTests(FilesCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "m")))
         reply = yield self.request("DELETE", "/files?path=m")
         self.assertEqual(reply.status, 404)
+        self.put("kept.txt")
         reply = yield self.request(
             "DELETE", "/files?path=" + quote(self.base_dir, safe="")
         )
-        self.assertEqual(reply.status, 403)
-        self.assertTrue(os.path.isdir(self.base_dir))
+        # The base dir is inside the boundary, not outside it: denied,
+        # saying why, as the seed says it (was: path_not_allowed, "outside
+        # the allowed area").
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["error"]),
+            (
+                403,
+                "path_denied",
+                f"the base dir itself cannot be removed: {self.base_dir}",
+            ),
+        )
+        self.assertEqual(self.read("kept.txt"), b"hello")
 
     @inlineCallbacks
     def test_move_onto_itself(self) -> Any:

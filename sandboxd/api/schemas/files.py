@@ -225,10 +225,11 @@ SCHEMAS: dict[str, Schema] = {
                 "path in the query and in the body with different values",
             ),
             *_WRITE_GUARD,
+            E(403, "path_denied", "the base dir itself (rule guard:base_dir)"),
             E(
                 403,
                 "path_not_allowed",
-                "the base dir itself, a mount point, or a tree holding one",
+                "another root of paths.allow, a mount point, or a tree holding one",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
