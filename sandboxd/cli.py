@@ -252,15 +252,14 @@ def trace_problems() -> list[str]:
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
     from sandboxd.access.auth import ANONYMOUS, Identity
-    from sandboxd.daemon.server import import_commands
+    from sandboxd.daemon.startup import import_templates
     from sandboxd.endpoints import renamed_warning
     from sandboxd.policy import PolicyError, load_policy
     from sandboxd.policy.discovery import check
     from sandboxd.routes import default_table
 
     try:
-        for spec in options["commands"]:
-            import_commands(spec)
+        import_templates(options["commands"])
         table = default_table()
         policy = load_policy(
             table,

@@ -14,8 +14,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+from twisted.logger import Logger
 
 from sandboxd.errors import bad_request
+
+log = Logger(namespace="sandboxd")
 
 ARG_TYPES = ("string", "integer", "float", "boolean", "string_array")
 _TRUE = ("true", "yes", "1")
@@ -246,6 +249,14 @@ class Command:
         return kwargs
 
 
+def source_of(func: Callable[..., Any]) -> str:
+    """Where ``func`` is defined (``file:line``), for a line an operator reads."""
+    code = getattr(inspect.unwrap(func), "__code__", None)
+    if code is None:
+        return repr(func)
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
 class CommandRegistry:
     """The commands a server offers; frozen when the server starts."""
 
@@ -288,17 +299,18 @@ class CommandRegistry:
         """
         Add a command.
 
+        A name already registered is replaced, with a log line naming both
+        functions' sources.
+
         :raises RuntimeError: once frozen.
-        :raises ValueError: on a name already taken, or declared ``args``
-            the function cannot be called with (:func:`signature_mismatch`).
+        :raises ValueError: on declared ``args`` the function cannot be
+            called with (:func:`signature_mismatch`).
         """
         if self._frozen:
             raise RuntimeError(
                 "the command registry is frozen: register commands at import time"
             )
         name = name or func.__name__
-        if name in self._commands:
-            raise ValueError(f"command {name!r} is already registered")
         if args is not None:
             args = tuple(args)
             mismatch = signature_mismatch(name, func, args)
@@ -312,6 +324,16 @@ class CommandRegistry:
             scopes=tuple(scopes),
             args=tuple(args) if args is not None else infer_args(func),
         )
+        earlier = self._commands.get(name)
+        if earlier is not None:
+            # The last registration wins, as on the seed: a derived
+            # template's file given after its base's customises one command.
+            log.info(
+                "sandboxd: command {name!r} from {new} replaces the one from {old}",
+                name=name,
+                new=source_of(func),
+                old=source_of(earlier.func),
+            )
         self._commands[name] = cmd
         return cmd
 

@@ -51,6 +51,7 @@ class Code(enum.StrEnum):
     #: ``deny_commands``, ``languages`` and the extension lists (§21: its
     #: SDK reads ``extension_not_allowed`` as a file refusal).
     COMMAND_NOT_ALLOWED = "command_not_allowed"
+    SHELL_NOT_ALLOWED = "shell_not_allowed"
     LANGUAGE_NOT_ALLOWED = "language_not_allowed"
     EXTENSION_NOT_ALLOWED = "extension_not_allowed"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"

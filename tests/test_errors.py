@@ -92,7 +92,13 @@ SPEC_6 = {
 #: The seed's own codes that SPEC §6 takes where §21 makes a seed
 #: behaviour ours, merged into the check.
 SPEC_6_SEED = {
-    403: ("command_not_allowed", "language_not_allowed", "extension_not_allowed"),
+    403: (
+        "command_not_allowed",
+        "language_not_allowed",
+        "extension_not_allowed",
+        # a terminal's shell the policy's own ``shells`` leave out
+        "shell_not_allowed",
+    ),
 }
 
 #: The codes git adds (SPEC §24): its own rows, merged into the check.

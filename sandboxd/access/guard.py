@@ -99,11 +99,10 @@ def refusal(decision: PathDecision) -> ApiError:
     if decision.code == Code.INVALID_PATH:
         return invalid_path("NUL is not allowed in a path")
     code = decision.code or Code.PATH_NOT_ALLOWED
-    return forbidden(
-        f"{_MESSAGES.get(code, 'path refused')}: {decision.path}",
-        code,
-        rule=decision.rule,
-    )
+    message = _MESSAGES.get(code, "path refused")
+    if code is Code.PATH_DENIED and decision.rule == "guard:base_dir":
+        message = "the base dir itself cannot be removed"
+    return forbidden(f"{message}: {decision.path}", code, rule=decision.rule)
 
 
 # -- openat2 through ctypes ------------------------------------------------

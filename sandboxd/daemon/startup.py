@@ -12,7 +12,9 @@ runs and serves nothing (or serves everyone).
 from __future__ import annotations
 
 import os
+import sysconfig
 import tempfile
+import traceback
 from collections.abc import Iterable, Sequence
 
 from sandboxd.access.auth import Identity
@@ -90,6 +92,52 @@ def check_base_dir(path: str) -> None:
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise PolicyError(f"the base dir {path!r} {what}")
+
+
+def import_templates(specs: Iterable[str]) -> None:
+    """
+    Import each ``--commands`` template, as the start would.
+
+    A template that fails (a typo, a missing module, a command its own
+    arguments do not fit) stops the start with one line naming the
+    template, the error and the template's line it came from, rather than
+    the interpreter's traceback through the daemon's start-up.
+
+    :raises PolicyError: for the first template that cannot be imported.
+    """
+    from sandboxd.daemon.server import import_commands
+
+    for spec in specs:
+        try:
+            import_commands(spec)
+        except PolicyError:
+            raise
+        except Exception as e:
+            raise PolicyError(
+                f"--commands {spec}: {type(e).__name__}: {e}{_where(spec, e)}"
+            ) from None
+
+
+def _where(spec: str, error: BaseException) -> str:
+    """`` (at FILE:LINE)``: the template's deepest line in ``error``'s traceback."""
+    if isinstance(error, SyntaxError):
+        return ""  # its message already names the file and line
+    frames = traceback.extract_tb(error.__traceback__)
+    path = os.path.abspath(spec) if spec.endswith(".py") else None
+    # A module name's frames: any but the daemon's and the import machinery's.
+    skip = (
+        "<",
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+        sysconfig.get_paths()["stdlib"] + os.sep,
+    )
+    mine = [
+        f
+        for f in frames
+        if f.filename == path or (path is None and not f.filename.startswith(skip))
+    ]
+    if not mine:
+        return ""
+    return f" (at {mine[-1].filename}:{mine[-1].lineno})"
 
 
 def interface_of(description: str) -> str:

@@ -24,6 +24,7 @@ from sandboxd.daemon.server import (
     listen_string,
     validate_settings,
 )
+from sandboxd.daemon.startup import import_templates
 from sandboxd.policy import Policy, PolicyError
 from sandboxd.policy.document import check_preview_url, check_public_url
 
@@ -220,6 +221,7 @@ class Options(usage.Options):
                 self["pty-public-url"] = check_public_url(
                     "--pty-public-url", self["pty-public-url"]
                 )
+            import_templates(self["commands"])
             self.policy = validate_settings(self.settings())
         except PolicyError as e:
             raise usage.UsageError(str(e)) from None

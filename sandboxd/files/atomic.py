@@ -259,8 +259,21 @@ class AtomicWrite:
         self.done = False
         if location.name == "" or self.display.endswith("/"):
             # A name ending in a slash names a directory, as it does to open().
+            try:
+                st = location.lstat()
+            except OSError:
+                st = None
             location.undo_made()
             location.close()
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                # open() says "Is a directory" here too, of a directory
+                # that is not there: say what is wrong instead.
+                raise bad_request(
+                    f"the path {self.display} ends in '/', which names a "
+                    "directory, not a file: give the file's own name (without "
+                    "the trailing '/', or a name after it)",
+                    type="IsADirectoryError",
+                )
             raise is_a_directory(self.display)
         try:
             existing = self._check_target()

@@ -60,8 +60,13 @@ _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def iso_time(ts: float) -> str:
-    """Seconds since the epoch as ISO 8601 UTC (``2026-09-21T00:00:00+00:00``)."""
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
+    """
+    Seconds since the epoch as ISO 8601 UTC with its microseconds, as
+    agent-sandbox-server writes file times (``2026-09-21T00:00:00.446213+00:00``;
+    no fraction when there is none): a client that syncs by comparing
+    ``modified`` sees an edit made in the same second.
+    """
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat()
 
 
 def type_of(st: os.stat_result) -> str:
@@ -574,6 +579,18 @@ def _move_to(
 ) -> tuple[str, str]:
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
+    src_st = src.lstat()
+    if (
+        src_st is not None
+        and dst_st is not None
+        and dst.path == src.path
+        and (src_st.st_dev, src_st.st_ino) == (dst_st.st_dev, dst_st.st_ino)
+        and (stat.S_ISDIR(src_st.st_mode) or not str(destination).endswith("/"))
+    ):
+        # Onto itself: nothing to do, as rename(2) and the seed's
+        # shutil.move do nothing (not a 409 for a file in its own way,
+        # nor a directory moved into itself).
+        return src.path, dst.path
     dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
     # What a message names: the entry in the way, inside the destination
     # directory when the move goes into one.

@@ -69,8 +69,14 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     # is; a plain function's thread cannot be stopped and runs on (see
     # sandboxd.routes.commands.CommandThreads).  max_concurrency: commands
     # running for a caller at once (agent-sandbox-server runs each on a
-    # thread of its own, with no cap).
-    "run_command": {"timeout_seconds": 300, "max_concurrency": COMMANDS_AT_ONCE},
+    # thread of its own, with no cap).  A command is a template's own API
+    # and may take data: its body may be as large as agent-sandbox-server
+    # takes any body (10 MiB), so a command moved over keeps working.
+    "run_command": {
+        "timeout_seconds": 300,
+        "max_concurrency": COMMANDS_AT_ONCE,
+        "max_request_bytes": 10 * MIB,
+    },
     "git_status": {"timeout_seconds": 30},
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
     "packages": {"timeout_seconds": 60, "max_output_bytes": 10 * MIB},

@@ -308,6 +308,7 @@ def check_params(
         command_text,
         language_name,
         signal_number,
+        terminal_shell_refusal,
     )
     from sandboxd.web.params import integer
 
@@ -345,7 +346,10 @@ def check_params(
             if with_command:
                 check_command_allowed(rule, [name])
         except ApiError as e:
-            return refused(e, "shell")
+            # A terminal's shell is refused as the terminal refuses it.
+            return refused(
+                e if with_command else terminal_shell_refusal(e, rule), "shell"
+            )
     if with_command:
         try:
             command_argv({"command": params["command"], "shell": shell}, rule, lexical)

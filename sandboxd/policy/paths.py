@@ -241,7 +241,9 @@ def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
                     path, False, Code.READ_ONLY, rule.source("paths.read_only")
                 )
         if op == "delete" and target == rule.base_dir:
-            return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
+            # The base dir itself: inside the boundary, but never removed
+            # (nor moved away), as the seed refuses it (``path_denied``).
+            return PathDecision(path, False, Code.PATH_DENIED, "guard:base_dir")
     return PathDecision(path, True, target=target)
 
 

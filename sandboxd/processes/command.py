@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import Code, bad_request, forbidden, policy_rule
+from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.libc import libc
 from sandboxd.policy.commandrules import first_match, split_short_options
 from sandboxd.policy.defaults import EXECUTABLE_PATHS_KEPT, USER_ENTRIES_KEPT
@@ -103,6 +103,24 @@ def check_shell(shell: Any, rule: EffectiveRule) -> str:
             rule=policy_rule(rule, "params.shells"),
         )
     return shell
+
+
+def terminal_shell_refusal(error: ApiError, rule: EffectiveRule) -> ApiError:
+    """
+    A terminal's shell refused by :func:`check_shell`, answered as
+    agent-sandbox-server answers it: a shell the policy's own ``shells``
+    leave out is its policy refusal, 403 ``shell_not_allowed`` (type
+    ``PolicyDenied``; its SDK raises ``PolicyDeniedError``); one outside
+    the built-in list (no policy set ``shells``) is 400, as its fixed list
+    of shells refuses one (``ServerAPIError``).  Both name the rule.
+    """
+    if error.code is not Code.PARAM_NOT_ALLOWED:
+        return error
+    if rule.source("params.shells") is not None:
+        return forbidden(
+            error.message, Code.SHELL_NOT_ALLOWED, "PolicyDenied", **error.extra
+        )
+    return bad_request(error.message, error.code, **error.extra)
 
 
 def _runnable(path: str) -> bool:

@@ -34,7 +34,10 @@ class Managed:
     One background process: its child, its label, and its output log.
 
     Output is recorded as it is read, one event per read (``stdout`` or
-    ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``.
+    ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``:
+    every output event comes before any other, so the output event at log
+    seq ``n`` is the ``n - 1``-th output event, the seed's numbering
+    (:attr:`outputs` counts them).
     The text keeps every byte: what is not UTF-8 is held as surrogate
     escapes, so a door that sends bytes (the E2B door) sends the very
     bytes written, and a door that sends text shows :func:`readable`.
@@ -48,6 +51,8 @@ class Managed:
         self.tag = tag
         self.log = EventLog(retention)
         self.output_bytes = 0
+        #: Output events recorded so far (dropped ones too).
+        self.outputs = 0
         #: ``capture_output`` as the start request gave it (None: not said).
         #: Output is kept either way; a read in the seed's form (``since``)
         #: needs True, and an explicit False refuses every read, as the
@@ -84,6 +89,8 @@ class Managed:
             # The event holds the bytes of a character begun in an earlier
             # read too: counted here, or they would be reported dropped.
             size = held + len(data) - len(decoder.getstate()[0])
+            # Counted first: the append wakes readers, who answer with it.
+            self.outputs += 1
             self.log.append(
                 STREAM_NAMES[fd], {"data": text}, size + EVENT_OVERHEAD_BYTES
             )
@@ -94,6 +101,7 @@ class Managed:
         for fd, decoder in self._decoders.items():
             text = decoder.decode(b"", final=True)
             if text:
+                self.outputs += 1
                 self.log.append(
                     STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
                 )

@@ -618,8 +618,11 @@ def process_output(request: ServerRequest) -> Any:
       last seq returned.  With ``follow=true`` an SSE stream with the
       stream contract of SPEC §9 (``id:``, ``Last-Event-ID``, ``gap``,
       ``exit``).
-    - ``?since=SEQ&wait=S`` (the seed's): the events from ``since`` on;
-      ``next`` is the seq to pass as ``since`` next time.  Needs a process
+    - ``?since=SEQ&wait=S`` (the seed's): the events from ``since`` on,
+      numbered as the seed numbers them (``seq`` is an event's index among
+      the output events, from 0), so ``since`` may be ``next``, the count
+      of events seen or the last ``seq`` plus one alike; ``next`` is the
+      count of output events so far.  Needs a process
       started with ``capture_output: true`` (409 otherwise).  A read of
       such a process that names no cursor at all (no ``since``, ``after``,
       ``Last-Event-ID`` or ``follow``) is in this form too, as on the seed,
@@ -649,7 +652,8 @@ def process_output(request: ServerRequest) -> Any:
         return SSEResponse(start=start)
     if seed_form:
         since = integer(request.arg("since"), "since", 0, low=0)
-        after = max(since - 1, 0)
+        # Output event ``since`` (from 0) is at log seq ``since + 1``.
+        after = since
     else:
         after = resume_point(request.query, {})
     wait = number(
@@ -716,20 +720,22 @@ def _output_page(
     """
     One page of a process's kept output after ``after``.
 
-    :param since: the seed's cursor when the read used its form: ``next`` is
-        then the seq after the last event looked at (or ``since`` itself
-        when there was none); otherwise ``next`` is the last seq returned.
+    :param since: the seed's cursor when the read used its form: each
+        event's ``seq`` is then its index among the output events (log seq
+        minus one) and ``next`` the count of output events, as on the seed;
+        otherwise ``seq`` is the log's and ``next`` the last seq returned.
     """
     gap, scanned = managed.log.since(after)
     shown = [e for e in scanned if e.event in ("stdout", "stderr")]
+    offset = 0 if since is None else 1
     out = [
-        {"seq": e.seq, "stream": e.event, "data": readable(e.data["data"])}
+        {"seq": e.seq - offset, "stream": e.event, "data": readable(e.data["data"])}
         for e in shown
     ]
     described = managed.describe()
     dropped = managed.dropped_bytes()
     if since is not None:
-        following = scanned[-1].seq + 1 if scanned else since
+        following = managed.outputs
     else:
         following = shown[-1].seq if shown else after
     return {

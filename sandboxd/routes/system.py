@@ -31,6 +31,7 @@ from sandboxd.errors import (
     limit_rule,
 )
 from sandboxd.policy import defaults
+from sandboxd.policy.rules import Params
 from sandboxd.processes import command, environment
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.web.messages import ServerRequest, ServerResponse
@@ -148,15 +149,35 @@ def is_redacted(name: str, secrets: frozenset[str] = frozenset()) -> bool:
     )
 
 
+def _var_refusal(params: Params, name: str) -> str | None:
+    """
+    Which of the rule's ``deny_vars`` / ``allow_vars`` keeps ``name`` out
+    (names or globs such as ``APP_*``; the deny list wins), or None.
+
+    One reading for both directions, as on the seed: a variable a policy
+    will not let a caller set is not one it lets the caller read either.
+    """
+    if any(fnmatch.fnmatchcase(name, p) for p in params.deny_vars):
+        return "params.deny_vars"
+    if params.allow_vars is not None and not any(
+        fnmatch.fnmatchcase(name, p) for p in params.allow_vars
+    ):
+        return "params.allow_vars"
+    return None
+
+
 def env_get(request: ServerRequest) -> dict[str, Any]:
     """
     ``GET /env?filter=A,B``: the environment later children inherit.
 
     Secrets are never returned: names holding TOKEN, SECRET, KEY, PASSWORD
     or CREDENTIAL (any case), the server's own ``ABX_SERVER_*`` and
-    ``token_env`` names, and the rule's ``env_deny`` names.
+    ``token_env`` names, and the rule's ``env_deny`` names.  The rule's
+    ``allow_vars`` / ``deny_vars`` narrow it further, as on the seed, whose
+    policies use them to keep a ``DATABASE_URL`` and its password unread.
     """
-    hidden = _secret_names(request) | frozenset(request.rule.params.env_deny)
+    params = request.rule.params
+    hidden = _secret_names(request) | frozenset(params.env_deny)
     wanted: set[str] | None = None
     raw = request.arg("filter")
     if raw is not None:
@@ -164,7 +185,9 @@ def env_get(request: ServerRequest) -> dict[str, Any]:
     variables = {
         name: value
         for name, value in sorted(os.environ.items())
-        if (wanted is None or name in wanted) and not is_redacted(name, hidden)
+        if (wanted is None or name in wanted)
+        and not is_redacted(name, hidden)
+        and _var_refusal(params, name) is None
     }
     return {"variables": variables}
 
@@ -201,18 +224,13 @@ def _encodable(text: str, message: str) -> None:
 
 def _protection(request: ServerRequest, name: str) -> str | None:
     """The rule that protects ``name`` from ``POST /env``, or None."""
-    params = request.rule.params
     if name in PROTECTED_VARIABLES or name.upper().startswith(CONFIG_PREFIX):
         return "default:protected_variables"
     if name in _secret_names(request):
         return "policy:auth.tokens"
-    # Names or globs (``APP_*``), as on the seed.
-    if any(fnmatch.fnmatchcase(name, p) for p in params.deny_vars):
-        return request.rule.source("params.deny_vars") or "policy:params.deny_vars"
-    if params.allow_vars is not None and not any(
-        fnmatch.fnmatchcase(name, p) for p in params.allow_vars
-    ):
-        return request.rule.source("params.allow_vars") or "policy:params.allow_vars"
+    refusal = _var_refusal(request.rule.params, name)
+    if refusal is not None:
+        return request.rule.source(refusal) or f"policy:{refusal}"
     return None
 
 

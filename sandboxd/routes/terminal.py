@@ -29,7 +29,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.confinement import confinement_of
 from sandboxd.policy.defaults import ENDPOINT_LIMITS, identity_cap
-from sandboxd.processes.command import resolve_user
+from sandboxd.processes.command import resolve_user, terminal_shell_refusal
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import PtySession, SpawnRequest
@@ -88,7 +88,7 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     try:
         name, path = choose_shell(body.get("shell"), env, rule)
     except ApiError as e:
-        raise _shell_refused(e) from None
+        raise terminal_shell_refusal(e, rule) from None
     note_argv(request, [path], extra)
     spec = SpawnRequest(
         path,
@@ -106,17 +106,6 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
         "ws_url": _ws_url(request, session.id),
         "pid": session.pid,
     }
-
-
-def _shell_refused(error: ApiError) -> ApiError:
-    """
-    A shell left out of ``params.shells``, refused as agent-sandbox-server
-    refuses a shell it does not allow: 400 ``ValueError`` (its SDK's
-    ``ServerAPIError``, not ``PolicyDeniedError``), still naming the rule.
-    """
-    if error.code is not Code.PARAM_NOT_ALLOWED:
-        return error
-    return bad_request(error.message, error.code, **error.extra)
 
 
 def open_session(

@@ -146,6 +146,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: The UTF-8 encoding of U+FEFF, which may open a body (RFC 8259 §8.1).
+UTF8_BOM = b"\xef\xbb\xbf"
+
 #: The decoder of request bodies, made once: ``json.loads`` with any
 #: option builds a new decoder (and its scanner) on every call.
 _STRICT = json.JSONDecoder(
@@ -182,13 +185,18 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     """
     The body as a JSON object (``{}`` when empty).
 
+    A UTF-8 byte order mark before it is skipped, as RFC 8259 §8.1 lets a
+    parser do and agent-sandbox-server does: some tools write one
+    (PowerShell 5's ``Out-File``, then ``curl -d @file``).
+
     :raises ApiError: 400 ``invalid_json`` for anything else.
     """
+    raw = raw.removeprefix(UTF8_BOM)
     if not raw.strip():
         return {}
     try:
         # Strict UTF-8: no UTF-16/32 guess, no encoded surrogates, no BOM
-        # (json refuses a str starting with one).
+        # but the one skipped above (json refuses a str starting with one).
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid_json("the body is not valid UTF-8") from None

@@ -667,6 +667,15 @@ class TreeTests(FilesCase):
             (body["accessed"], body["created"]),
             (walk.iso_time(st.st_atime), walk.iso_time(st.st_ctime)),
         )
+        # With microseconds, as the seed gives them: an edit in the same
+        # second shows.
+        os.utime(path, ns=(1_790_000_000_446_213_000, 1_790_000_000_446_213_000))
+        for endpoint in ("/files/stat", "/files/list"):
+            reply = yield self.get(endpoint, "s.txt" if "stat" in endpoint else ".")
+            body = reply.json()
+            if "entries" in body:
+                body = next(e for e in body["entries"] if e["name"] == "s.txt")
+            self.assertEqual(body["modified"], "2026-09-21T14:13:20.446213+00:00")
         reply = yield self.get("/files/stat", "missing")
         self.assertEqual(reply.status, 200)
         self.assertEqual(
@@ -703,7 +712,10 @@ class TreeTests(FilesCase):
 
     @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
-        """mkdir with parents (twice is fine), delete recursively, move with prefixes and 404."""
+        """
+        mkdir with parents (twice is fine), delete recursively, move with
+        prefixes and 404; the base dir itself is never deleted.
+        """
         reply = yield self.request("POST", "/files/mkdir", {"path": "m/n/o"})
         self.assertEqual(
             reply.json(),
@@ -754,11 +766,53 @@ class TreeTests(FilesCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "m")))
         reply = yield self.request("DELETE", "/files?path=m")
         self.assertEqual(reply.status, 404)
+        self.put("kept.txt")
         reply = yield self.request(
             "DELETE", "/files?path=" + quote(self.base_dir, safe="")
         )
-        self.assertEqual(reply.status, 403)
-        self.assertTrue(os.path.isdir(self.base_dir))
+        # The base dir is inside the boundary, not outside it: denied,
+        # saying why, as the seed says it (was: path_not_allowed, "outside
+        # the allowed area").
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["error"]),
+            (
+                403,
+                "path_denied",
+                f"the base dir itself cannot be removed: {self.base_dir}",
+            ),
+        )
+        self.assertEqual(self.read("kept.txt"), b"hello")
+
+    @inlineCallbacks
+    def test_move_onto_itself(self) -> Any:
+        """
+        A file or a directory moved onto itself (by any spelling of its
+        path) is a 200 that changes nothing, as on the seed (was: 409
+        file_exists for a file, 400 for a directory); a file named with a
+        trailing slash is still 400.
+        """
+        self.put("a.txt", b"same")
+        self.put("d/in.txt", b"inside")
+        for source, destination, where in (
+            ("a.txt", "a.txt", "a.txt"),
+            ("a.txt", "./a.txt", "a.txt"),
+            (os.path.join(self.base_dir, "a.txt"), "a.txt", "a.txt"),
+            ("d", "d", "d"),
+            ("d", "d/", "d"),
+        ):
+            reply = yield self.request(
+                "POST", "/files/move", {"source": source, "destination": destination}
+            )
+            self.assertEqual(reply.status, 200, (source, destination, reply.body))
+            full = os.path.join(self.base_dir, where)
+            self.assertEqual(reply.json(), {"source": full, "destination": full})
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["a.txt", "d"])
+        self.assertEqual(self.read("a.txt"), b"same")
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "d")), ["in.txt"])
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "a.txt", "destination": "a.txt/"}
+        )
+        self.assertEqual(reply.status, 400)
 
     @inlineCallbacks
     def test_move_onto_a_name_ending_in_a_slash(self) -> Any:
@@ -821,8 +875,10 @@ class TreeTests(FilesCase):
     def test_write_to_a_name_ending_in_a_slash(self) -> Any:
         """
         A file written to ``new/`` (or ``p/new/``) is refused as a directory,
-        as open() refuses it, by every write route: no file ``new``, no
-        parent made for it.
+        as open() refuses it, by every write route, saying what is wrong
+        (the trailing slash; was "Is a directory" of a directory that is
+        not there): no file ``new``, no parent made for it.  A slash after
+        a directory that is there is "Is a directory" still.
         """
         for method, route, body, raw in (
             ("POST", "/files/raw?path=p/new1/", None, b"x"),
@@ -838,7 +894,18 @@ class TreeTests(FilesCase):
             self.assertEqual(
                 (reply.status, reply.json()["type"]), (400, "IsADirectoryError"), route
             )
+            self.assertIn("ends in '/', which names a directory", reply.json()["error"])
         self.assertEqual(os.listdir(self.base_dir), [])
+        os.mkdir(os.path.join(self.base_dir, "there"))
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "there/", "content_base64": b64(b"x")},
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["error"]),
+            (400, "Is a directory: there/"),
+        )
 
     @inlineCallbacks
     def test_search(self) -> Any:

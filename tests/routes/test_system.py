@@ -242,6 +242,45 @@ class EnvGetTests(EnvMixin, DaemonTestCase):
         self.assertEqual(reply.json(), {"variables": {}})
 
 
+class EnvGetVarsTests(EnvMixin, DaemonTestCase):
+    """``GET /env`` under a seed policy's ``allow_vars`` / ``deny_vars``."""
+
+    policy = {
+        "endpoints": {
+            "env_get": {
+                "params": {
+                    "deny_vars": ["DB_*", "*_URL"],
+                    "allow_vars": ["APP_*", "DB_*", "HOME", "*_URL"],
+                }
+            }
+        }
+    }
+
+    @inlineCallbacks
+    def test_globs_filter_the_answer(self) -> Any:
+        """
+        Only names an ``allow_vars`` glob matches are read, and a
+        ``deny_vars`` glob wins over it, as on the seed: a ``DATABASE_URL``
+        holding a password is not returned.
+        """
+        self.setenv(
+            HOME="/root",
+            APP_NAME="demo",
+            DB_HOST="db.internal",
+            DATABASE_URL="postgres://u:p@db/app",
+            INTERNAL_HOST="10.0.0.5",
+        )
+        reply = yield self.request(
+            "GET", "/env?filter=APP_NAME,DB_HOST,DATABASE_URL,INTERNAL_HOST,HOME"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(), {"variables": {"APP_NAME": "demo", "HOME": "/root"}}
+        )
+        everything = (yield self.request("GET", "/env")).json()["variables"]
+        self.assertEqual(sorted(everything), ["APP_NAME", "HOME"])
+
+
 class EnvSetTests(EnvMixin, DaemonTestCase):
     """``POST /env``: what is set, what is refused, who inherits it."""
 

@@ -510,7 +510,7 @@ class LostHangupTests(TerminalCase):
         for other in (impostor, "misses-a-hangup"):
             reply = yield self.request("POST", "/pty/sessions", {"shell": other})
             self.assertEqual(
-                (reply.status, reply.json()["code"]), (400, "param_not_allowed")
+                (reply.status, reply.json()["code"]), (403, "shell_not_allowed")
             )
 
     @inlineCallbacks
@@ -574,6 +574,45 @@ class RefusalTests(TerminalCase):
             (body["code"], body["type"], body["rule"]),
             ("param_not_allowed", "ValueError", "default:params.shells"),
         )
+
+    @inlineCallbacks
+    def test_shell_refused_by_the_policy(self) -> Any:
+        """
+        A shell the policy's own ``shells`` leave out is its refusal, 403
+        ``shell_not_allowed`` (type PolicyDenied), as on
+        agent-sandbox-server; ``/capabilities/check`` says the same, and
+        no session is started.
+        """
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                "endpoints": {
+                    "pty_create_session": {"params": {"shells": ["/bin/bash"]}}
+                }
+            }
+        )
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "/bin/sh"})
+        body = reply.json()
+        self.assertEqual(
+            (reply.status, body["code"], body["type"], body["rule"]),
+            (
+                403,
+                "shell_not_allowed",
+                "PolicyDenied",
+                "policy:endpoints.pty_create_session",
+            ),
+        )
+        check = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "pty_create_session", "params": {"shell": "/bin/sh"}},
+        )
+        self.assertEqual(
+            (check.json()["allowed"], check.json()["code"]),
+            (False, "shell_not_allowed"),
+        )
+        listed = yield self.request("GET", "/pty/sessions")
+        self.assertEqual(listed.json()["sessions"], [])
 
     @inlineCallbacks
     def test_session_cap(self) -> Any:

@@ -58,6 +58,11 @@ def nap(seconds: float = 1.0) -> str:
 
     time.sleep(seconds)
     return f"slept {seconds}"
+
+
+@command("size", hidden=True)
+def size(data: str) -> int:
+    return len(data)
 """
 
 
@@ -91,6 +96,10 @@ def registry() -> CommandRegistry:
     def nap(seconds: float = 1.0) -> str:
         time.sleep(seconds)
         return f"slept {seconds}"
+
+    @commands.command("size", hidden=True)
+    def size(data: str) -> int:
+        return len(data)
 
     return commands
 
@@ -207,6 +216,23 @@ class CommandsTests(Compared):
                 {"when": ["2021-02-03"]},
             ],
         )
+
+    @inlineCallbacks
+    def test_large_argument(self) -> Any:
+        """
+        A command handed a 2 MB argument runs, as on the seed, whose cap on
+        a request body is 10 MiB (was: PayloadTooLargeError at 1 MiB); a
+        body over 10 MiB is still 413 naming the setting.
+        """
+        data = "x" * 2_000_000
+
+        result = yield self.same(lambda c: c.commands.run("size", data=data))
+        self.assertEqual(result, 2_000_000)
+        reply = yield self.request(
+            "POST", "/commands/size", {"data": "x" * (10 * 1024 * 1024)}
+        )
+        self.assertEqual(reply.status, 413)
+        self.assertEqual(reply.json()["limit"], 10 * 1024 * 1024)
 
     @inlineCallbacks
     def test_many_at_once(self) -> Any:

@@ -331,6 +331,49 @@ class OutputTests(Compared):
         self.assertEqual(result, (ProcessOutput, "hello\n", "exited", 0, [], True))
 
     @inlineCallbacks
+    def test_output_numbering(self) -> Any:
+        """
+        ``seq`` is an output event's index from 0 and ``next`` the count so
+        far, as on the seed: a client resuming with ``since`` = the events
+        it has seen gets no event twice (was: seq from 1, skipping numbers,
+        and ``since=2`` gave ``err`` again); a silent process says next 0.
+        """
+
+        async def scenario(c: Any) -> Any:
+            started = await c.process.start(
+                "sh -c 'echo a; sleep 0.3; echo err >&2; sleep 1; echo b'",
+                capture_output=True,
+            )
+            seen: list[tuple[int, str, str]] = []
+            nexts = []
+            while len(seen) < 3:
+                page = await c.process.output(started.pid, since=len(seen), wait=5)
+                seen += [(e.seq, e.stream, e.data) for e in page.events]
+                nexts.append(page.next)
+            await c.process.wait(started.pid, poll=0.1)
+            end = await c.process.output(started.pid, since=len(seen))
+            quiet = await c.process.start("true", capture_output=True)
+            await c.process.wait(quiet.pid, poll=0.1)
+            silent = await c.process.output(quiet.pid)
+            return (
+                seen,
+                nexts[-1],
+                (end.events, end.next),
+                (silent.events, silent.next),
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            (
+                [(0, "stdout", "a\n"), (1, "stderr", "err\n"), (2, "stdout", "b\n")],
+                3,
+                ([], 3),
+                ([], 0),
+            ),
+        )
+
+    @inlineCallbacks
     def test_output_without_capture(self) -> Any:
         """output() of a process started without capture_output is a ServerAPIError 409."""
         from agent_sandbox.models.errors import ServerAPIError

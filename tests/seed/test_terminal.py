@@ -5,6 +5,8 @@ run against the seed's own server too.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -224,4 +226,46 @@ class SyncFaceTests(Compared):
                 [],
                 ("ServerAPIError", 404),
             ),
+        )
+
+
+#: Both servers: terminals may start bash alone, by its path.
+SHELLS_POLICY = {
+    "endpoints": {"pty_create_session": {"params": {"shells": ["/bin/bash"]}}}
+}
+
+
+class PolicyShellsTests(Compared):
+    """A policy's own ``shells`` list."""
+
+    policy = SHELLS_POLICY
+
+    @inlineCallbacks
+    def reference(self, *extra: str) -> Any:
+        """The seed's server, with the same policy."""
+        path = os.path.realpath(self.mktemp()) + ".json"
+        with open(path, "w") as f:
+            json.dump(SHELLS_POLICY, f)
+        ref = yield super().reference("--policy", path, *extra)
+        return ref
+
+    @inlineCallbacks
+    def test_shell_refused_by_policy(self) -> Any:
+        """
+        create() with a shell the policy's ``shells`` leave out raises
+        PolicyDeniedError (403 ``shell_not_allowed``) on both (was
+        ServerAPIError, a 400, on sandboxd), so ``except PolicyDeniedError``
+        catches it on either.
+        """
+
+        async def scenario(c: Any) -> Any:
+            try:
+                await c.pty.create(shell="/bin/sh")
+            except Exception as e:
+                return type(e).__name__, e.status_code, e.error_code, e.error_type
+            return "created", None, None, None
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result, ("PolicyDeniedError", 403, "shell_not_allowed", "PolicyDenied")
         )

@@ -21,7 +21,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.helpers import alive
-from tests.test_cli import BIN, DaemonProcess, serve_argv
+from tests.test_cli import BIN, ROOT, DaemonProcess, serve_argv
 
 TEMPLATE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -278,3 +278,108 @@ class TemplateTests(SynchronousTestCase):
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
         self.assertIn("'GET /release/status' requires no scope", done.stdout)
         self.assertNotIn("release_notes' requires no scope", done.stdout)
+
+
+#: A base template, and a derived one given after it that customises one
+#: of its commands (the seed's registry keeps the last registration).
+BASE_TEMPLATE = """
+from agent_sandbox.server import command
+
+
+@command("build", description="base build")
+def build() -> str:
+    return "base build"
+
+
+@command("test")
+def test() -> str:
+    return "base test"
+"""
+OVERRIDE_TEMPLATE = """
+from agent_sandbox.server import command
+
+
+@command("build", description="custom build")
+def build() -> str:
+    return "custom build"
+"""
+BROKEN_TEMPLATE = """
+from agent_sandbox.server import command
+
+SETTINGS = {}
+LEVEL = SETTINGS["level"]
+"""
+
+
+class LayeredTemplateTests(SynchronousTestCase):
+    """Templates layered with repeated ``--commands``, and one that fails."""
+
+    def write(self, name: str, text: str) -> str:
+        """A template file ``name`` in a directory of this test's own."""
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_last_registration_wins(self) -> None:
+        """
+        A command registered again by a later template replaces the
+        earlier one, as on the seed (the start no longer fails), and the
+        log says so in one line naming both files; the other commands of
+        the base template stay.
+        """
+        base_dir = os.path.abspath(self.mktemp())
+        os.makedirs(base_dir)
+        base = self.write("layer_base.py", BASE_TEMPLATE)
+        override = self.write("layer_override.py", OVERRIDE_TEMPLATE)
+        daemon = DaemonProcess(
+            self, serve_argv(base_dir, "--commands", base, "--commands", override)
+        )
+        daemon.wait_healthy()
+        results = {}
+        for name in ("build", "test"):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{daemon.port}/commands/{name}",
+                data=b"{}",
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                results[name] = json.loads(response.read())
+        self.assertEqual(
+            results,
+            {"build": {"result": "custom build"}, "test": {"result": "base test"}},
+        )
+        lines = [line for line in daemon.output().splitlines() if "replaces" in line]
+        self.assertEqual(len(lines), 1, daemon.output())
+        self.assertIn(f"command 'build' from {override}:5", lines[0])
+        self.assertIn(f"replaces the one from {base}:5", lines[0])
+
+    def test_import_error_is_one_line(self) -> None:
+        """
+        A template that fails to import stops ``serve`` and ``check-config``
+        (non-zero) with one line naming the template, the error and its
+        line, not a traceback through the daemon's start-up.
+        """
+        base_dir = os.path.abspath(self.mktemp())
+        os.makedirs(base_dir)
+        broken = self.write("layer_broken.py", BROKEN_TEMPLATE)
+        expected = f"--commands {broken}: KeyError: 'level' (at {broken}:5)"
+        for argv in (
+            serve_argv(base_dir, "--commands", broken),
+            [os.path.join(BIN, "sandboxd"), "check-config", "--commands", broken],
+        ):
+            done = subprocess.run(
+                [a.format(port=0, pty=0) for a in argv],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=60,
+            )
+            output = (done.stdout + done.stderr).strip()
+            self.assertNotEqual(done.returncode, 0, output)
+            self.assertNotIn("Traceback", output)
+            self.assertEqual(len(output.splitlines()), 1, output)
+            self.assertIn(expected, output)

@@ -142,7 +142,7 @@ SCHEMAS: dict[str, Schema] = {
                 "entries",
                 "array",
                 "[{name, path, type: file|directory|symlink, size, "
-                "modified (ISO 8601 UTC)}]",
+                "modified (ISO 8601 UTC, with microseconds)}]",
                 items="object",
             ),
             F("truncated", "boolean", "max_entries (10000) was reached"),
@@ -164,7 +164,7 @@ SCHEMAS: dict[str, Schema] = {
             F("type", enum=("file", "directory", "symlink", "unknown")),
             F("size", "integer"),
             F("permissions", doc='octal, e.g. "644"'),
-            F("modified", doc="ISO 8601 UTC"),
+            F("modified", doc="ISO 8601 UTC, with microseconds"),
             F("accessed", doc="ISO 8601 UTC"),
             F(
                 "created",
@@ -225,10 +225,11 @@ SCHEMAS: dict[str, Schema] = {
                 "path in the query and in the body with different values",
             ),
             *_WRITE_GUARD,
+            E(403, "path_denied", "the base dir itself (rule guard:base_dir)"),
             E(
                 403,
                 "path_not_allowed",
-                "the base dir itself, a mount point, or a tree holding one",
+                "another root of paths.allow, a mount point, or a tree holding one",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),

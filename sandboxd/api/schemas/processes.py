@@ -241,8 +241,10 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "since",
                 "integer",
-                "agent-sandbox-server's cursor: events from this seq on; next is the seq "
-                "to pass next time (needs capture_output: true)",
+                "agent-sandbox-server's cursor: events from this seq on, numbered "
+                "as it numbers them (an event's seq is its index among the output "
+                "events, from 0; next is their count so far, the since to pass next "
+                "time); needs capture_output: true",
                 minimum=0,
             ),
             F(

@@ -33,7 +33,8 @@ SCHEMAS: dict[str, Schema] = {
         query=(F("filter", doc="comma-separated names", example="PATH,LANG"),),
         response=(F("variables", "object", "{name: value}"),),
         notes="Names holding TOKEN, SECRET, KEY, PASSWORD or CREDENTIAL (any case), "
-        "ABX_SERVER_*, token_env names and params.env_deny are never returned.",
+        "ABX_SERVER_*, token_env names and params.env_deny are never returned; "
+        "params.allow_vars and deny_vars (globs, deny wins) narrow the answer.",
     ),
     "env_set": Schema(
         body=(

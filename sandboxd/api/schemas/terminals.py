@@ -37,8 +37,16 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "param_not_allowed",
-                "the shell is outside params.shells (type ValueError, as"
-                " agent-sandbox-server answers it)",
+                "the shell is outside the default params.shells (bash, sh; type "
+                "ValueError, as agent-sandbox-server answers a shell outside its "
+                "built-in list)",
+            ),
+            E(
+                403,
+                "shell_not_allowed",
+                "the policy's params.shells leave the shell out (type PolicyDenied, "
+                "as agent-sandbox-server answers it)",
+                "PolicyDenied",
             ),
             E(403, "param_not_allowed", "user refused by params"),
             *GUARD[1:],
