@@ -650,7 +650,10 @@ def move(request: ServerRequest, into: bool = True) -> Any:
     except ApiError as e:
         e.message = "destination: " + e.message
         raise
-    overwrite = flag(body.get("overwrite"), "overwrite", False)
+    # A JSON boolean, as the schema says: a move onto itself answers 200
+    # without touching anything, so a field it would not read must still
+    # be refused.
+    overwrite = flag(body.get("overwrite", False), "overwrite", words=False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
     gone = threading.Event()
