@@ -24,7 +24,6 @@ from typing import Any
 import attrs
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.task import LoopingCall
@@ -39,6 +38,7 @@ from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
 from sandboxd.daemon.context import Context, as_clock
+from sandboxd.daemon.listener import OwnEndpoint
 from sandboxd.daemon.readiness import ListenAfter, Listener, all_listening
 from sandboxd.daemon.scratch import sweep
 from sandboxd.daemon.services import setup_services
@@ -1008,7 +1008,7 @@ def build(
     # /health answers only once the policy is in force and every other
     # listener listens (sandboxd.daemon.readiness): the HTTP port opens last.
     endpoint = ListenAfter(
-        serverFromString(reactor, http_listen), lambda: all_listening(groups)
+        OwnEndpoint(context, http_listen), lambda: all_listening(groups)
     )
     http = Listener(endpoint, site)
     # A port that cannot bind fails the start (SPEC §20), not just a log line.

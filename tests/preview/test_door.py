@@ -1465,3 +1465,76 @@ class TrickledBodyTests(DoorCase):
         self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out[:200])
         self.assertIn(b'"timeout"', out)
         self.assertLess(elapsed, 8)
+
+
+class EveryListenerTests(DaemonTestCase):
+    """No port the daemon listens on can be previewed, whichever door it is."""
+
+    policy = {**POLICY, "groups": {"preview": True, "e2b": True, "kep": True}}
+    token = TOKEN
+    audit = True
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        loopback = "tcp:0:interface=127.0.0.1"
+        for door in (
+            "preview_port",
+            "e2b_port",
+            "e2b_code_port",
+            "kep_rest_port",
+            "kep_grpc_port",
+        ):
+            kwargs.setdefault(door, loopback)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_every_listener_is_refused(self) -> None:
+        """
+        Every TCP port the reactor listens on while the daemon runs with
+        all its doors (HTTP, PTY, E2B and its code port, KEP REST and
+        gRPC, the preview door) is 403 ``port_not_allowed`` by
+        ``daemon:own_ports`` and listed as not previewable: exposing the
+        KEP port would hand the KEP door to whoever reaches the preview.
+        """
+        from twisted.internet import tcp
+
+        context = self.daemon.context
+        for door in (context.e2b, context.kep, context.preview):
+            yield door.listening()
+        own = sorted(
+            r.getHost().port for r in reactor.getReaders() if isinstance(r, tcp.Port)
+        )
+        self.assertGreaterEqual(len(own), 7, own)
+        listed = yield self.request("GET", "/preview/ports")
+        previewable = {p["port"]: p["previewable"] for p in listed.json()["ports"]}
+        for port in own:
+            refused = yield self.request("POST", "/preview/ports", {"port": port})
+            self.assertEqual(
+                (refused.status, refused.json().get("rule")),
+                (403, "daemon:own_ports"),
+                port,
+            )
+            self.assertFalse(previewable.get(port, False), port)
+
+    def test_every_listen_goes_through_own_endpoint(self) -> None:
+        """
+        Nothing in the package listens but through
+        :class:`~sandboxd.daemon.listener.OwnEndpoint`, so that a door added
+        later joins the ports never previewed without anyone listing it.
+        """
+        import sandboxd
+
+        root = os.path.dirname(sandboxd.__file__)
+        found = []
+        for folder, _, names in os.walk(root):
+            for name in names:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                if path == os.path.join(root, "daemon", "listener.py"):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                for call in ("serverFromString(", "listenTCP(", "listenSSL("):
+                    if call in text:
+                        found.append(f"{os.path.relpath(path, root)}: {call}")
+        self.assertEqual(found, [])
