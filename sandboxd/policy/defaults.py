@@ -446,8 +446,12 @@ PTY_MAX_CLIENTS = 8
 #: told the shell exited.
 PTY_EXIT_DRAIN_SECONDS = 0.25
 
-#: WebSocket connections the PTY port holds at once (all sessions).
+#: WebSocket connections the PTY port holds at once (all sessions), and
+#: from one client address (at most ``--max-connections-per-address``).
+#: A connection whose handshake has not come whole is counted too, and
+#: makes room at a cap for a new one after ``RECLAIM_HEAD_AFTER_SECONDS``.
 PTY_MAX_CONNECTIONS = 100
+PTY_MAX_CONNECTIONS_PER_ADDRESS = 50
 
 #: How long a client may leave output unread (pausing the terminal for
 #: every client) before it is dropped.

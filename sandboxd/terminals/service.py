@@ -64,12 +64,16 @@ class TerminalService(Service):
             from sandboxd.terminals.websocket import PtyServerFactory
 
             rule = self.context.policy.rules["pty_connect"]
+            # The HTTP port's bounds (--head-deadline, the per-address cap).
+            site = getattr(self.context.metrics, "site", None)
+            table = getattr(site, "table", None)
             self._factory = PtyServerFactory(
                 self.context,
                 self.table,
                 reactor=self.context.reactor,
                 timers=self.timers,
                 max_message_bytes=rule.limits.max_message_bytes,
+                limits=getattr(table, "limits", None),
             )
         return self._factory
 
