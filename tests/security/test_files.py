@@ -1138,3 +1138,59 @@ class DaemonFilesTests(FilesCase):
             self.assertEqual(f.read(), "admin-secret-token\n")
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "audit.log.1")))
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "stolen")))
+
+
+class CommandsFileTests(FilesCase):
+    """
+    A ``--commands`` template inside the base is the daemon's own code: a
+    token that may write files must not rewrite it to run as the daemon's
+    user at the next start, nor read it.
+    """
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.put("tpl/cmds.py", b"# the template's commands\n")
+        self.put("tpl/other.py", b"# not the daemon's\n")
+        yield self.start(
+            policy={
+                "auth": {
+                    "tokens": [
+                        {"id": "files", "token_env": "FILES", "scopes": ["files:*"]}
+                    ]
+                }
+            },
+            environ={"FILES": "f"},
+            commands=(os.path.join(self.base_dir, "tpl", "cmds.py"),),
+        )
+
+    @inlineCallbacks
+    def test_commands_file_out_of_reach(self) -> Any:
+        """
+        Reading, writing, deleting the commands file, or planting a bytecode
+        cache for it, is 403 ``guard:daemon-files``, and the file is
+        unchanged; a file beside it is still read and written.
+        """
+        for rel in ("tpl/cmds.py", "tpl/__pycache__/cmds.cpython-311.pyc"):
+            reply = yield self.request(
+                "POST",
+                f"/files/raw?path={quote(rel)}",
+                raw_body=b"import os\n",
+                token="f",
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["rule"]), (403, "guard:daemon-files"), rel
+            )
+        for method, route in (("GET", "/files/raw"), ("DELETE", "/files")):
+            reply = yield self.request(method, f"{route}?path=tpl/cmds.py", token="f")
+            self.assertEqual(
+                (reply.status, reply.json()["rule"]), (403, "guard:daemon-files")
+            )
+        with open(os.path.join(self.base_dir, "tpl", "cmds.py"), "rb") as f:
+            self.assertEqual(f.read(), b"# the template's commands\n")
+        reply = yield self.request(
+            "POST", "/files/raw?path=tpl/other.py", raw_body=b"x = 1\n", token="f"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
