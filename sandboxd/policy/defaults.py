@@ -918,6 +918,10 @@ HEADER_NAME_CACHE = 512
 #: Directories one recursive watch may cover (each is an inotify watch).
 MAX_WATCH_DIRS = 8192
 
+#: How many times ``files_archive`` packs again when a file shrank while it
+#: was packed (a tar member's size is written before its bytes).
+ARCHIVE_ATTEMPTS = 3
+
 #: files_extract: the longest member name, or link target, an archive may
 #: hold (PATH_MAX).
 ARCHIVE_MAX_NAME_BYTES = 4096

@@ -416,6 +416,115 @@ class ArchiveRaceTests(OutsideCase):
         self.assertEqual(reply.status, 200, reply.body)
 
 
+class ChangedMeanwhileTests(FilesCase):
+    """
+    A file rewritten while it is archived, a directory that gains an entry
+    while it is deleted (a dev server's log, a build's output): a clear
+    refusal with its code, never a 500, and nothing half-made.
+    """
+
+    def shrink_while_packed(self, rel: str, times: int) -> list[int]:
+        """
+        Truncate ``rel`` after the archive stat-ed it, before it is read,
+        the first ``times`` times it is packed (writing it back after each
+        such try, so that the next one stats its whole size again).
+        """
+        from sandboxd.files import archive
+
+        real = archive._add
+        target = os.path.join(self.base_dir, rel)
+        with open(target, "rb") as f:
+            content = f.read()
+        shrunk: list[int] = []
+
+        def add(writer: Any, fmt: str, fd: int, path: str, *rest: Any) -> None:
+            if path != target or len(shrunk) >= times:
+                real(writer, fmt, fd, path, *rest)
+                return
+            shrunk.append(1)
+            os.truncate(target, 10)
+            try:
+                real(writer, fmt, fd, path, *rest)
+            finally:
+                with open(target, "wb") as f:
+                    f.write(content)
+
+        self.patch(archive, "_add", add)
+        return shrunk
+
+    @inlineCallbacks
+    def test_archive_of_a_file_that_shrinks(self) -> Any:
+        """
+        A file that shrank once is packed again, whole; one that shrinks
+        on every try is 412 ``precondition_failed`` naming it, not a 500.
+        """
+        self.put("logs/app.log", b"x" * 100_000)
+        self.put("logs/other.txt", b"other")
+        self.shrink_while_packed("logs/app.log", 1)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["logs"]})
+        self.assertEqual(reply.status, 200, reply.body)
+        packed = tarfile.open(
+            fileobj=io.BytesIO(base64.b64decode(reply.json()["content_base64"]))
+        )
+        member = packed.extractfile("logs/app.log")
+        assert member is not None
+        self.assertEqual(member.read(), b"x" * 100_000)
+        self.shrink_while_packed("logs/app.log", 100)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["logs"]})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (412, "precondition_failed")
+        )
+        self.assertIn("logs/app.log", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_delete_of_a_directory_that_gains_an_entry(self) -> Any:
+        """
+        An entry made in a directory while it is deleted: 409 ``file_exists``
+        saying so (the new entry stays); deleting again removes it.
+        """
+        import shutil
+
+        self.put("race/sub/old.txt", b"old")
+        real = shutil.rmtree
+        made: list[int] = []
+
+        def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+            dir_fd = kwargs.get("dir_fd")
+            if not made and dir_fd is not None:
+                made.append(1)
+                real_rmdir = os.rmdir
+
+                def rmdir(name: Any, *a: Any, **k: Any) -> None:
+                    if name == path:
+                        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+                        try:
+                            with open(
+                                os.open("new.txt", os.O_CREAT | os.O_WRONLY, dir_fd=fd),
+                                "w",
+                            ):
+                                pass
+                        finally:
+                            os.close(fd)
+                    real_rmdir(name, *a, **k)
+
+                self.patch(os, "rmdir", rmdir)
+                try:
+                    real(path, *args, **kwargs)
+                finally:
+                    self.patch(os, "rmdir", real_rmdir)
+                return
+            real(path, *args, **kwargs)
+
+        self.patch(shutil, "rmtree", rmtree)
+        reply = yield self.request("DELETE", "/files?path=race/sub")
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+        self.assertIn("delete it again", reply.json()["error"])
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "race/sub/new.txt")))
+        again = yield self.request("DELETE", "/files?path=race/sub")
+        self.assertEqual(again.status, 200, again.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "race/sub")))
+
+
 class BombTests(FilesCase):
     policy = {
         "endpoints": {
