@@ -1227,6 +1227,81 @@ class ExposureApiTests(DoorCase):
         self.assertFalse(gone.json()["listening"])
 
 
+PM = "pm-token-0123456789"
+PM2 = "pm2-token-0123456789"
+
+
+class ExposureOwnerTests(DoorCase):
+    """Each identity's exposures are its own, and it holds a share of the table."""
+
+    policy = {
+        **POLICY,
+        "auth": {
+            "tokens": [
+                *POLICY["auth"]["tokens"],
+                *(
+                    {
+                        "id": name,
+                        "token_sha256": _sha(token),
+                        "scopes": ["preview:manage", "preview:read"],
+                    }
+                    for name, token in (("pm", PM), ("pm2", PM2))
+                ),
+            ]
+        },
+        "endpoints": {
+            **POLICY["endpoints"],
+            "preview_expose": {"limits": {"max_sessions": 4}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_no_takeover_and_a_share(self) -> None:
+        """
+        Another identity exposing or unexposing a port is 403
+        ``permission_denied`` and the exposure is unchanged (label, owner);
+        one identity exposes at most half the table (429 naming
+        ``max_per_identity``) while another still can; ``*`` may unexpose
+        anyone's.
+        """
+        made = yield self.expose(label="bee")
+        self.assertEqual(made.status, 201, made.body)
+        taken = yield self.request(
+            "POST", "/preview/ports", {"port": self.app_port, "public": True}, token=PM2
+        )
+        self.assertEqual(
+            (taken.status, taken.json()["code"]), (403, "permission_denied"), taken.body
+        )
+        gone = yield self.request(
+            "DELETE", f"/preview/ports/{self.app_port}", token=PM2
+        )
+        self.assertEqual((gone.status, gone.json()["code"]), (403, "permission_denied"))
+        kept = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(
+            (kept.json()["label"], kept.json()["exposed_by"], kept.json()["public"]),
+            ("bee", "admin", False),
+        )
+        ports = [free_port() for _ in range(3)]
+        for port in ports[:2]:
+            mine = yield self.request(
+                "POST", "/preview/ports", {"port": port}, token=PM
+            )
+            self.assertEqual(mine.status, 201, mine.body)
+        over = yield self.request(
+            "POST", "/preview/ports", {"port": ports[2]}, token=PM
+        )
+        self.assertEqual(
+            (over.status, over.json()["code"], over.json()["rule"]),
+            (429, "too_many_sessions", "default:limits.max_per_identity"),
+        )
+        other = yield self.request(
+            "POST", "/preview/ports", {"port": ports[2]}, token=PM2
+        )
+        self.assertEqual(other.status, 201, other.body)
+        ended = yield self.request("DELETE", f"/preview/ports/{ports[0]}")
+        self.assertEqual(ended.status, 200, ended.body)
+
+
 class PreviewableTests(DoorCase):
     """The listing says which ports a preview can open for, as exposing would decide."""
 
