@@ -260,6 +260,55 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(response.code, 404)
 
     @inlineCallbacks
+    def test_no_exposure_oracle_without_a_credential(self) -> None:
+        """
+        Without a credential that logs in (none, or an unknown token), an
+        unexposed port, a labelled exposure asked for without its label
+        and a private exposure all answer the same 401, so the door does
+        not tell a stranger which ports are exposed; a caller who logs in
+        still hears 404 ``port_not_exposed``.
+        """
+        unexposed = free_port()
+        yield self.expose(label="web")
+        for token in (None, "not-a-token-0123456789"):
+            for host in (
+                self.host(),
+                self.host(unexposed),
+                self.host(label="web"),
+            ):
+                response, body = yield self.fetch("GET", "/", host=host, token=token)
+                self.assertEqual(
+                    (response.code, json.loads(body)["code"]),
+                    (401, "link_invalid"),
+                    (token, host),
+                )
+        response, body = yield self.fetch("GET", "/", host=self.host(unexposed))
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+
+    @inlineCallbacks
+    def test_two_identities_are_ambiguous(self) -> None:
+        """
+        ``X-Access-Token`` and ``Authorization: Bearer`` logging in as two
+        identities: 400 ``ambiguous_credentials``, as on every other door.
+        """
+        yield self.expose()
+        response, body = yield self.fetch(
+            "GET",
+            "/",
+            token=USER,
+            headers={"authorization": f"Bearer {TOKEN}"},
+        )
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (400, "ambiguous_credentials")
+        )
+        response, _ = yield self.fetch(
+            "GET", "/", token=None, headers={"authorization": f"Bearer {TOKEN}"}
+        )
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
     def test_link_becomes_a_cookie(self) -> None:
         """
         ``?sbx_link=`` on a GET: 303 to the same URL without it, with a
