@@ -365,6 +365,62 @@ class LinkRoutesTests(DaemonTestCase):
             self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
 
     @inlineCallbacks
+    def test_shares_of_the_table(self) -> None:
+        """
+        One identity holds at most its share of the link table (half), so
+        the others can still open the console; revoking a link frees its
+        place, and so does taking its minter out of the policy.
+        """
+        third = "third-token-0123456789"
+        tokens = [
+            *POLICY["auth"]["tokens"],
+            {"id": "third", "token_sha256": _sha(third), "scopes": ["links:mint"]},
+        ]
+        policy = {
+            **POLICY,
+            "auth": {"tokens": tokens},
+            "endpoints": {"links_mint": {"limits": {"max_sessions": 4}}},
+        }
+        yield self.start_on_policy_file(policy)
+
+        def mint(token: str) -> Any:
+            return self.request(
+                "POST",
+                "/auth/links",
+                {"audience": "console", "scopes": []},
+                token=token,
+            )
+
+        made = []
+        for _ in range(2):
+            reply = yield mint(READER)
+            self.assertEqual(reply.status, 201, reply.body)
+            made.append(reply.json()["link_id"])
+        over = yield mint(READER)
+        self.assertEqual(
+            (over.status, over.json()["code"], over.json()["rule"]),
+            (
+                429,
+                "too_many_sessions",
+                "default:limits.max_per_identity",
+            ),
+        )
+        for _ in range(2):
+            reply = yield mint(ADMIN)
+            self.assertEqual(reply.status, 201, reply.body)
+        full = yield mint(third)
+        self.assertEqual((full.status, full.json()["code"]), (429, "too_many_sessions"))
+        gone = yield self.request("DELETE", f"/auth/links/{made[0]}", token=READER)
+        self.assertEqual(gone.status, 200, gone.body)
+        freed = yield mint(third)
+        self.assertEqual(freed.status, 201, freed.body)
+        full = yield mint(third)
+        self.assertEqual(full.status, 429, full.body)
+        self.reload_policy({**policy, "auth": {"tokens": [tokens[0], tokens[2]]}})
+        freed = yield mint(third)
+        self.assertEqual(freed.status, 201, freed.body)
+
+    @inlineCallbacks
     def test_refused_calls_spend_no_use(self) -> None:
         """
         A call the gate refuses (a missing scope, a switched-off endpoint,

@@ -424,15 +424,28 @@ class LinkTable:
         uses: int | None,
         max_links: int | None,
         rule: str | None = None,
+        share: int | None = None,
+        share_rule: str | None = None,
     ) -> tuple[Link, str]:
         """
         A new link and its token.
 
+        Only live links count against ``max_links`` and ``share``: a
+        revoked one (its minter's removal included) is remembered until it
+        expires, so that its token stays refused, but holds no place.
+        Those remembered are bounded too, at as many again as the live
+        (per minter and in all), so that minting and revoking in a loop
+        cannot grow the table.
+
         :param scopes: asked for; None: everything the audience allows that
             the minter holds.
+        :param share: the live links one minter may hold
+            (:func:`~sandboxd.policy.defaults.identity_cap`): one identity
+            filling the table would lock every other out of the console
+            and the previews.
         :raises ApiError: 400 for scopes outside the audience, 403
             ``missing_scope`` for one the minter lacks, 429 when the table
-            is full.
+            or the minter's share of it is full.
         """
         check_audience(audience)
         wanted = tuple(sorted(set(scopes))) if scopes is not None else None
@@ -451,15 +464,8 @@ class LinkTable:
             if not minter.has_scope(scope):
                 raise missing_scope("links_mint", scope, "links:minter_scopes")
         self.prune()
-        if max_links is not None and len(self.links) >= max_links:
-            raise limit_exceeded(
-                429,
-                f"{len(self.links)} links are live; revoke some or wait for "
-                "them to expire",
-                Code.TOO_MANY_SESSIONS,
-                rule,
-                limit=max_links,
-            )
+        if max_links is not None:
+            self._check_room(root_of(minter), max_links, rule, share, share_rule)
         now = self._clock()
         claims = Claims(
             jti=secrets.token_urlsafe(12),
@@ -478,6 +484,53 @@ class LinkTable:
         self.changed()
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
+
+    def _check_room(
+        self,
+        root: str,
+        max_links: int,
+        rule: str | None,
+        share: int | None,
+        share_rule: str | None,
+    ) -> None:
+        """:raises ApiError: 429 when ``root`` may mint no link now."""
+        live = kept = mine_live = mine_kept = 0
+        for link in self.links.values():
+            own = link.claims.sub == root
+            if link.revoked:
+                kept += 1
+                mine_kept += own
+            else:
+                live += 1
+                mine_live += own
+        if live >= max_links:
+            raise limit_exceeded(
+                429,
+                f"{live} links are live; revoke some or wait for them to expire",
+                Code.TOO_MANY_SESSIONS,
+                rule,
+                limit=max_links,
+            )
+        mine = max_links if share is None else min(share, max_links)
+        if mine_live >= mine:
+            raise limit_exceeded(
+                429,
+                f"you have {mine_live} live links, your share of {max_links} "
+                "(max_per_identity); revoke some or wait for them to expire",
+                Code.TOO_MANY_SESSIONS,
+                share_rule or rule,
+                limit="max_per_identity",
+            )
+        if kept >= max_links or mine_kept >= mine:
+            raise limit_exceeded(
+                429,
+                f"{mine_kept if mine_kept >= mine else kept} revoked links are "
+                "remembered until they expire (so that their tokens stay "
+                "refused); wait for them to expire",
+                Code.TOO_MANY_SESSIONS,
+                rule,
+                limit=max_links,
+            )
 
     def _expiry_of(self, minter: Identity) -> float:
         """

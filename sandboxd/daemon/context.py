@@ -27,6 +27,7 @@ from sandboxd.access.metrics import Metrics
 from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
+from sandboxd.daemon.listener import OwnPorts
 from sandboxd.daemon.scratch import Scratch
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import Policy
@@ -134,6 +135,8 @@ class Context:
     links: LinkTable = attrs.field(init=False)
     #: ``--preview-public-url`` (wins over the policy's).
     preview_public_url: str | None = attrs.field(default=None, init=False)
+    #: Every port the daemon listens on (never previewable).
+    own_ports: OwnPorts = attrs.field(factory=OwnPorts, init=False)
     #: The preview door's service (``sandboxd.preview.service.PreviewService``),
     #: when ``--preview-port`` is given.
     preview: Any = attrs.field(default=None, init=False)

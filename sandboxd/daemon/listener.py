@@ -17,12 +17,75 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from sandboxd.daemon.readiness import Opening
 
 log = Logger(namespace="sandboxd.daemon")
+
+
+class OwnPorts:
+    """
+    The TCP ports the daemon listens on: every door's, whichever door.
+
+    The preview door refuses each of them (the KEP and E2B-code ports
+    included: exposing one would hand that door to whoever reaches the
+    preview).  It is filled by :class:`OwnEndpoint`, the one way the
+    daemon listens, rather than from a list of doors kept by hand, which
+    forgot the doors added after it was written.
+    """
+
+    def __init__(self) -> None:
+        #: Each listening port and its number.
+        self._ports: dict[Any, int] = {}
+        self._numbers: frozenset[int] = frozenset()
+
+    def add(self, port: Any) -> None:
+        """``port`` (an ``IListeningPort``) listens now."""
+        number = getattr(port.getHost(), "port", None)
+        if isinstance(number, int) and number:
+            self._ports[port] = number
+            self._numbers = frozenset(self._ports.values())
+
+    def numbers(self) -> frozenset[int]:
+        """
+        The port numbers listened on now (a port that stopped listening is
+        dropped here: Twisted's ``Port`` says so with ``connected``).
+        """
+        ended = [p for p in self._ports if not getattr(p, "connected", True)]
+        if ended:
+            for port in ended:
+                del self._ports[port]
+            self._numbers = frozenset(self._ports.values())
+        return self._numbers
+
+
+@implementer(IStreamServerEndpoint)
+class OwnEndpoint:
+    """
+    An endpoint string the daemon listens on for itself: once it listens,
+    its port joins ``context.own_ports`` (:class:`OwnPorts`).  Every door
+    listens through this (a test checks that nothing else in the package
+    calls ``serverFromString``).
+    """
+
+    def __init__(self, context: Any, description: str) -> None:
+        self.context = context
+        self.endpoint = serverFromString(context.reactor, description)
+
+    def listen(self, protocolFactory: Any) -> Deferred[Any]:
+        """Listen, and count the port as the daemon's own."""
+        listening: Deferred[Any] = self.endpoint.listen(protocolFactory)
+
+        def listened(port: Any) -> Any:
+            self.context.own_ports.add(port)
+            return port
+
+        return listening.addCallback(listened)
 
 
 class PolicyListener(Service):

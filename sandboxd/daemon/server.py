@@ -18,13 +18,12 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.task import LoopingCall
@@ -39,6 +38,7 @@ from sandboxd.access.tracing import Tracer, TraceSettings
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.daemon import hardening
 from sandboxd.daemon.context import Context, as_clock
+from sandboxd.daemon.listener import OwnEndpoint
 from sandboxd.daemon.readiness import ListenAfter, Listener, all_listening
 from sandboxd.daemon.scratch import sweep
 from sandboxd.daemon.services import setup_services
@@ -156,6 +156,41 @@ def _import_template(spec: str) -> None:
         module_spec.loader.exec_module(module)
     else:
         importlib.import_module(spec)
+
+
+def code_files(specs: Iterable[str]) -> list[str]:
+    """
+    The code the daemon runs as its own: each ``--commands`` template (its
+    file and the bytecode Python caches for it; a package's whole
+    directory), sandboxd's own package, and its virtualenv.  A caller who
+    could write one of them would run code as the daemon's user at the
+    next start, so no path operation reaches them (when they are inside
+    the base dir; elsewhere the guard changes nothing).
+    """
+    found = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    if os.path.exists(os.path.join(sys.prefix, "pyvenv.cfg")):
+        found.append(sys.prefix)
+    for spec in specs:
+        if spec.endswith(".py") or os.sep in spec:
+            origin: str | None = os.path.abspath(spec)
+        else:
+            module = sys.modules.get(spec)
+            origin = getattr(module, "__file__", None)
+            if origin is None:
+                try:
+                    found_spec = importlib.util.find_spec(spec)
+                except (ImportError, ValueError):
+                    found_spec = None
+                origin = found_spec.origin if found_spec is not None else None
+        if not origin or not os.path.isabs(origin):
+            continue
+        folder, name = os.path.split(origin)
+        if name == "__init__.py":
+            found.append(folder)
+            continue
+        found.append(origin)
+        found.append(os.path.join(folder, "__pycache__", os.path.splitext(name)[0]))
+    return found
 
 
 @attrs.define
@@ -905,10 +940,12 @@ def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
 
 def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """
-    Files of the daemon's that the policy does not name: the audit log and
-    the TLS key and certificates of its listeners.
+    Files of the daemon's that the policy does not name: the audit log,
+    the TLS key and certificates of its listeners, and the code it runs
+    (:func:`code_files`).
     """
     files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
+    files += code_files(settings.commands)
     files.append(state_dir(settings, environ) or "")
     for listener in (
         settings.port,
@@ -1008,7 +1045,7 @@ def build(
     # /health answers only once the policy is in force and every other
     # listener listens (sandboxd.daemon.readiness): the HTTP port opens last.
     endpoint = ListenAfter(
-        serverFromString(reactor, http_listen), lambda: all_listening(groups)
+        OwnEndpoint(context, http_listen), lambda: all_listening(groups)
     )
     http = Listener(endpoint, site)
     # A port that cannot bind fails the start (SPEC §20), not just a log line.

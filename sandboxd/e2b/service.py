@@ -14,10 +14,9 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd.daemon.listener import PolicyListener
+from sandboxd.daemon.listener import OwnEndpoint, PolicyListener
 from sandboxd.e2b import codeinterp, controlplane, filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
 from sandboxd.web.connections import ConnectionLimits
@@ -78,11 +77,11 @@ class E2BService(PolicyListener):
     def _listen(self) -> Deferred[Any]:
         """Listen on the door's port, and its code port when one is given."""
         site = self.door.site()
-        endpoint = serverFromString(self.context.reactor, self.description)
+        endpoint = OwnEndpoint(self.context, self.description)
         if self.code_description is None:
             listening: Deferred[Any] = endpoint.listen(site)
             return listening
-        code = serverFromString(self.context.reactor, self.code_description)
+        code = OwnEndpoint(self.context, self.code_description)
 
         def both(ports: list[Any]) -> Any:
             self.code_port = ports[1]

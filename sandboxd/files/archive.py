@@ -33,10 +33,15 @@ from sandboxd.errors import (
     file_exists,
     forbidden,
     payload_too_large,
+    unmet_precondition,
 )
 from sandboxd.files.atomic import AtomicWrite, Undo
 from sandboxd.files.walk import display_name, visible, walk
-from sandboxd.policy.defaults import ARCHIVE_MAX_NAME_BYTES, WALK_DEPTH
+from sandboxd.policy.defaults import (
+    ARCHIVE_ATTEMPTS,
+    ARCHIVE_MAX_NAME_BYTES,
+    WALK_DEPTH,
+)
 
 FORMATS = ("tar.gz", "zip")
 
@@ -94,6 +99,14 @@ class _Budget:
             raise too_big_to_pack(self.max_bytes)
 
 
+class _Shrank(Exception):
+    """A file ended before the size its tar header gave (rewritten meanwhile)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
 def create(
     guard: PathGuard, paths: list[str], fmt: str, max_files: int, max_bytes: int
 ) -> dict[str, Any]:
@@ -101,7 +114,35 @@ def create(
     Pack ``paths``; links are stored as links, never followed.  Members are
     named as on the seed: a file by its name, a directory's files below the
     directory's name (directories themselves are not members).
+
+    A tar member's size is written before its bytes, so a file that shrinks
+    while it is packed (a log or a build output rewritten) cannot be packed
+    as it was: the archive is made again, and after
+    :data:`~sandboxd.policy.defaults.ARCHIVE_ATTEMPTS` such tries the call
+    is refused (412, the same answer as a file that changed while it was
+    edited) rather than answered with a broken member.
+
+    :raises ApiError: 412 ``precondition_failed`` for a file that kept
+        changing while it was packed.
     """
+    changed = ""
+    for _ in range(ARCHIVE_ATTEMPTS):
+        try:
+            return _create(guard, paths, fmt, max_files, max_bytes)
+        except _Shrank as e:
+            changed = e.path
+    base = guard.base_dir.rstrip("/") + "/"
+    shown = changed[len(base) :] if changed.startswith(base) else changed
+    raise unmet_precondition(
+        f"a file changed while it was packed, {ARCHIVE_ATTEMPTS} times: "
+        f"{display_name(shown)}; try again once it is written"
+    )
+
+
+def _create(
+    guard: PathGuard, paths: list[str], fmt: str, max_files: int, max_bytes: int
+) -> dict[str, Any]:
+    """:func:`create`, one try."""
     count_members(guard, paths, max_files, max_bytes)
     buffer = io.BytesIO()
     budget = _Budget(max_files, max_bytes)
@@ -278,7 +319,14 @@ def _add(
             ti.size = st.st_size
             ti.mode = mode
             ti.mtime = int(st.st_mtime)
-            writer.addfile(ti, fobj)
+            try:
+                writer.addfile(ti, fobj)
+            except OSError as e:
+                # tarfile's "unexpected end of data" (no errno): fewer bytes
+                # than the header's size; a read error has an errno.
+                if e.errno is not None:
+                    raise
+                raise _Shrank(path) from None
     if buffer.tell() > budget.max_bytes:
         raise too_big_to_pack(budget.max_bytes)
 

@@ -341,6 +341,14 @@ def delete(guard: PathGuard, path: str) -> str:
                 refuse_device(st, path)
                 os.unlink(loc.name, dir_fd=loc.dir_fd)
         except OSError as e:
+            if e.errno == errno.ENOTEMPTY:
+                # Something made an entry in the tree while it was removed
+                # (a build, a dev server): what was listed is gone, the new
+                # entry stays; a retry deletes it, checked again.
+                raise file_exists(
+                    f"Directory not empty: {path}: an entry was made in it while "
+                    "it was deleted; delete it again"
+                ) from None
             raise os_error(e, path) from None
         return loc.path
 

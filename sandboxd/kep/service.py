@@ -14,10 +14,9 @@ import os
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd.daemon.listener import PolicyListener
+from sandboxd.daemon.listener import OwnEndpoint, PolicyListener
 from sandboxd.kep import access
 from sandboxd.kep.rest import KepRestDoor
 from sandboxd.policy.defaults import KEP_STOP_GRACE_SECONDS
@@ -72,7 +71,7 @@ class KepService(PolicyListener):
     def _listen(self) -> Deferred[Any]:
         """Listen on the REST port, and the gRPC port when one is given."""
         site = self.door.site()
-        rest = serverFromString(self.context.reactor, self.description)
+        rest = OwnEndpoint(self.context, self.description)
         factory = None
         if self.grpc_description is not None:
             # h2 is imported with it: only when the port is asked for.
@@ -81,10 +80,10 @@ class KepService(PolicyListener):
             # A new factory each time: a stopped one refuses every connection.
             factory = self._grpc_factory = grpc_factory(self.context, self.limits)
             factory.check_head = access.grpc_head_check(self.context)
-        if factory is None:
+        if factory is None or self.grpc_description is None:
             listening: Deferred[Any] = rest.listen(site)
             return listening
-        grpc = serverFromString(self.context.reactor, self.grpc_description)
+        grpc = OwnEndpoint(self.context, self.grpc_description)
 
         def both(ports: list[Any]) -> Any:
             self.grpc_port = ports[1]

@@ -457,8 +457,12 @@ PTY_MAX_CLIENTS = 8
 #: told the shell exited.
 PTY_EXIT_DRAIN_SECONDS = 0.25
 
-#: WebSocket connections the PTY port holds at once (all sessions).
+#: WebSocket connections the PTY port holds at once (all sessions), and
+#: from one client address (at most ``--max-connections-per-address``).
+#: A connection whose handshake has not come whole is counted too, and
+#: makes room at a cap for a new one after ``RECLAIM_HEAD_AFTER_SECONDS``.
 PTY_MAX_CONNECTIONS = 100
+PTY_MAX_CONNECTIONS_PER_ADDRESS = 50
 
 #: How long a client may leave output unread (pausing the terminal for
 #: every client) before it is dropped.
@@ -924,6 +928,10 @@ HEADER_NAME_CACHE = 512
 
 #: Directories one recursive watch may cover (each is an inotify watch).
 MAX_WATCH_DIRS = 8192
+
+#: How many times ``files_archive`` packs again when a file shrank while it
+#: was packed (a tar member's size is written before its bytes).
+ARCHIVE_ATTEMPTS = 3
 
 #: files_extract: the longest member name, or link target, an archive may
 #: hold (PATH_MAX).

@@ -431,11 +431,20 @@ class Exchange:
             return
         rule = self.context.policy.rules["preview_proxy"]
         self.service.check_port(target.port, rule)
-        exposure = self.service.exposures.get(target.port)
+        exposure = self.service.exposures.by_port.get(target.port)
+        if exposure is not None:
+            exposure = self.service.exposures.get(target.port)  # expired?
         # A labelled exposure answers only to its label (in the host name,
         # or the path mode's ``/p/PORT-LABEL``); an unlabelled one to any
         # (``{port}-{sandbox_id}.DOMAIN``, E2B's ``get_host``).
-        if exposure.label is not None and target.label != exposure.label:
+        if exposure is None or (
+            exposure.label is not None and target.label != exposure.label
+        ):
+            # Told only to a caller who could open a private preview: to
+            # anyone else "not exposed" and "needs a link" would tell which
+            # ports are exposed.
+            if not self._known_caller(target):
+                raise link_refused("this preview needs a link or a token")
             raise self.service.not_exposed(target.port)
         self.exposure = exposure
         limit = rule.limits.max_request_bytes
@@ -499,9 +508,9 @@ class Exchange:
             return
         audience = preview_audience(target.port)
         candidates: list[tuple[bytes, bool, str]] = []
-        shown = self._header_credential()
-        if shown is not None:
-            candidates.append((shown, True, "header"))
+        header_tokens = self._header_credentials()
+        if header_tokens:
+            candidates.append((b"", True, "header"))
         _path, _, query = target.path.partition(b"?")
         link = h.query_value(query, h.LINK_PARAM)
         if link is not None and self.method in (b"GET", b"HEAD"):
@@ -517,7 +526,13 @@ class Exchange:
         for credential, consume, where in candidates:
             if where in ("query", "cookie") and not is_link(credential):
                 continue  # tokens are never carried in URLs or cookies
-            headers = {b"x-access-token": [credential]} if credential else {}
+            if where == "header":
+                # Both headers, as sent: the gate decides between two
+                # tokens as on every door (400 ambiguous_credentials for
+                # two that log in as different identities).
+                headers = header_tokens
+            else:
+                headers = {b"x-access-token": [credential]} if credential else {}
             try:
                 self.passed = gate.admit(
                     self.context,
@@ -547,6 +562,49 @@ class Exchange:
             raise link_refused("this preview needs a link or a token")
         raise refusal.error
 
+    def _known_caller(self, target: Target) -> bool:
+        """
+        Whether the request carries a credential that logs in here (a
+        token, or a link or the door's cookie for this port), checked
+        without spending a use or a slot.
+        """
+        from sandboxd.access.auth import presented_tokens
+
+        tokens = self.context.policy.tokens
+        if tokens.local_mode:
+            return True
+        shown: list[bytes] = []
+        try:
+            shown += presented_tokens(
+                {
+                    b"x-access-token": self.header(b"x-access-token"),
+                    b"authorization": self.header(b"authorization"),
+                }
+            )
+        except ApiError:
+            return True  # answered 400 ambiguous_credentials when exposed too
+        _path, _, query = target.path.partition(b"?")
+        link = h.query_value(query, h.LINK_PARAM)
+        if link is not None:
+            shown.append(link)
+        cookie = h.our_cookie(self.header(b"cookie"), target.port)
+        if cookie is not None:
+            shown.append(cookie)
+        audience = preview_audience(target.port)
+        for credential in shown:
+            if not is_link(credential):
+                if tokens.identify(credential) is not None:
+                    return True
+                continue
+            try:
+                self.context.links.verify(
+                    credential, audience, consume=False, tokens=tokens
+                )
+            except ApiError:
+                continue
+            return True
+        return False
+
     def _check_cookie_origin(self) -> None:
         """
         A request the door's cookie lets in must come from the preview's
@@ -572,18 +630,23 @@ class Exchange:
             rule="preview:cookie_origin",
         )
 
-    def _header_credential(self) -> bytes | None:
-        """A token or link in ``X-Access-Token`` or ``Authorization: Bearer``."""
-        from sandboxd.access.auth import presented_token
+    def _header_credentials(self) -> dict[bytes, list[bytes]]:
+        """
+        ``X-Access-Token`` and ``Authorization`` as sent, when they present
+        a token or link (``Authorization: Basic``, the app's own, does not).
+
+        :raises ApiError: 400 ``ambiguous_credentials`` for two differing
+            values of one of them.
+        """
+        from sandboxd.access.auth import presented_tokens
 
         headers = {
-            b"x-access-token": self.header(b"x-access-token"),
-            b"authorization": self.header(b"authorization"),
+            b"x-access-token": list(self.header(b"x-access-token")),
+            b"authorization": list(self.header(b"authorization")),
         }
-        try:
-            return presented_token(headers)
-        except ApiError:
-            return None
+        if not presented_tokens(headers):
+            return {}
+        return {name: values for name, values in headers.items() if values}
 
     def _cookie_redirect(
         self, link: bytes, target: Target, query: bytes

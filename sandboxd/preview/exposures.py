@@ -22,6 +22,7 @@ from sandboxd.access.links import iso
 from sandboxd.errors import (
     Code,
     bad_request,
+    forbidden,
     limit_exceeded,
     port_not_allowed,
     port_not_exposed,
@@ -157,28 +158,47 @@ class ExposureTable:
         ttl: float | None,
         max_exposures: int | None,
         rule: str | None = None,
+        share: int | None = None,
+        share_rule: str | None = None,
+        any_owner: bool = False,
     ) -> Exposure:
         """
         Expose ``port`` (again: the new exposure replaces the old one, whose
         connections stay).
 
-        :raises ApiError: 429 when ``max_exposures`` other ports are exposed.
+        :param share: the exposures one identity may hold
+            (:func:`~sandboxd.policy.defaults.identity_cap`), so that one
+            cannot take every place of the table.
+        :param any_owner: the caller may replace another identity's
+            exposure (it holds ``*``); else only its own.
+        :raises ApiError: 403 ``permission_denied`` for a port another
+            identity exposed; 429 when ``max_exposures`` other ports are
+            exposed, or the caller's share of them.
         """
         self.prune()
-        if (
-            port not in self.by_port
-            and max_exposures is not None
-            and len(self.by_port) >= max_exposures
-        ):
-            raise limit_exceeded(
-                429,
-                f"{len(self.by_port)} ports are exposed; unexpose one first",
-                Code.TOO_MANY_SESSIONS,
-                rule,
-                limit=max_exposures,
-            )
-        now = self._clock()
         old = self.by_port.get(port)
+        if old is not None:
+            self._check_owner(old, exposed_by, any_owner, "expose again")
+        else:
+            if max_exposures is not None and len(self.by_port) >= max_exposures:
+                raise limit_exceeded(
+                    429,
+                    f"{len(self.by_port)} ports are exposed; unexpose one first",
+                    Code.TOO_MANY_SESSIONS,
+                    rule,
+                    limit=max_exposures,
+                )
+            mine = sum(1 for e in self.by_port.values() if e.exposed_by == exposed_by)
+            if share is not None and mine >= share:
+                raise limit_exceeded(
+                    429,
+                    f"you have {mine} ports exposed, your share of "
+                    f"{max_exposures} (max_per_identity); unexpose one first",
+                    Code.TOO_MANY_SESSIONS,
+                    share_rule or rule,
+                    limit="max_per_identity",
+                )
+        now = self._clock()
         exposure = Exposure(
             port,
             label,
@@ -227,16 +247,40 @@ class ExposureTable:
             raise port_not_exposed(port)
         return exposure
 
-    def unexpose(self, port: int) -> Exposure:
+    def unexpose(
+        self, port: int, by: str | None = None, any_owner: bool = True
+    ) -> Exposure:
         """
         Stop exposing ``port`` and close what is in flight to it.
 
-        :raises ApiError: 404 ``port_not_exposed``.
+        :param by: who asks (None: the daemon itself).
+        :param any_owner: ``by`` may end another identity's exposure.
+        :raises ApiError: 404 ``port_not_exposed``; 403 ``permission_denied``
+            for another identity's exposure.
         """
         exposure = self.get(port)
+        if by is not None:
+            self._check_owner(exposure, by, any_owner, "unexpose")
         del self.by_port[port]
         exposure.close_all(f"port {port} is no longer exposed")
         return exposure
+
+    @staticmethod
+    def _check_owner(exposure: Exposure, by: str, any_owner: bool, doing: str) -> None:
+        """
+        :raises ApiError: 403 ``permission_denied`` when ``by`` may not
+            change ``exposure``: one identity silently taking another's
+            port (its label gone, its private preview made public) or
+            ending it.
+        """
+        if exposure.exposed_by == by or any_owner:
+            return
+        raise forbidden(
+            f"port {exposure.port} was exposed by {exposure.exposed_by!r}: only "
+            f"that identity, or one holding '*', may {doing} it",
+            Code.PERMISSION_DENIED,
+            rule="preview:exposed_by",
+        )
 
     def close(self) -> list[int]:
         """

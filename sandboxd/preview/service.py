@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd.daemon.listener import PolicyListener
+from sandboxd.daemon.listener import OwnEndpoint, PolicyListener
 from sandboxd.errors import ApiError, port_not_allowed, port_not_exposed
 from sandboxd.policy.defaults import PREVIEW_HOST_CACHE
 from sandboxd.policy.rules import EffectiveRule
@@ -61,8 +60,8 @@ class PreviewService(PolicyListener):
         self._routes: Routes | None = None
         self._routes_of: Any = None
         #: The daemon's own listening ports, and what they were worked out from.
-        self._own: frozenset[int] = frozenset()
-        self._listeners_of: tuple[Any, ...] | None = None
+        self._own: frozenset[int] = frozenset({CDP_PORT})
+        self._own_of: frozenset[int] | None = None
         #: Ports the policy allows, to the rule that allowed them.
         self._allowed: dict[int, EffectiveRule] = {}
 
@@ -98,30 +97,15 @@ class PreviewService(PolicyListener):
 
     def _listeners(self) -> frozenset[int]:
         """
-        The daemon's listeners and the browser's debugging port, worked
-        out again only when one of them changes (a door starts listening).
+        Every port the daemon listens on, whatever the door (the HTTP, PTY,
+        E2B and E2B code, KEP REST and gRPC ports, this door's own: see
+        :class:`~sandboxd.daemon.listener.OwnPorts`), and the browser's
+        debugging port.
         """
-        context = self.context
-        e2b = getattr(context.e2b, "port", None)
-        key = (context.http_port, context.pty_port, self.door_port, e2b)
-        known = self._listeners_of
-        if (
-            known is not None
-            and key[0] == known[0]
-            and key[1] == known[1]
-            and key[2] == known[2]
-            and key[3] is known[3]
-        ):
-            return self._own
-        ports = {CDP_PORT}
-        for value in key[:3]:
-            if value:
-                ports.add(int(value))
-        get_host = getattr(e2b, "getHost", None)
-        if get_host is not None:
-            ports.add(get_host().port)
-        self._own = frozenset(ports)
-        self._listeners_of = key
+        own = self.context.own_ports.numbers()
+        if own is not self._own_of:
+            self._own = own | {CDP_PORT}
+            self._own_of = own
         return self._own
 
     def _kernel_ports(self) -> set[int]:
@@ -168,7 +152,7 @@ class PreviewService(PolicyListener):
     def _listen(self) -> Deferred[Any]:
         """A new site (no exposure carries over), listening on the door's port."""
         self.site = PreviewSite(self, self.limits)
-        endpoint = serverFromString(self.context.reactor, self.description)
+        endpoint = OwnEndpoint(self.context, self.description)
         listening: Deferred[Any] = endpoint.listen(self.site)
         return listening
 

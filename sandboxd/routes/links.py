@@ -7,7 +7,7 @@ from typing import Any
 
 from sandboxd.access.links import audience_port, check_audience, iso
 from sandboxd.errors import bad_request, limit_rule
-from sandboxd.policy.defaults import LINK_DEFAULT_TTL_SECONDS
+from sandboxd.policy.defaults import LINK_DEFAULT_TTL_SECONDS, identity_cap
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest, ServerResponse
 
@@ -31,14 +31,21 @@ def mint(
         ceiling=limits.max_link_ttl_seconds,
     )
     uses = params.integer(uses_value, "uses", None, low=1)
+    total = limits.max_sessions
+    share = None
+    if total is not None:
+        identities = len(request.context.policy.tokens.ids())
+        share = identity_cap(total, identities, limits.max_per_identity)
     link, token = request.context.links.mint(
         request.identity,
         audience,
         scopes,
         ttl,
         uses,
-        limits.max_sessions,
+        total,
         limit_rule(request.rule, "max_sessions"),
+        share,
+        limit_rule(request.rule, "max_per_identity"),
     )
     out: dict[str, Any] = {
         "link_id": link.id,

@@ -142,6 +142,11 @@ async def preview_expose(request: ServerRequest) -> ServerResponse:
         ("upstream", "preserve"),
     )
     door.check_port(port, rule)
+    total = rule.limits.max_sessions
+    share = None
+    if total is not None:
+        identities = len(request.context.policy.tokens.ids())
+        share = defaults.identity_cap(total, identities, rule.limits.max_per_identity)
     exposure = door.exposures.expose(
         port,
         label,
@@ -149,8 +154,11 @@ async def preview_expose(request: ServerRequest) -> ServerResponse:
         host_header,
         request.identity.root,
         ttl,
-        rule.limits.max_sessions,
+        total,
         limit_rule(rule, "max_sessions"),
+        share,
+        limit_rule(rule, "max_per_identity"),
+        any_owner="*" in request.identity.scopes,
     )
     listening = await _listening(request)
     return ServerResponse.ok(_shown(door, exposure, listening), status=201)
@@ -169,7 +177,10 @@ async def preview_unexpose(request: ServerRequest) -> dict[str, Any]:
     The answer says whether the app still listens, as the list does.
     """
     door = _door(request)
-    exposure = door.exposures.unexpose(_port(request))
+    identity = request.identity
+    exposure = door.exposures.unexpose(
+        _port(request), identity.root, any_owner="*" in identity.scopes
+    )
     return _shown(door, exposure, await _listening(request))
 
 

@@ -7,6 +7,7 @@ port they are attached through belong to
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -46,6 +47,25 @@ def _service(request: ServerRequest) -> TerminalService:
     return service
 
 
+#: A Host header a URL can be built from (RFC 9110 §7.2: a name or an
+#: address, and a port): ``/``, ``?``, ``#``, ``@`` and the like would make
+#: the ``ws_url`` handed out point somewhere else, or nowhere.
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]*)(:[0-9]{0,5})?")
+
+
+def _url_host(request: ServerRequest) -> str:
+    """
+    The Host header's name, for a ``ws_url``.
+
+    :raises ApiError: 400 ``invalid_param`` for a Host no URL can carry
+        (asked before anything is started, so the refusal leaves nothing).
+    """
+    value = request.headers.get("host", "").strip()
+    if not _HOST.fullmatch(value):
+        raise bad_request("the Host header is not a host name or address")
+    return host_name(value)
+
+
 def _ws_url(request: ServerRequest, session_id: str) -> str:
     """The terminal's URL as the client reaches it (SPEC §20)."""
     context = request.context
@@ -54,7 +74,7 @@ def _ws_url(request: ServerRequest, session_id: str) -> str:
     return pty_url(
         context.pty_public_url or document.pty_public_url,
         scheme,
-        host_name(request.headers.get("host", "")) or "127.0.0.1",
+        _url_host(request) or "127.0.0.1",
         context.pty_port,
         session_id,
         forwarded(request.headers, request.client, document.trusted_proxies),
@@ -77,6 +97,7 @@ def _session(request: ServerRequest) -> PtySession:
 def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     """``POST /pty/sessions``: start a shell on a pre-sized PTY."""
     body, rule, context = request.body, request.rule, request.context
+    _url_host(request)  # refused before the shell starts, not after
     cols = dimension(body.get("cols", 80), "cols")
     rows = dimension(body.get("rows", 24), "rows")
     extra = validate_env(body.get("env"))

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
+from sandboxd.daemon.listener import OwnEndpoint
 from sandboxd.daemon.readiness import Opening
 from sandboxd.errors import (
     bad_request,
@@ -64,12 +64,16 @@ class TerminalService(Service):
             from sandboxd.terminals.websocket import PtyServerFactory
 
             rule = self.context.policy.rules["pty_connect"]
+            # The HTTP port's bounds (--head-deadline, the per-address cap).
+            site = getattr(self.context.metrics, "site", None)
+            table = getattr(site, "table", None)
             self._factory = PtyServerFactory(
                 self.context,
                 self.table,
                 reactor=self.context.reactor,
                 timers=self.timers,
                 max_message_bytes=rule.limits.max_message_bytes,
+                limits=getattr(table, "limits", None),
             )
         return self._factory
 
@@ -91,7 +95,7 @@ class TerminalService(Service):
         if not context.policy.rules["pty_connect"].enabled or not context.pty_listen:
             self._opening.skip()
             return
-        endpoint = serverFromString(context.reactor, context.pty_listen)
+        endpoint = OwnEndpoint(context, context.pty_listen)
         self._opening.start(
             endpoint.listen(_OnFirstConnection(self)), self._listened, self._failed
         )

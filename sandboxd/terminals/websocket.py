@@ -29,11 +29,12 @@ from sandboxd.errors import (
     forbidden,
     malformed_request,
     no_route,
+    unavailable,
 )
 from sandboxd.policy.defaults import (
     PTY_MAX_CONNECTIONS,
+    PTY_MAX_CONNECTIONS_PER_ADDRESS,
     WS_CLOSE_SECONDS,
-    WS_HANDSHAKE_SECONDS,
     WS_PING_SECONDS,
     WS_PING_TIMEOUT_SECONDS,
 )
@@ -41,6 +42,8 @@ from sandboxd.policy.rules import EffectiveRule
 from sandboxd.terminals.frames import client_text_payload, server_text_frame
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
+from sandboxd.web.connections import ConnectionLimits, ConnectionTable
+from sandboxd.web.heads import HeadError, parse_head
 from sandboxd.web.params import dimension
 from sandboxd.web.sending import raw_json_response, send_now, write_now
 from sandboxd.web.websocket_server import (
@@ -115,6 +118,79 @@ class PtyServerProtocol(WebSocketServerProtocol):
     #: The path the client asked for, when it differs from the handshake
     #: autobahn reads (``/pty/sessions/ID/ws`` on the API port), for the audit.
     asked_path: str | None = None
+    #: The client's address, for the factory's per-address share.
+    peer_host = ""
+    #: The handshake's head is read whole (or was refused): it is no
+    #: longer checked as it comes.
+    _head_read = False
+    #: Refused at a connection cap: what the client still sends is dropped.
+    _shut = False
+
+    # -- connections ----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """
+        Count the connection in the factory's table, which makes room at a
+        cap by closing the connection whose handshake has been on its way
+        the longest (see :class:`~sandboxd.web.connections.ConnectionTable`),
+        or refuses it with 503 ``unavailable``: silent sockets that never
+        send a handshake cannot keep every client from its terminal.
+        """
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.peer_host = str(getattr(peer, "host", "") or "")
+        super().connectionMade()
+        if not self.factory.table.admit(self):
+            self._shut = True
+            error = unavailable(
+                "the terminal port holds as many connections as it may; "
+                "try again shortly",
+                "ConnectionLimit",
+                retry_after=1,
+            )
+            headers = list(error.headers.items())
+            self.sendData(raw_json_response(error.status, error.body(), headers))
+            self._hang_up()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        """Uncount the connection."""
+        self.factory.table.forget(self)
+        super().connectionLost(reason)
+
+    def close_idle(self) -> None:
+        """(Never idle: a WebSocket is busy once its handshake is read.)"""
+        self._abort()
+
+    def close_slow(self) -> None:
+        """Reclaimed at a cap while its handshake was still on its way."""
+        self._shut = True
+        self._abort()
+
+    def close_slow_body(self) -> None:
+        """(A handshake has no body.)"""
+        self._abort()
+
+    def _check_head(self, data: bytes) -> bool:
+        """
+        Bound the handshake's head as the HTTP port bounds a request's
+        (:mod:`sandboxd.web.heads`: its size, its header count, its
+        framing): autobahn buffers the head until it ends, however long,
+        before anything is checked.  Whether ``data`` may go on to autobahn.
+        """
+        try:
+            head = parse_head(bytes(getattr(self, "data", b"") or b"") + data)
+        except HeadError as e:
+            self._head_read = self._shut = True
+            self.factory.table.head_done(self)
+            error = malformed_request(
+                f"malformed HTTP request: {e.reason}", e.status, "HeadError"
+            )
+            self.sendData(raw_json_response(error.status, error.body()))
+            self._hang_up()
+            return False
+        if head is not None:
+            self._head_read = True
+            self.factory.table.head_done(self)
+        return True
 
     @property
     def _tcp(self) -> Any:
@@ -227,8 +303,13 @@ class PtyServerProtocol(WebSocketServerProtocol):
         """
         A read from the socket: a whole small text message in it (a
         keystroke) is handed on at once; anything else goes through
-        autobahn's framing, which checks it as before.
+        autobahn's framing, which checks it as before.  Until the
+        handshake's head is whole, it is checked as it comes.
         """
+        if self._shut:
+            return
+        if not self._head_read and not self._check_head(data):
+            return
         if self._reads_plain():
             payload = client_text_payload(data, self._inbound_limit())
             if payload is not None:
@@ -438,7 +519,8 @@ class PtyServerFactory(WebSocketServerFactory):
     The factory behind the PTY port, with autobahn's unsafe defaults
     replaced: bounded frames and messages, keep-alive pings, no compression
     (terminal output is small and latency-bound; deflating it costs more
-    than it saves), a cap on connections.
+    than it saves), caps on connections, the HTTP port's bounds on a
+    handshake's head.
     """
 
     protocol = PtyServerProtocol  # type: ignore[assignment]
@@ -450,22 +532,43 @@ class PtyServerFactory(WebSocketServerFactory):
         reactor: Any = None,
         timers: bool = True,
         max_message_bytes: int | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
+        """
+        :param limits: the HTTP port's connection bounds: a handshake's
+            head gets the same deadline as a request's, and one address
+            no more than the HTTP port's share (within this port's own,
+            smaller, caps).
+        """
         super().__init__(reactor=reactor)  # type: ignore[no-untyped-call]
         self.context = context
         self.terminals = terminals
         self.clients: set[PtyServerProtocol] = set()
+        limits = limits or ConnectionLimits()
+        #: Every connection of the port (and the API port's WebSocket
+        #: route), counted from its first byte: the caps, and who makes
+        #: room at one.
+        self.table = ConnectionTable(
+            ConnectionLimits(
+                max_connections=PTY_MAX_CONNECTIONS,
+                max_per_address=min(
+                    limits.max_per_address, PTY_MAX_CONNECTIONS_PER_ADDRESS
+                ),
+                head_deadline=limits.head_deadline,
+            ),
+            lambda: float(self.reactor.seconds()),
+            name="PTY WebSocket",
+        )
         limit = max_message_bytes or 0
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
             maxFramePayloadSize=limit,
             maxMessagePayloadSize=limit,
-            maxConnections=PTY_MAX_CONNECTIONS,
             # A ``null`` Origin reaches the gate, which refuses it as any
             # other foreign origin (403 origin_not_allowed, not a bare 400).
             allowNullOrigin=True,
             autoPingInterval=WS_PING_SECONDS if timers else 0,
             autoPingTimeout=WS_PING_TIMEOUT_SECONDS if timers else 0,
-            openHandshakeTimeout=WS_HANDSHAKE_SECONDS if timers else 0,
+            openHandshakeTimeout=limits.head_deadline if timers else 0,
             closeHandshakeTimeout=WS_CLOSE_SECONDS if timers else 0,
             failByDrop=False,
             # A client's close code and reason are echoed (RFC 6455

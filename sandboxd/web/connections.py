@@ -206,8 +206,11 @@ class ConnectionTable:
         seconds: Callable[[], float],
         reclaim_after: float = RECLAIM_HEAD_AFTER_SECONDS,
         warn_every: float = CAP_WARNING_INTERVAL_SECONDS,
+        name: str = "HTTP",
     ) -> None:
+        """:param name: what the log calls the connections."""
         self.limits = limits
+        self.name = name
         self._seconds = seconds
         self._reclaim_after = reclaim_after
         self._warn_every = warn_every
@@ -385,9 +388,10 @@ class ConnectionTable:
             self._last_warning is None or now - self._last_warning >= self._warn_every
         ):
             log.warn(
-                "HTTP connection cap reached ({why}): refused {refused} "
+                "{name} connection cap reached ({why}): refused {refused} "
                 "connection(s) since the last warning (caps: {total} open, "
                 "{per} per address; {open} open now)",
+                name=self.name,
                 why=self._why,
                 refused=self._refused,
                 total=self.limits.max_connections,
@@ -403,9 +407,10 @@ class ConnectionTable:
             or self._slow_bodies
         ) and (self._last_info is None or now - self._last_info >= self._warn_every):
             log.info(
-                "HTTP connections: {idle} idle and {slow} slow reclaimed at a cap, "
+                "{name} connections: {idle} idle and {slow} slow reclaimed at a cap, "
                 "{cut} cut at the {deadline:g} s request-head deadline, "
                 "{bodies} request bodies refused under {rate:g} bytes/s",
+                name=self.name,
                 idle=self._reclaimed_idle,
                 slow=self._reclaimed_slow,
                 cut=self._cut,

@@ -172,9 +172,12 @@ class DoorRequest(Request):
             self.answered_early = True
             door.refuse_early(self, payload_too_large(self._cap))
             return
-        if length is not None and length <= DRAIN_LIMIT_BYTES:
+        head = getattr(self.channel, "head", None)
+        expects = bool(getattr(head, "expect_continue", False))
+        if length is not None and length <= DRAIN_LIMIT_BYTES and not expects:
             # Small enough to read: refused in full once it is in, as the
-            # HTTP door drains such a body.
+            # HTTP door drains such a body.  (A client waiting for ``100
+            # Continue`` has sent none of it yet: it is told at once.)
             return
         command = getattr(self.channel, "_command", b"") or b""
         error = door.check_head(command, path.split(b"?", 1)[0], raw_headers(self))
@@ -719,6 +722,9 @@ class PortDoor:
         channel = request.channel
         raw = (getattr(channel, "_path", b"") or b"").decode("latin-1")
         path, _, query = raw.partition("?")
+        # Answered: no ``100 Continue`` may follow (a 1xx after the final
+        # answer breaks a client that honours Expect).
+        request.requestHeaders.removeHeader(b"expect")
         channel._refuse(error, path, request.getHeader(b"accept"))
         peer = request.getClientAddress()
         gate.audit(

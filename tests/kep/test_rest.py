@@ -31,6 +31,27 @@ def _sdk_error(test: Any, failure_value: Any) -> Any:
     return failure_value
 
 
+def expect_continue(port: int, length: int, token: bytes | None) -> list[bytes]:
+    """
+    Send a PUT's head with ``Expect: 100-continue`` and no body; the status
+    lines that come back before the daemon closes (or 2 s of quiet).
+    """
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(2)
+        s.sendall(
+            b"PUT /v1/files/e.bin HTTP/1.1\r\nHost: x\r\n"
+            + (b"X-Access-Token: " + token + b"\r\n" if token else b"")
+            + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % length
+        )
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+    return [line for line in out.split(b"\r\n") if line.startswith(b"HTTP/")]
+
+
 class SdkTests(KepCase):
     """The SDK's Filesystem does what its users expect, through sandboxd."""
 
@@ -458,6 +479,19 @@ class AuthTests(KepCase):
         self.assertEqual(r.status_code, 200)
         r = yield self.http("GET", "/v1/health")
         self.assertEqual(r.status_code, 200)
+
+    @inlineCallbacks
+    def test_wrong_token_with_expect(self) -> Any:
+        """
+        A wrong token on a small body announced with ``Expect:
+        100-continue`` is 401 at once, before any body, and never preceded
+        or followed by ``100 Continue``.
+        """
+        lines = yield self.blocking(expect_continue, self.rest_port, 1000, b"wrong")
+        self.assertEqual([line.split()[1] for line in lines], [b"401"])
+        lines = yield self.blocking(expect_continue, self.rest_port, 10**10, b"wrong")
+        self.assertEqual(len(lines), 1, lines)
+        self.assertNotIn(b"100", lines[0])
 
     @inlineCallbacks
     def test_unauthenticated_as(self) -> Any:

@@ -20,7 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.preview.channel import canonical, plain
 from sandboxd.web.heads import parse_head
-from tests.preview.test_door import POLICY, DoorCase
+from tests.preview.test_door import POLICY, TOKEN, DoorCase
 from tests.preview.test_rawpool import ScriptedApp
 
 
@@ -143,7 +143,7 @@ class ChannelTests(DoorCase):
         yield self.expose(public=True)
         data = (
             get("/", "evil.example")
-            + get("/", self.host(port=self.app_port + 1))
+            + get("/", self.host(port=self.app_port + 1), f"X-Access-Token: {TOKEN}")
             + get("/", self.host(), "Connection: close")
         )
         raw, _ = yield deferToThread(talk, self.door_port, data)

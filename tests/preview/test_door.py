@@ -260,6 +260,55 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(response.code, 404)
 
     @inlineCallbacks
+    def test_no_exposure_oracle_without_a_credential(self) -> None:
+        """
+        Without a credential that logs in (none, or an unknown token), an
+        unexposed port, a labelled exposure asked for without its label
+        and a private exposure all answer the same 401, so the door does
+        not tell a stranger which ports are exposed; a caller who logs in
+        still hears 404 ``port_not_exposed``.
+        """
+        unexposed = free_port()
+        yield self.expose(label="web")
+        for token in (None, "not-a-token-0123456789"):
+            for host in (
+                self.host(),
+                self.host(unexposed),
+                self.host(label="web"),
+            ):
+                response, body = yield self.fetch("GET", "/", host=host, token=token)
+                self.assertEqual(
+                    (response.code, json.loads(body)["code"]),
+                    (401, "link_invalid"),
+                    (token, host),
+                )
+        response, body = yield self.fetch("GET", "/", host=self.host(unexposed))
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+
+    @inlineCallbacks
+    def test_two_identities_are_ambiguous(self) -> None:
+        """
+        ``X-Access-Token`` and ``Authorization: Bearer`` logging in as two
+        identities: 400 ``ambiguous_credentials``, as on every other door.
+        """
+        yield self.expose()
+        response, body = yield self.fetch(
+            "GET",
+            "/",
+            token=USER,
+            headers={"authorization": f"Bearer {TOKEN}"},
+        )
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (400, "ambiguous_credentials")
+        )
+        response, _ = yield self.fetch(
+            "GET", "/", token=None, headers={"authorization": f"Bearer {TOKEN}"}
+        )
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
     def test_link_becomes_a_cookie(self) -> None:
         """
         ``?sbx_link=`` on a GET: 303 to the same URL without it, with a
@@ -1227,6 +1276,81 @@ class ExposureApiTests(DoorCase):
         self.assertFalse(gone.json()["listening"])
 
 
+PM = "pm-token-0123456789"
+PM2 = "pm2-token-0123456789"
+
+
+class ExposureOwnerTests(DoorCase):
+    """Each identity's exposures are its own, and it holds a share of the table."""
+
+    policy = {
+        **POLICY,
+        "auth": {
+            "tokens": [
+                *POLICY["auth"]["tokens"],
+                *(
+                    {
+                        "id": name,
+                        "token_sha256": _sha(token),
+                        "scopes": ["preview:manage", "preview:read"],
+                    }
+                    for name, token in (("pm", PM), ("pm2", PM2))
+                ),
+            ]
+        },
+        "endpoints": {
+            **POLICY["endpoints"],
+            "preview_expose": {"limits": {"max_sessions": 4}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_no_takeover_and_a_share(self) -> None:
+        """
+        Another identity exposing or unexposing a port is 403
+        ``permission_denied`` and the exposure is unchanged (label, owner);
+        one identity exposes at most half the table (429 naming
+        ``max_per_identity``) while another still can; ``*`` may unexpose
+        anyone's.
+        """
+        made = yield self.expose(label="bee")
+        self.assertEqual(made.status, 201, made.body)
+        taken = yield self.request(
+            "POST", "/preview/ports", {"port": self.app_port, "public": True}, token=PM2
+        )
+        self.assertEqual(
+            (taken.status, taken.json()["code"]), (403, "permission_denied"), taken.body
+        )
+        gone = yield self.request(
+            "DELETE", f"/preview/ports/{self.app_port}", token=PM2
+        )
+        self.assertEqual((gone.status, gone.json()["code"]), (403, "permission_denied"))
+        kept = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(
+            (kept.json()["label"], kept.json()["exposed_by"], kept.json()["public"]),
+            ("bee", "admin", False),
+        )
+        ports = [free_port() for _ in range(3)]
+        for port in ports[:2]:
+            mine = yield self.request(
+                "POST", "/preview/ports", {"port": port}, token=PM
+            )
+            self.assertEqual(mine.status, 201, mine.body)
+        over = yield self.request(
+            "POST", "/preview/ports", {"port": ports[2]}, token=PM
+        )
+        self.assertEqual(
+            (over.status, over.json()["code"], over.json()["rule"]),
+            (429, "too_many_sessions", "default:limits.max_per_identity"),
+        )
+        other = yield self.request(
+            "POST", "/preview/ports", {"port": ports[2]}, token=PM2
+        )
+        self.assertEqual(other.status, 201, other.body)
+        ended = yield self.request("DELETE", f"/preview/ports/{ports[0]}")
+        self.assertEqual(ended.status, 200, ended.body)
+
+
 class PreviewableTests(DoorCase):
     """The listing says which ports a preview can open for, as exposing would decide."""
 
@@ -1465,3 +1589,76 @@ class TrickledBodyTests(DoorCase):
         self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out[:200])
         self.assertIn(b'"timeout"', out)
         self.assertLess(elapsed, 8)
+
+
+class EveryListenerTests(DaemonTestCase):
+    """No port the daemon listens on can be previewed, whichever door it is."""
+
+    policy = {**POLICY, "groups": {"preview": True, "e2b": True, "kep": True}}
+    token = TOKEN
+    audit = True
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        loopback = "tcp:0:interface=127.0.0.1"
+        for door in (
+            "preview_port",
+            "e2b_port",
+            "e2b_code_port",
+            "kep_rest_port",
+            "kep_grpc_port",
+        ):
+            kwargs.setdefault(door, loopback)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_every_listener_is_refused(self) -> None:
+        """
+        Every TCP port the reactor listens on while the daemon runs with
+        all its doors (HTTP, PTY, E2B and its code port, KEP REST and
+        gRPC, the preview door) is 403 ``port_not_allowed`` by
+        ``daemon:own_ports`` and listed as not previewable: exposing the
+        KEP port would hand the KEP door to whoever reaches the preview.
+        """
+        from twisted.internet import tcp
+
+        context = self.daemon.context
+        for door in (context.e2b, context.kep, context.preview):
+            yield door.listening()
+        own = sorted(
+            r.getHost().port for r in reactor.getReaders() if isinstance(r, tcp.Port)
+        )
+        self.assertGreaterEqual(len(own), 7, own)
+        listed = yield self.request("GET", "/preview/ports")
+        previewable = {p["port"]: p["previewable"] for p in listed.json()["ports"]}
+        for port in own:
+            refused = yield self.request("POST", "/preview/ports", {"port": port})
+            self.assertEqual(
+                (refused.status, refused.json().get("rule")),
+                (403, "daemon:own_ports"),
+                port,
+            )
+            self.assertFalse(previewable.get(port, False), port)
+
+    def test_every_listen_goes_through_own_endpoint(self) -> None:
+        """
+        Nothing in the package listens but through
+        :class:`~sandboxd.daemon.listener.OwnEndpoint`, so that a door added
+        later joins the ports never previewed without anyone listing it.
+        """
+        import sandboxd
+
+        root = os.path.dirname(sandboxd.__file__)
+        found = []
+        for folder, _, names in os.walk(root):
+            for name in names:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                if path == os.path.join(root, "daemon", "listener.py"):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                for call in ("serverFromString(", "listenTCP(", "listenSSL("):
+                    if call in text:
+                        found.append(f"{os.path.relpath(path, root)}: {call}")
+        self.assertEqual(found, [])

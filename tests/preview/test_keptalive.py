@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
 
 from tests.preview.test_channel import get, responses
-from tests.preview.test_door import POLICY, DoorCase
+from tests.preview.test_door import POLICY, TOKEN, DoorCase
 from tests.preview.test_rawpool import ScriptedApp
 
 
@@ -78,7 +78,9 @@ class KeptAliveTests(DoorCase):
         self.assertEqual((status, body), (200, b"hello"))
         gone = yield self.request("DELETE", f"/preview/ports/{self.scripted.port}")
         self.assertEqual(gone.status, 200, gone.body)
-        status, _, body = yield self.ask()
+        # (Told to a caller who logs in: a stranger gets the 401 any port
+        # not exposed to it does.)
+        status, _, body = yield self.ask(f"X-Access-Token: {TOKEN}")
         self.assertEqual(status, 404)
         self.assertEqual(json.loads(body)["code"], "port_not_exposed")
         self.assertEqual(len(self.scripted.heads), 1)

@@ -718,6 +718,27 @@ class TokenTests(TerminalCase):
             yield self.assertFailure(d, ConnectionError)
 
     @inlineCallbacks
+    def test_malformed_host_is_refused(self) -> Any:
+        """
+        A Host no URL can carry (``/``, ``?``, ``#``, ``@`` in it) is 400
+        ``invalid_param`` and starts no terminal, rather than a ``ws_url``
+        pointing elsewhere; a plain name with a port is used as before.
+        """
+        for host in ("127.0.0.1/x?y=", "a@evil.example", "evil.example#"):
+            reply = yield self.request(
+                "POST", "/pty/sessions", {"shell": "sh"}, headers={"Host": host}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), host
+            )
+        listed = yield self.request("GET", "/pty/sessions")
+        self.assertEqual(listed.json()["sessions"], [])
+        created = yield self.create(headers={"Host": "sandbox.example:8080"})
+        self.assertTrue(
+            created["ws_url"].startswith("ws://sandbox.example:"), created["ws_url"]
+        )
+
+    @inlineCallbacks
     def test_header_and_query_token(self) -> Any:
         """Bearer header or access_token query parameter both attach."""
         created = yield self.create()

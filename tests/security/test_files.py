@@ -416,6 +416,115 @@ class ArchiveRaceTests(OutsideCase):
         self.assertEqual(reply.status, 200, reply.body)
 
 
+class ChangedMeanwhileTests(FilesCase):
+    """
+    A file rewritten while it is archived, a directory that gains an entry
+    while it is deleted (a dev server's log, a build's output): a clear
+    refusal with its code, never a 500, and nothing half-made.
+    """
+
+    def shrink_while_packed(self, rel: str, times: int) -> list[int]:
+        """
+        Truncate ``rel`` after the archive stat-ed it, before it is read,
+        the first ``times`` times it is packed (writing it back after each
+        such try, so that the next one stats its whole size again).
+        """
+        from sandboxd.files import archive
+
+        real = archive._add
+        target = os.path.join(self.base_dir, rel)
+        with open(target, "rb") as f:
+            content = f.read()
+        shrunk: list[int] = []
+
+        def add(writer: Any, fmt: str, fd: int, path: str, *rest: Any) -> None:
+            if path != target or len(shrunk) >= times:
+                real(writer, fmt, fd, path, *rest)
+                return
+            shrunk.append(1)
+            os.truncate(target, 10)
+            try:
+                real(writer, fmt, fd, path, *rest)
+            finally:
+                with open(target, "wb") as f:
+                    f.write(content)
+
+        self.patch(archive, "_add", add)
+        return shrunk
+
+    @inlineCallbacks
+    def test_archive_of_a_file_that_shrinks(self) -> Any:
+        """
+        A file that shrank once is packed again, whole; one that shrinks
+        on every try is 412 ``precondition_failed`` naming it, not a 500.
+        """
+        self.put("logs/app.log", b"x" * 100_000)
+        self.put("logs/other.txt", b"other")
+        self.shrink_while_packed("logs/app.log", 1)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["logs"]})
+        self.assertEqual(reply.status, 200, reply.body)
+        packed = tarfile.open(
+            fileobj=io.BytesIO(base64.b64decode(reply.json()["content_base64"]))
+        )
+        member = packed.extractfile("logs/app.log")
+        assert member is not None
+        self.assertEqual(member.read(), b"x" * 100_000)
+        self.shrink_while_packed("logs/app.log", 100)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["logs"]})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (412, "precondition_failed")
+        )
+        self.assertIn("logs/app.log", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_delete_of_a_directory_that_gains_an_entry(self) -> Any:
+        """
+        An entry made in a directory while it is deleted: 409 ``file_exists``
+        saying so (the new entry stays); deleting again removes it.
+        """
+        import shutil
+
+        self.put("race/sub/old.txt", b"old")
+        real = shutil.rmtree
+        made: list[int] = []
+
+        def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+            dir_fd = kwargs.get("dir_fd")
+            if not made and dir_fd is not None:
+                made.append(1)
+                real_rmdir = os.rmdir
+
+                def rmdir(name: Any, *a: Any, **k: Any) -> None:
+                    if name == path:
+                        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+                        try:
+                            with open(
+                                os.open("new.txt", os.O_CREAT | os.O_WRONLY, dir_fd=fd),
+                                "w",
+                            ):
+                                pass
+                        finally:
+                            os.close(fd)
+                    real_rmdir(name, *a, **k)
+
+                self.patch(os, "rmdir", rmdir)
+                try:
+                    real(path, *args, **kwargs)
+                finally:
+                    self.patch(os, "rmdir", real_rmdir)
+                return
+            real(path, *args, **kwargs)
+
+        self.patch(shutil, "rmtree", rmtree)
+        reply = yield self.request("DELETE", "/files?path=race/sub")
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+        self.assertIn("delete it again", reply.json()["error"])
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "race/sub/new.txt")))
+        again = yield self.request("DELETE", "/files?path=race/sub")
+        self.assertEqual(again.status, 200, again.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "race/sub")))
+
+
 class BombTests(FilesCase):
     policy = {
         "endpoints": {
@@ -1138,3 +1247,59 @@ class DaemonFilesTests(FilesCase):
             self.assertEqual(f.read(), "admin-secret-token\n")
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "audit.log.1")))
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "stolen")))
+
+
+class CommandsFileTests(FilesCase):
+    """
+    A ``--commands`` template inside the base is the daemon's own code: a
+    token that may write files must not rewrite it to run as the daemon's
+    user at the next start, nor read it.
+    """
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.put("tpl/cmds.py", b"# the template's commands\n")
+        self.put("tpl/other.py", b"# not the daemon's\n")
+        yield self.start(
+            policy={
+                "auth": {
+                    "tokens": [
+                        {"id": "files", "token_env": "FILES", "scopes": ["files:*"]}
+                    ]
+                }
+            },
+            environ={"FILES": "f"},
+            commands=(os.path.join(self.base_dir, "tpl", "cmds.py"),),
+        )
+
+    @inlineCallbacks
+    def test_commands_file_out_of_reach(self) -> Any:
+        """
+        Reading, writing, deleting the commands file, or planting a bytecode
+        cache for it, is 403 ``guard:daemon-files``, and the file is
+        unchanged; a file beside it is still read and written.
+        """
+        for rel in ("tpl/cmds.py", "tpl/__pycache__/cmds.cpython-311.pyc"):
+            reply = yield self.request(
+                "POST",
+                f"/files/raw?path={quote(rel)}",
+                raw_body=b"import os\n",
+                token="f",
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["rule"]), (403, "guard:daemon-files"), rel
+            )
+        for method, route in (("GET", "/files/raw"), ("DELETE", "/files")):
+            reply = yield self.request(method, f"{route}?path=tpl/cmds.py", token="f")
+            self.assertEqual(
+                (reply.status, reply.json()["rule"]), (403, "guard:daemon-files")
+            )
+        with open(os.path.join(self.base_dir, "tpl", "cmds.py"), "rb") as f:
+            self.assertEqual(f.read(), b"# the template's commands\n")
+        reply = yield self.request(
+            "POST", "/files/raw?path=tpl/other.py", raw_body=b"x = 1\n", token="f"
+        )
+        self.assertEqual(reply.status, 200, reply.body)

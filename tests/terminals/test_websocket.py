@@ -242,3 +242,93 @@ class SlowClientTests(ProtocolCase):
         fine_pump.flush()
         self.assertEqual(fine.received[-1]["data"], "still flowing")
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class HandshakeBoundsTests(ProtocolCase):
+    """
+    What a connection may hold before its handshake is read: a head
+    bounded as the HTTP port's requests are, and a place that a silent
+    socket gives up to a new client at a cap.
+    """
+
+    def silent(self, host: str) -> tuple[Any, FakeTransport]:
+        """A connection from ``host`` that has sent nothing yet."""
+        from twisted.internet.address import IPv4Address
+
+        server = self.factory.buildProtocol(None)
+        transport = FakeTransport(
+            server, isServer=True, peerAddress=IPv4Address("TCP", host, 40000)
+        )
+        server.makeConnection(transport)
+        return server, transport
+
+    def answer(self, transport: FakeTransport) -> tuple[bytes, dict[str, Any]]:
+        """The status line and JSON body the server wrote."""
+        written = b"".join(transport.stream)
+        head, _, body = written.partition(b"\r\n\r\n")
+        return head, json.loads(body)
+
+    def test_head_without_end_is_refused(self) -> None:
+        """
+        A handshake whose head never ends (one header growing without
+        bound) is answered 400 ``malformed_request`` and closed once it is
+        larger than the HTTP port's head may be, not buffered on.
+        """
+        server, transport = self.silent("10.0.0.1")
+        server.dataReceived(b"GET /pty HTTP/1.1\r\nHost: sandbox\r\nX-Pad: ")
+        for _ in range(4):
+            server.dataReceived(b"a" * 8192)
+        head, body = self.answer(transport)
+        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), head)
+        self.assertEqual(body["code"], "malformed_request")
+        self.assertIn("too large", body["error"])
+        self.assertTrue(transport.disconnecting)
+        server.dataReceived(b"a" * 8192)
+        self.assertLess(len(server.data), 64 * 1024)
+
+    def test_too_many_headers_are_refused(self) -> None:
+        """More headers than the HTTP port takes: 400 ``malformed_request``."""
+        server, transport = self.silent("10.0.0.1")
+        lines = b"".join(b"X-%d: 1\r\n" % i for i in range(300))
+        server.dataReceived(b"GET /pty HTTP/1.1\r\nHost: sandbox\r\n" + lines + b"\r\n")
+        head, body = self.answer(transport)
+        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), head)
+        self.assertEqual(body["code"], "malformed_request")
+
+    def test_silent_sockets_make_room(self) -> None:
+        """
+        With the port's every place held by sockets that never sent a
+        handshake, a client that comes later still attaches: the silent
+        socket waiting longest is closed to make room.
+        """
+        from sandboxd.policy.defaults import PTY_MAX_CONNECTIONS
+
+        held = [
+            self.silent(f"10.0.{i // 200}.{i % 200}")
+            for i in range(PTY_MAX_CONNECTIONS)
+        ]
+        self.clock.advance(2)
+        client, _, _ = self.open()
+        self.assertEqual(client.received[0]["event"], "started")
+        self.assertTrue(held[0][1].disconnecting)
+        self.assertFalse(held[1][1].disconnecting)
+
+    def test_one_address_gets_a_share(self) -> None:
+        """
+        One address holds at most its share of the port; past it, a new
+        connection from there is refused with 503 ``unavailable`` and a
+        ``Retry-After`` (not ``malformed_request``), while another address
+        is still let in.
+        """
+        from sandboxd.policy.defaults import PTY_MAX_CONNECTIONS_PER_ADDRESS
+
+        for _ in range(PTY_MAX_CONNECTIONS_PER_ADDRESS):
+            self.silent("10.0.0.1")
+        _, refused = self.silent("10.0.0.1")
+        head, body = self.answer(refused)
+        self.assertTrue(head.startswith(b"HTTP/1.1 503 "), head)
+        self.assertIn(b"Retry-After: 1", head)
+        self.assertEqual(body["code"], "unavailable")
+        _, other = self.silent("10.0.0.2")
+        self.assertEqual(other.stream, [])
+        self.assertFalse(other.disconnecting)

@@ -232,6 +232,12 @@ SCHEMAS: dict[str, Schema] = {
                 "another root of paths.allow, a mount point, or a tree holding one",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
+            E(
+                409,
+                "file_exists",
+                "an entry was made in the directory while it was deleted (what "
+                "was there is gone, the new entry stays): delete it again",
+            ),
         ),
         notes="Directories are removed recursively; a link is removed, not its target.",
     ),
@@ -499,6 +505,12 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *GUARD,
             E(400, "invalid_param", "empty paths or an unknown format"),
+            E(
+                412,
+                "precondition_failed",
+                "a file shrank while it was packed (rewritten meanwhile), on each "
+                "of 3 tries; the message names it",
+            ),
             E(
                 413,
                 "payload_too_large",

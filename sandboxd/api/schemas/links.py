@@ -57,7 +57,10 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 429,
                 "too_many_sessions",
-                "limits.max_sessions (1000) links are live",
+                "limits.max_sessions (1000) links are live, the caller holds "
+                "its share of them (max_per_identity: half when more than one "
+                "identity can log in), or as many revoked links are remembered "
+                "until they expire; a revoked link holds no place",
                 "ResourceError",
             ),
             E(

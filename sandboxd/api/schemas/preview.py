@@ -79,9 +79,17 @@ SCHEMAS: dict[str, Schema] = {
             ),
             E(403, "param_not_allowed", "public while params.allow_public is false"),
             E(
+                403,
+                "permission_denied",
+                "another identity exposed the port (only it, or an identity "
+                "holding *, may expose it again)",
+            ),
+            E(
                 429,
                 "too_many_sessions",
-                "limits.max_sessions (64) exposures",
+                "limits.max_sessions (64) exposures, or the caller's share of "
+                "them (max_per_identity: half when more than one identity can "
+                "log in)",
                 "ResourceError",
             ),
             E(
@@ -91,7 +99,7 @@ SCHEMAS: dict[str, Schema] = {
                 "RuntimeError",
             ),
         ),
-        notes="Exposing an exposed port again replaces its exposure.",
+        notes="Exposing a port the caller exposed again replaces its exposure.",
     ),
     "preview_get": Schema(
         response=_EXPOSURE,
@@ -104,6 +112,12 @@ SCHEMAS: dict[str, Schema] = {
         response=_EXPOSURE,
         errors=(
             E(400, "invalid_param", "port is not 1-65535"),
+            E(
+                403,
+                "permission_denied",
+                "another identity exposed the port (only it, or an identity "
+                "holding *, may unexpose it)",
+            ),
             E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
         ),
         notes="Requests and WebSockets in flight to the port are closed.",

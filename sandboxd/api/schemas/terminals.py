@@ -33,7 +33,12 @@ SCHEMAS: dict[str, Schema] = {
             F("pid", "integer"),
         ),
         errors=(
-            E(400, "invalid_param", "cols/rows not integers in range, bad env or user"),
+            E(
+                400,
+                "invalid_param",
+                "cols/rows not integers in range, bad env or user, or a Host header "
+                "that is not a host name or address (the ws_url is built from it)",
+            ),
             E(
                 400,
                 "param_not_allowed",
