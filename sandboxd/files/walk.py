@@ -42,7 +42,6 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
-    directory_not_empty,
     file_exists,
     file_not_found,
     forbidden,
@@ -325,17 +324,7 @@ def delete(guard: PathGuard, path: str) -> str:
             if stat.S_ISDIR(st.st_mode):
                 _check_tree(guard, loc, mounts=True)
                 # fd-based rmtree: a directory swapped for a link is not followed.
-                try:
-                    shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
-                except OSError as e:
-                    if e.errno != errno.ENOTEMPTY:
-                        raise
-                    # Something was made in the tree while it was removed: a
-                    # conflict the caller may retry, not the daemon's fault.
-                    raise directory_not_empty(
-                        f"the directory is not empty: {path}; something was "
-                        "created in it while it was being deleted, try again"
-                    ) from None
+                shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
             else:
                 loc.refuse_shared(st, path)
                 refuse_device(st, path)

@@ -174,7 +174,7 @@ class SdkTests(KepCase):
         )
         self.assertEqual(error.status_code, 409)
         self.assertEqual(error.response.json()["code"], "CONFLICT")
-        self.assertIn("try again", error.response.json()["message"])
+        self.assertIn("delete it again", error.response.json()["message"])
         yield self.blocking(fs.delete, "race/x", recursive=True)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "race/x")))
 
