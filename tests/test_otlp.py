@@ -587,6 +587,42 @@ class UnreachableAtStopTests(TracedDaemon):
         )
 
 
+class SilentAtStopTests(TracedDaemon):
+    """
+    A collector that takes the request and never answers holds the stop no
+    longer than its bound, and is sent nothing after it.
+    """
+
+    otel = {"OTEL_EXPORTER_OTLP_TIMEOUT": "15000", "OTEL_BSP_EXPORT_TIMEOUT": "20000"}
+
+    def setUp(self) -> Any:
+        self.patch(server, "TRACE_STOP_SECONDS", 1.0)
+        return super().setUp()
+
+    def tearDown(self) -> None:
+        for request in self.collector.held:
+            if request.channel is not None:
+                request.channel.transport.abortConnection()
+
+    @inlineCallbacks
+    def test_stop_is_bounded(self) -> Any:
+        """
+        The request in flight is cut at the stop's bound and no new attempt
+        follows: the stop is over within the bound and the collector gets
+        the one request.
+        """
+        self.collector.hold = True
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        started = reactor.seconds()
+        yield self.daemon.stop()
+        self.assertLess(reactor.seconds() - started, 3.0)
+        self.assertEqual(self.daemon.context.tracer.counts["failed"], 1)
+        # A retry would come a second after the cut.
+        yield deferLater(reactor, 1.5, lambda: None)
+        self.assertEqual(len(self.collector.requests), 1)
+
+
 class McpTests(TracedDaemon):
     """
     The MCP SDK puts its span's context in each request's ``_meta``: a
