@@ -533,7 +533,7 @@ def _reason(failure: Any) -> str:
         # Only the request's own timeout cancels it (the stop is told apart
         # before this is asked).
         return "no answer within the timeout"
-    message = failure.getErrorMessage()
+    message: str = failure.getErrorMessage()
     if not message or message.startswith(("HostnameAddress(", "IPv4Address(")):
         message = type(failure.value).__name__
     return message
