@@ -16,6 +16,7 @@ from sandboxd.access.audit import (
     AuditLog,
     audit_argv,
     make_record,
+    mask_secrets,
     redact_query,
     should_record,
 )
@@ -224,6 +225,23 @@ class ArgvTests(SynchronousTestCase):
             AUDIT_ARGV_MAX_CHARS + 100 * len(wide),
         )
         self.assertIn("more arguments", wide[-1])
+
+
+class MaskSecretsTests(SynchronousTestCase):
+    """The daemon's tokens masked in what an audit record holds."""
+
+    def test_whole_and_cut(self) -> None:
+        """
+        A token is masked wherever it appears; at the end of an argument
+        cut for length, its beginning is masked too.
+        """
+        token = "tok-0123456789abcdef"
+        self.assertEqual(mask_secrets(f"a {token} b{token}", [token]), "a *** b***")
+        [cut] = audit_argv(["x" * 500 + token], [], {})
+        self.assertTrue(cut.endswith("more characters)"))
+        self.assertNotIn(token[:12], mask_secrets(cut, [token]))
+        self.assertIn("x***... (", mask_secrets(cut, [token]))
+        self.assertEqual(mask_secrets("short abc", ["abc"]), "short abc")
 
 
 class AuditedChildrenTests(TerminalCase):

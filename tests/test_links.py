@@ -365,6 +365,59 @@ class LinkRoutesTests(DaemonTestCase):
             self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
 
     @inlineCallbacks
+    def test_minters_token_rotated_on_reload(self) -> None:
+        """
+        A reload that changes the minter's token (its file rewritten, as a
+        leaked token is rotated) ends the links it made with the old one,
+        and the links they made, with a 401 saying why, for good: the old
+        token written back does not bring them back.
+        """
+        token_file = os.path.join(os.path.dirname(self.base_dir), "reader-token")
+
+        def write(token: str) -> None:
+            with open(token_file, "w") as f:
+                f.write(token)
+
+        write(READER)
+        reader = {
+            "id": "reader",
+            "token_file": token_file,
+            "scopes": ["links:mint", "system:read", "core:read"],
+        }
+        policy = {**POLICY, "auth": {"tokens": [POLICY["auth"]["tokens"][0], reader]}}
+        yield self.start_on_policy_file(policy)
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read", "links:mint"]},
+            token=READER,
+        )
+        link = minted.json()["token"]
+        child = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"]},
+            token=link,
+        )
+        self.assertEqual(child.status, 201, child.body)
+        rotated = "reader-rotated-0123456789"
+        write(rotated)
+        self.reload_policy(policy)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
+            self.assertIn("was changed", info.json()["error"])
+        old = yield self.request("GET", "/system/info", token=READER)
+        self.assertEqual(old.status, 401)
+        new = yield self.request("GET", "/system/info", token=rotated)
+        self.assertEqual(new.status, 200, new.body)
+        write(READER)
+        self.reload_policy(policy)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
     def test_refused_calls_spend_no_use(self) -> None:
         """
         A call the gate refuses (a missing scope, a switched-off endpoint,

@@ -383,6 +383,60 @@ class SpanTests(TracedDaemon):
         self.assertEqual([s.name for s in self.collector.spans()], ["health"])
 
 
+FILE_TOKEN = "file-token-s43-0123456789"
+HASHED_TOKEN = "hashed-token-s43-0123456789"
+
+
+class TokensMaskedTests(TracedDaemon):
+    """
+    No span and no audit line holds a token, whatever its source: a file,
+    a hash (known from the moment it is presented), the environment.
+    """
+
+    def setUp(self) -> Any:
+        folder = os.path.realpath(self.mktemp())
+        os.makedirs(folder)
+        self.token_file = os.path.join(folder, "token")
+        with open(self.token_file, "w") as f:
+            f.write(FILE_TOKEN + "\n")
+        self.policy = {
+            "defaults": {"audit": "all"},
+            "auth": {
+                "tokens": [
+                    {"id": "agent", "token_file": self.token_file, "scopes": ["*"]},
+                    {
+                        "id": "hashed",
+                        "token_sha256": digest(HASHED_TOKEN),
+                        "scopes": ["*"],
+                    },
+                ]
+            },
+        }
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_file_and_hashed_tokens_masked(self) -> Any:
+        """
+        A command that prints a file's token and the caller's own hashed
+        token: the span's argv and the audit line have neither, the output
+        (the caller's own) is untouched.
+        """
+        command = f"echo {FILE_TOKEN} Bearer={HASHED_TOKEN}"
+        reply = yield self.request(
+            "POST", "/shell", {"command": command}, token=HASHED_TOKEN
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn(FILE_TOKEN, reply.json()["stdout"])
+        [span] = yield self.spans(name="shell")
+        argv = " ".join(attributes(span)["sandboxd.argv"])
+        self.assertIn("echo *** Bearer=***", argv)
+        line = [r for r in self.audit_lines() if r["endpoint"] == "shell"][-1]
+        self.assertIn("echo *** Bearer=***", " ".join(line["argv"]))
+        for token in (FILE_TOKEN, HASHED_TOKEN):
+            self.assertNotIn(token, json.dumps(line))
+            self.assertNotIn(token.encode(), self.collector.requests[-1][1])
+
+
 class ExcludedTests(TracedDaemon):
     """``OTEL_PYTHON_EXCLUDED_URLS``: probes that should not fill the traces."""
 

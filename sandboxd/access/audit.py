@@ -160,6 +160,31 @@ def redact_url_secrets(text: str) -> str:
     return text
 
 
+#: How :func:`audit_argv` ends an argument it cut.
+_CUT = re.compile(r"\.\.\. \(\d+ more characters\)$")
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """
+    ``text`` with each of ``secrets`` (the daemon's tokens, longest first)
+    masked wherever it appears; in an argument :func:`audit_argv` cut, a
+    token's beginning left at the cut too.
+    """
+    for secret in secrets:
+        if len(secret) >= SECRET_MIN_CHARS and secret in text:
+            text = text.replace(secret, MASK)
+    cut = _CUT.search(text)
+    if cut is not None:
+        head = text[: cut.start()]
+        for secret in secrets:
+            for size in range(len(secret) - 1, SECRET_MIN_CHARS - 1, -1):
+                if head.endswith(secret[:size]):
+                    head = head[:-size] + MASK
+                    break
+        text = head + cut.group()
+    return text
+
+
 def redact_query(query: str) -> str:
     """
     The query string with the values of token-like parameters removed, and

@@ -168,6 +168,10 @@ class Link:
     revoked: bool = False
     #: Revoked because its minter was taken out of the policy.
     minter_removed: bool = False
+    #: Which token its minter presented (:attr:`Identity.credential`).
+    minter_credential: str | None = None
+    #: Revoked because a reload changed (or removed) that token.
+    minter_rotated: bool = False
 
     @property
     def id(self) -> str:
@@ -188,6 +192,8 @@ class Link:
             "used": self.used,
             "revoked": self.revoked,
             "minter_removed": self.minter_removed,
+            "minter_credential": self.minter_credential,
+            "minter_rotated": self.minter_rotated,
         }
 
     @classmethod
@@ -210,6 +216,12 @@ class Link:
             used=int(data["used"]),
             revoked=bool(data["revoked"]),
             minter_removed=bool(data.get("minter_removed", False)),
+            minter_credential=(
+                str(data["minter_credential"])
+                if data.get("minter_credential") is not None
+                else None
+            ),
+            minter_rotated=bool(data.get("minter_rotated", False)),
         )
 
     def as_json(self) -> dict[str, object]:
@@ -469,7 +481,7 @@ class LinkTable:
             exp=min(now + ttl, self._expiry_of(minter)),
             uses=uses,
         )
-        link = Link(claims, now)
+        link = Link(claims, now, minter_credential=minter.credential)
         self.links[claims.jti] = link
         if not self.save():
             # Not kept, it could not be revoked after a restart.
@@ -558,6 +570,7 @@ class LinkTable:
             if consume and link.used >= claims.uses:
                 raise link_refused("the link was used up")
         scopes = frozenset(claims.scopes)
+        credential = link.minter_credential if link is not None else None
         if tokens is not None:
             minter = tokens.current(claims.sub)
             if minter is None:
@@ -565,9 +578,15 @@ class LinkTable:
                     f"the identity that made this link ({claims.sub!r}) is no "
                     "longer in the policy, so its links no longer work"
                 )
+            if credential is not None and not tokens.holds(claims.sub, credential):
+                raise link_refused(_ROTATED.format(sub=claims.sub))
             scopes = within(scopes, minter)
         identity = Identity(
-            f"link:{claims.jti}", scopes, on_behalf_of=claims.sub, expires=claims.exp
+            f"link:{claims.jti}",
+            scopes,
+            on_behalf_of=claims.sub,
+            expires=claims.exp,
+            credential=credential,
         )
         if consume and spend:
             self.spend(identity)
@@ -677,17 +696,25 @@ class LinkTable:
     def end_orphans(self, tokens: TokenStore) -> list[Link]:
         """
         Revoke, for good, every link whose minter is not in the policy
-        ``tokens`` belong to (asked at start and at each reload): a link
-        already fails while its minter is out, but giving the identity
-        back (an old policy file restored) would otherwise bring its links
-        back, a leaked identity's included.  The links ended, saved when
-        there are any (a revocation that cannot be kept is logged: it is
-        made again at the next start while the minter stays out).
+        ``tokens`` belong to, or no longer logs in with the token it made
+        the link with (asked at start and at each reload): a link already
+        fails while its minter is out, but giving the identity (or the old
+        token) back (an old policy file restored) would otherwise bring
+        its links back, a leaked token's included.  The links ended, saved
+        when there are any (a revocation that cannot be kept is logged: it
+        is made again at the next start while the minter stays out).
         """
         ended = []
         for link in self.links.values():
-            if not link.revoked and tokens.current(link.claims.sub) is None:
+            if link.revoked:
+                continue
+            if tokens.current(link.claims.sub) is None:
                 link.revoked = link.minter_removed = True
+                ended.append(link)
+            elif link.minter_credential is not None and not tokens.holds(
+                link.claims.sub, link.minter_credential
+            ):
+                link.revoked = link.minter_rotated = True
                 ended.append(link)
         if ended and self.state_path is not None and not self.save():
             log.warn(
@@ -750,8 +777,17 @@ class ExpiryWatch:
             )
 
 
+#: Why a link made with a token that was since changed is refused.
+_ROTATED = (
+    "the link ended when the token that made it ({sub!r}'s) was changed in "
+    "the policy; changing it back does not bring its links back"
+)
+
+
 def revoked_message(link: Link) -> str:
     """Why a revoked link is refused."""
+    if link.minter_rotated:
+        return _ROTATED.format(sub=link.claims.sub)
     if link.minter_removed:
         return (
             f"the link ended when the identity that made it ({link.claims.sub!r}) "
