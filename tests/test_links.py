@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 from typing import Any
 
@@ -545,18 +544,31 @@ class LinkStateTests(SynchronousTestCase):
             f.write(os.urandom(32).hex().encode())
         self.assertEqual(self.table().links, {})
 
-    def test_unreadable_state_starts_empty(self) -> None:
-        """A state file that is not JSON: an empty table, and the next write replaces it."""
-        os.makedirs(self.state)
+    def test_unreadable_state_refuses_earlier_links(self) -> None:
+        """
+        A state file that is not JSON fails closed: every link made before
+        (a revoked one among them) is refused as revoked, across later
+        restarts too; the file is kept as ``links.json.bad``; links made
+        since work.
+        """
+        first = self.table()
+        revoked, gone = first.mint(self.minter, "preview:3000", None, 60, None, 10)
+        _, kept = first.mint(self.minter, "preview:3000", None, 60, None, 10)
+        first.revoke(revoked.id, self.minter)
         path = os.path.join(self.state, "links.json")
         with open(path, "w") as f:
-            f.write("{not json")
+            f.write('{"uses": {"x": ')
         table = self.table()
-        self.assertEqual(table.links, {})
-        self.flushLoggedErrors()
-        link, _ = table.mint(self.minter, "preview:3000", None, 60, 1, 10)
-        with open(path) as f:
-            self.assertEqual([x["jti"] for x in json.load(f)["links"]], [link.id])
+        with open(path + ".bad") as f:
+            self.assertEqual(f.read(), '{"uses": {"x": ')
+        _, fresh = table.mint(self.minter, "preview:3000", None, 60, None, 10)
+        for later in (table, self.table()):
+            for presented in (gone, kept):
+                with self.assertRaises(ApiError) as caught:
+                    later.verify(presented, "preview:3000")
+                self.assertEqual(caught.exception.code, "link_invalid")
+                self.assertIn("treated as revoked", caught.exception.message)
+            later.verify(fresh, "preview:3000")
 
     def test_full_disk_leaves_the_old_state(self) -> None:
         """

@@ -290,6 +290,10 @@ class LinkTable:
         self.state_path = state_path
         #: Why the last :meth:`save` failed (None: it did not).
         self.save_error: OSError | None = None
+        #: The state file was lost (unreadable): a link this table does not
+        #: know may have been revoked or used up, so it is refused, for
+        #: good (kept in the file); every link made since is known.
+        self.refuse_unknown = False
         #: Told when a link is minted or ended (revoked, its minter gone):
         #: the daemon asks the connections links hold open again and
         #: watches the next expiry.
@@ -324,7 +328,11 @@ class LinkTable:
     # -- the state file -------------------------------------------------------
 
     def _load(self) -> None:
-        """Read the table back (another key's links are dropped)."""
+        """
+        Read the table back (another key's links are dropped).  A file that
+        cannot be read fails closed (:meth:`_lost`): what it exists to
+        remember is which links were revoked.
+        """
         assert self.state_path is not None
         try:
             with open(self.state_path, "rb") as f:
@@ -332,15 +340,14 @@ class LinkTable:
         except FileNotFoundError:
             return
         except (OSError, ValueError) as e:
-            log.error(
-                "sandboxd: cannot read the links' state {path}: {error}; "
-                "starting with no links remembered",
-                path=self.state_path,
-                error=str(e),
-            )
+            self._lost(str(e))
             return
-        if not isinstance(data, dict) or data.get("key") != self._key_id:
+        if not isinstance(data, dict) or not isinstance(data.get("links", []), list):
+            self._lost("not the links' table")
+            return
+        if data.get("key") != self._key_id:
             return  # another key's links: none of them verifies now
+        self.refuse_unknown = data.get("refuse_unknown") is True
         # The clock is not asked here (a reactor that is never run has
         # none): expired links are pruned as they always are, on the
         # next mint, list or revocation, and no expired link verifies.
@@ -348,8 +355,36 @@ class LinkTable:
             try:
                 link = Link.from_state(entry)
             except (ValueError, KeyError, TypeError, AttributeError, ApiError):
-                continue  # not an entry this version wrote
+                # Not an entry this version wrote: it may be a revocation.
+                self.refuse_unknown = True
+                continue
             self.links[link.id] = link
+        if self.refuse_unknown and not data.get("refuse_unknown"):
+            self._lost("some entries are not links")
+
+    def _lost(self, why: str) -> None:
+        """
+        The state file cannot be read: refuse every link this table does
+        not know (made before this start: any may have been revoked), keep
+        the file aside as ``links.json.bad`` for the operator, and say so.
+        """
+        assert self.state_path is not None
+        self.refuse_unknown = True
+        bad = self.state_path + ".bad"
+        try:
+            os.replace(self.state_path, bad)
+            kept = f"it is kept as {bad}"
+        except OSError as e:
+            kept = f"it could not be set aside ({e.strerror or e})"
+        log.error(
+            "sandboxd: cannot read the links' state {path}: {why}; {kept}. Every "
+            "link made before now is refused as revoked (which ones were cannot "
+            "be known): mint new ones",
+            path=self.state_path,
+            why=why,
+            kept=kept,
+        )
+        self.save()
 
     def save(self) -> bool:
         """
@@ -363,10 +398,13 @@ class LinkTable:
         """
         if self.state_path is None:
             return True
-        now = self._clock()
-        data = {
+        # An empty table is written at start (:meth:`_lost`), before a
+        # reactor that is never run could be asked the time.
+        now = self._clock() if self.links else 0.0
+        data: dict[str, Any] = {
             "version": 1,
             "key": self._key_id,
+            "refuse_unknown": self.refuse_unknown,
             "links": [
                 link.to_state() for link in self.links.values() if link.claims.exp > now
             ],
@@ -560,6 +598,8 @@ class LinkTable:
         link = self.links.get(claims.jti)
         if link is not None and link.revoked:
             raise link_refused(revoked_message(link))
+        if link is None and self.refuse_unknown:
+            raise link_refused(LOST)
         if claims.aud != audience:
             raise link_refused("the link is for another audience")
         if claims.uses is not None:
@@ -673,6 +713,8 @@ class LinkTable:
         link = self.links.get(identity.id.removeprefix("link:"))
         if link is not None and link.revoked:
             return link_refused(revoked_message(link))
+        if link is None and self.refuse_unknown:
+            return link_refused(LOST)
         if identity.expires is not None and identity.expires <= self._clock():
             return link_refused("the link has expired", expired=True)
         return None
@@ -776,6 +818,12 @@ class ExpiryWatch:
                 due - now + self.SLACK_SECONDS, self._changed
             )
 
+
+#: Why a link the table does not know is refused once its state was lost.
+LOST = (
+    "the link was made before the daemon's record of revoked links was lost "
+    "(an unreadable links.json), so it is treated as revoked; mint a new one"
+)
 
 #: Why a link made with a token that was since changed is refused.
 _ROTATED = (
