@@ -702,6 +702,55 @@ class McpTests(TracedDaemon):
         self.assertEqual(found["sandboxd.identity"], "agent")
 
 
+class McpWithoutContextTests(TracedDaemon):
+    """
+    A tool call from a client that sends no trace context is one trace:
+    the tool's span is the child of the POST's that carried it.
+    """
+
+    @inlineCallbacks
+    def test_tool_span_is_the_posts_child(self) -> Any:
+        """The ``files_list`` span's parent is the ``mcp`` span of its POST, in its trace."""
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Authorization": "Bearer a",
+        }
+
+        def post(message: dict[str, Any], session: str | None = None) -> Any:
+            sent = dict(headers, **({"Mcp-Session-Id": session} if session else {}))
+            return self.request(
+                "POST", "/mcp", {"jsonrpc": "2.0", **message}, headers=sent, token=None
+            )
+
+        opened = yield post(
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"},
+                },
+            }
+        )
+        session = opened.header("mcp-session-id")
+        yield post({"method": "notifications/initialized"}, session)
+        called = yield post(
+            {
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "files_list", "arguments": {}},
+            },
+            session,
+        )
+        self.assertEqual(called.status, 200, called.body)
+        [tool] = yield self.spans(name="files_list")
+        posts = yield self.spans(3, name="mcp")
+        [carrier] = [s for s in posts if s.span_id == tool.parent_span_id]
+        self.assertEqual(carrier.trace_id, tool.trace_id)
+        self.assertFalse(carrier.parent_span_id)
+
+
 class EncodingTests(DaemonTestCase):
     """What the exporter writes, against OpenTelemetry's own classes."""
 
