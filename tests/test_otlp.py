@@ -437,6 +437,26 @@ class TokensMaskedTests(TracedDaemon):
             self.assertNotIn(token.encode(), self.collector.requests[-1][1])
 
 
+class QuietConnectionTests(TracedDaemon):
+    """The exporter's connections to the collector are not in the daemon's log."""
+
+    @inlineCallbacks
+    def test_no_factory_lines(self) -> Any:
+        """Spans sent (a connection opened and closed): no factory start or stop line."""
+        events: list[str] = []
+        observer = lambda event: events.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        yield self.daemon.stop()
+        # The test's own client logs its connections: only the collector's count.
+        collector = self.endpoint.rsplit(":", 1)[1]
+        self.assertEqual(
+            [e for e in events if "factory" in e.lower() and f":{collector}>" in e], []
+        )
+
+
 class ExcludedTests(TracedDaemon):
     """``OTEL_PYTHON_EXCLUDED_URLS``: probes that should not fill the traces."""
 

@@ -35,6 +35,7 @@ from twisted.web.client import (
     BrowserLikePolicyForHTTPS,
     FileBodyProducer,
     HTTPConnectionPool,
+    _HTTP11ClientFactory,
 )
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS
@@ -278,6 +279,24 @@ class _Capped(protocol.Protocol):
             self.done.callback(b"".join(self.parts))
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line at each start and stop."""
+
+    noisy = False
+
+
+class _Pool(HTTPConnectionPool):
+    """
+    The exporter's one connection: against a collector that closes each
+    connection, Twisted's two lines per connection were most of the log.
+    """
+
+    _factory = _QuietFactory
+
+    def __init__(self, reactor: Any) -> None:
+        super().__init__(reactor, persistent=True)  # type: ignore[no-untyped-call]
+
+
 @implementer(IPolicyForHTTPS)
 class _Trust:
     """TLS to the collector with the configured trust roots and client certificate."""
@@ -339,7 +358,7 @@ class Exporter:
         self.url = settings.endpoint.encode("ascii")
         self._run = run or (lambda f, *a: in_pool(reactor, f, *a))
         if agent is None:
-            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool = _Pool(reactor)
             pool.maxPersistentPerHost = 1
             policy = (
                 _Trust(settings)
