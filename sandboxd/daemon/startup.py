@@ -59,7 +59,7 @@ def check_endpoint(description: str) -> str:
     try:
         # Parsing builds the endpoint and keeps the reactor for later.
         endpoint = serverFromString(None, description)
-    except (ValueError, TypeError, KeyError, OSError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, OSError) as e:
         raise PolicyError(f"cannot listen on {description!r}: {e}") from None
     port = getattr(endpoint, "_port", None)
     if isinstance(port, int) and not 0 <= port <= 65535:
