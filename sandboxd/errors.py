@@ -338,6 +338,18 @@ def identity_removed(who: str) -> ApiError:
     )
 
 
+def credential_changed(who: str) -> ApiError:
+    """401 for a connection opened with a token a reload replaced or removed."""
+    return ApiError(
+        401,
+        f"the token {who!r} connected with was changed in the policy; "
+        "connect again with the new one",
+        "AuthError",
+        Code.UNAUTHORIZED,
+        headers=dict(_CHALLENGE),
+    )
+
+
 def ambiguous_credentials(message: str = "ambiguous credentials") -> ApiError:
     """400 ``ambiguous_credentials``: two different tokens were presented."""
     return ApiError(400, message, "AuthError", Code.AMBIGUOUS_CREDENTIALS)

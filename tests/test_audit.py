@@ -16,6 +16,7 @@ from sandboxd.access.audit import (
     AuditLog,
     audit_argv,
     make_record,
+    mask_secrets,
     redact_query,
     should_record,
 )
@@ -85,6 +86,62 @@ class AuditTests(SynchronousTestCase):
                 self.assertEqual(json.loads(line)["identity"], "ci")
 
 
+class OutsideRotationTests(SynchronousTestCase):
+    """An audit file renamed or removed under the daemon is followed to its path."""
+
+    def record(self, identity: str) -> dict[str, Any]:
+        return make_record(
+            identity=identity,
+            endpoint="download",
+            method="GET",
+            path="/download",
+            query="",
+            status=200,
+            code=None,
+            rule=None,
+            started=time.monotonic(),
+            bytes_in=0,
+            bytes_out=10,
+            client="127.0.0.1",
+        )
+
+    def test_renamed_and_removed(self) -> None:
+        """
+        Renamed away (logrotate), then removed (a clean-up): within a
+        second the records go to a new file at the path, mode 0600.
+        """
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        path = os.path.join(folder, "audit.log")
+        now = [0.0]
+        log = AuditLog(path, clock=lambda: now[0])
+        self.addCleanup(log.close)
+        log.write(self.record("first"))
+        os.rename(path, path + ".1")
+        now[0] += 1.5
+        log.write(self.record("second"))
+        os.unlink(path)
+        now[0] += 1.5
+        log.write(self.record("third"))
+        log.flush()
+        with open(path + ".1") as f:
+            self.assertEqual([json.loads(x)["identity"] for x in f], ["first"])
+        with open(path) as f:
+            self.assertEqual([json.loads(x)["identity"] for x in f], ["third"])
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+
+    def test_logger_name(self) -> None:
+        """Records sent to the daemon's log are ``sandboxd.audit``'s, as documented."""
+        from twisted.logger import globalLogPublisher
+
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        AuditLog().write(self.record("ci"))
+        [event] = [e for e in events if "audit_line" in e]
+        self.assertEqual(event["log_namespace"], "sandboxd.audit")
+
+
 class ShortFile:
     """A file that takes ``room`` more bytes and then refuses, as a full disk does."""
 
@@ -117,7 +174,7 @@ class FullDiskTests(SynchronousTestCase):
         events: list[dict[str, Any]] = []
         now = [0.0]
         log = AuditLog(path, clock=lambda: now[0], warn_every=30)
-        self.patch(AuditLog, "log", Logger(observer=events.append))
+        self.patch(log, "log", Logger(observer=events.append))
         log.write({"n": 1})
         disk = log._file._file  # type: ignore[union-attr]
         log._file._file = ShortFile(disk, room=5)  # type: ignore[union-attr]
@@ -224,6 +281,23 @@ class ArgvTests(SynchronousTestCase):
             AUDIT_ARGV_MAX_CHARS + 100 * len(wide),
         )
         self.assertIn("more arguments", wide[-1])
+
+
+class MaskSecretsTests(SynchronousTestCase):
+    """The daemon's tokens masked in what an audit record holds."""
+
+    def test_whole_and_cut(self) -> None:
+        """
+        A token is masked wherever it appears; at the end of an argument
+        cut for length, its beginning is masked too.
+        """
+        token = "tok-0123456789abcdef"
+        self.assertEqual(mask_secrets(f"a {token} b{token}", [token]), "a *** b***")
+        [cut] = audit_argv(["x" * 500 + token], [], {})
+        self.assertTrue(cut.endswith("more characters)"))
+        self.assertNotIn(token[:12], mask_secrets(cut, [token]))
+        self.assertIn("x***... (", mask_secrets(cut, [token]))
+        self.assertEqual(mask_secrets("short abc", ["abc"]), "short abc")
 
 
 class AuditedChildrenTests(TerminalCase):

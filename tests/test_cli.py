@@ -658,6 +658,66 @@ class TwistdTests(SynchronousTestCase):
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
 
+    def test_quit_stops_in_order(self) -> None:
+        """
+        SIGQUIT (some images' ``STOPSIGNAL``) stops the daemon as SIGTERM
+        does: the stubborn child is ended, the daemon exits 0.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, serve_argv(base))
+        d.wait_healthy()
+        child = self.stubborn_child(d)
+        d.proc.send_signal(signal.SIGQUIT)
+        self.assertEqual(d.proc.wait(timeout=20), 0, d.output())
+        self.assertFalse(_alive(child))
+        self.assertIn("SIGQUIT: stopping", d.output())
+
+    def test_usr2_ignored(self) -> None:
+        """SIGUSR2 is logged and ignored: the daemon goes on serving."""
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, serve_argv(base))
+        d.wait_healthy()
+        d.proc.send_signal(signal.SIGUSR2)
+        time.sleep(0.5)
+        self.assertIsNone(d.proc.poll(), d.output())
+        self.assertEqual(d.get("/health"), (200, {"status": "ok"}))
+        self.assertIn("SIGUSR2 ignored", d.output())
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
+    def test_usr1_reopens_the_audit_file(self) -> None:
+        """
+        With ``--audit-log``, SIGUSR1 reopens the audit file at its path
+        after an outside rotation (renamed away): the next records go to a
+        new file there, none to the renamed one.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        audit = os.path.join(os.path.dirname(base), "audit.log")
+        d = DaemonProcess(
+            self,
+            serve_argv(base, "--audit-log", audit),
+            env={"ABX_SERVER_POLICY": '{"defaults": {"audit": "all"}}'},
+        )
+        d.wait_healthy()
+        d.get("/capabilities", {"Host": "localhost"})
+        os.rename(audit, audit + ".1")
+        d.proc.send_signal(signal.SIGUSR1)
+        for _ in range(50):
+            if "reopened (SIGUSR1)" in d.output():
+                break
+            time.sleep(0.1)
+        d.get("/capabilities", {"Host": "localhost"})
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+        with open(audit + ".1") as f:
+            before = f.read().count('"capabilities"')
+        with open(audit) as f:
+            after = f.read().count('"capabilities"')
+        self.assertEqual((before, after), (1, 1), d.output())
+
     def _wait_revision(self, d: DaemonProcess, revision: str) -> bool:
         for _ in range(50):
             if (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 from typing import Any
 
@@ -421,6 +420,59 @@ class LinkRoutesTests(DaemonTestCase):
         self.assertEqual(freed.status, 201, freed.body)
 
     @inlineCallbacks
+    def test_minters_token_rotated_on_reload(self) -> None:
+        """
+        A reload that changes the minter's token (its file rewritten, as a
+        leaked token is rotated) ends the links it made with the old one,
+        and the links they made, with a 401 saying why, for good: the old
+        token written back does not bring them back.
+        """
+        token_file = os.path.join(os.path.dirname(self.base_dir), "reader-token")
+
+        def write(token: str) -> None:
+            with open(token_file, "w") as f:
+                f.write(token)
+
+        write(READER)
+        reader = {
+            "id": "reader",
+            "token_file": token_file,
+            "scopes": ["links:mint", "system:read", "core:read"],
+        }
+        policy = {**POLICY, "auth": {"tokens": [POLICY["auth"]["tokens"][0], reader]}}
+        yield self.start_on_policy_file(policy)
+        minted = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read", "links:mint"]},
+            token=READER,
+        )
+        link = minted.json()["token"]
+        child = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"]},
+            token=link,
+        )
+        self.assertEqual(child.status, 201, child.body)
+        rotated = "reader-rotated-0123456789"
+        write(rotated)
+        self.reload_policy(policy)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
+            self.assertIn("was changed", info.json()["error"])
+        old = yield self.request("GET", "/system/info", token=READER)
+        self.assertEqual(old.status, 401)
+        new = yield self.request("GET", "/system/info", token=rotated)
+        self.assertEqual(new.status, 200, new.body)
+        write(READER)
+        self.reload_policy(policy)
+        for token in (link, child.json()["token"]):
+            info = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((info.status, info.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
     def test_refused_calls_spend_no_use(self) -> None:
         """
         A call the gate refuses (a missing scope, a switched-off endpoint,
@@ -548,18 +600,31 @@ class LinkStateTests(SynchronousTestCase):
             f.write(os.urandom(32).hex().encode())
         self.assertEqual(self.table().links, {})
 
-    def test_unreadable_state_starts_empty(self) -> None:
-        """A state file that is not JSON: an empty table, and the next write replaces it."""
-        os.makedirs(self.state)
+    def test_unreadable_state_refuses_earlier_links(self) -> None:
+        """
+        A state file that is not JSON fails closed: every link made before
+        (a revoked one among them) is refused as revoked, across later
+        restarts too; the file is kept as ``links.json.bad``; links made
+        since work.
+        """
+        first = self.table()
+        revoked, gone = first.mint(self.minter, "preview:3000", None, 60, None, 10)
+        _, kept = first.mint(self.minter, "preview:3000", None, 60, None, 10)
+        first.revoke(revoked.id, self.minter)
         path = os.path.join(self.state, "links.json")
         with open(path, "w") as f:
-            f.write("{not json")
+            f.write('{"uses": {"x": ')
         table = self.table()
-        self.assertEqual(table.links, {})
-        self.flushLoggedErrors()
-        link, _ = table.mint(self.minter, "preview:3000", None, 60, 1, 10)
-        with open(path) as f:
-            self.assertEqual([x["jti"] for x in json.load(f)["links"]], [link.id])
+        with open(path + ".bad") as f:
+            self.assertEqual(f.read(), '{"uses": {"x": ')
+        _, fresh = table.mint(self.minter, "preview:3000", None, 60, None, 10)
+        for later in (table, self.table()):
+            for presented in (gone, kept):
+                with self.assertRaises(ApiError) as caught:
+                    later.verify(presented, "preview:3000")
+                self.assertEqual(caught.exception.code, "link_invalid")
+                self.assertIn("treated as revoked", caught.exception.message)
+            later.verify(fresh, "preview:3000")
 
     def test_full_disk_leaves_the_old_state(self) -> None:
         """

@@ -383,6 +383,80 @@ class SpanTests(TracedDaemon):
         self.assertEqual([s.name for s in self.collector.spans()], ["health"])
 
 
+FILE_TOKEN = "file-token-s43-0123456789"
+HASHED_TOKEN = "hashed-token-s43-0123456789"
+
+
+class TokensMaskedTests(TracedDaemon):
+    """
+    No span and no audit line holds a token, whatever its source: a file,
+    a hash (known from the moment it is presented), the environment.
+    """
+
+    def setUp(self) -> Any:
+        folder = os.path.realpath(self.mktemp())
+        os.makedirs(folder)
+        self.token_file = os.path.join(folder, "token")
+        with open(self.token_file, "w") as f:
+            f.write(FILE_TOKEN + "\n")
+        self.policy = {
+            "defaults": {"audit": "all"},
+            "auth": {
+                "tokens": [
+                    {"id": "agent", "token_file": self.token_file, "scopes": ["*"]},
+                    {
+                        "id": "hashed",
+                        "token_sha256": digest(HASHED_TOKEN),
+                        "scopes": ["*"],
+                    },
+                ]
+            },
+        }
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_file_and_hashed_tokens_masked(self) -> Any:
+        """
+        A command that prints a file's token and the caller's own hashed
+        token: the span's argv and the audit line have neither, the output
+        (the caller's own) is untouched.
+        """
+        command = f"echo {FILE_TOKEN} Bearer={HASHED_TOKEN}"
+        reply = yield self.request(
+            "POST", "/shell", {"command": command}, token=HASHED_TOKEN
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn(FILE_TOKEN, reply.json()["stdout"])
+        [span] = yield self.spans(name="shell")
+        argv = " ".join(attributes(span)["sandboxd.argv"])
+        self.assertIn("echo *** Bearer=***", argv)
+        line = [r for r in self.audit_lines() if r["endpoint"] == "shell"][-1]
+        self.assertIn("echo *** Bearer=***", " ".join(line["argv"]))
+        for token in (FILE_TOKEN, HASHED_TOKEN):
+            self.assertNotIn(token, json.dumps(line))
+            self.assertNotIn(token.encode(), self.collector.requests[-1][1])
+
+
+class QuietConnectionTests(TracedDaemon):
+    """The exporter's connections to the collector are not in the daemon's log."""
+
+    @inlineCallbacks
+    def test_no_factory_lines(self) -> Any:
+        """Spans sent (a connection opened and closed): no factory start or stop line."""
+        events: list[str] = []
+        observer = lambda event: events.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        yield self.daemon.stop()
+        # The test's own client logs its connections: only the collector's count.
+        collector = self.endpoint.rsplit(":", 1)[1]
+        self.assertEqual(
+            [e for e in events if "factory" in e.lower() and f":{collector}>" in e], []
+        )
+
+
 class ExcludedTests(TracedDaemon):
     """``OTEL_PYTHON_EXCLUDED_URLS``: probes that should not fill the traces."""
 
@@ -587,6 +661,42 @@ class UnreachableAtStopTests(TracedDaemon):
         )
 
 
+class SilentAtStopTests(TracedDaemon):
+    """
+    A collector that takes the request and never answers holds the stop no
+    longer than its bound, and is sent nothing after it.
+    """
+
+    otel = {"OTEL_EXPORTER_OTLP_TIMEOUT": "15000", "OTEL_BSP_EXPORT_TIMEOUT": "20000"}
+
+    def setUp(self) -> Any:
+        self.patch(server, "TRACE_STOP_SECONDS", 1.0)
+        return super().setUp()
+
+    def tearDown(self) -> None:
+        for request in self.collector.held:
+            if request.channel is not None:
+                request.channel.transport.abortConnection()
+
+    @inlineCallbacks
+    def test_stop_is_bounded(self) -> Any:
+        """
+        The request in flight is cut at the stop's bound and no new attempt
+        follows: the stop is over within the bound and the collector gets
+        the one request.
+        """
+        self.collector.hold = True
+        yield self.request("GET", "/health")
+        yield self.spans(1)
+        started = reactor.seconds()
+        yield self.daemon.stop()
+        self.assertLess(reactor.seconds() - started, 3.0)
+        self.assertEqual(self.daemon.context.tracer.counts["failed"], 1)
+        # A retry would come a second after the cut.
+        yield deferLater(reactor, 1.5, lambda: None)
+        self.assertEqual(len(self.collector.requests), 1)
+
+
 class McpTests(TracedDaemon):
     """
     The MCP SDK puts its span's context in each request's ``_meta``: a
@@ -610,6 +720,55 @@ class McpTests(TracedDaemon):
         self.assertEqual(found["sandboxd.door"], "mcp")
         self.assertEqual(found["sandboxd.tool"], "files_list")
         self.assertEqual(found["sandboxd.identity"], "agent")
+
+
+class McpWithoutContextTests(TracedDaemon):
+    """
+    A tool call from a client that sends no trace context is one trace:
+    the tool's span is the child of the POST's that carried it.
+    """
+
+    @inlineCallbacks
+    def test_tool_span_is_the_posts_child(self) -> Any:
+        """The ``files_list`` span's parent is the ``mcp`` span of its POST, in its trace."""
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Authorization": "Bearer a",
+        }
+
+        def post(message: dict[str, Any], session: str | None = None) -> Any:
+            sent = dict(headers, **({"Mcp-Session-Id": session} if session else {}))
+            return self.request(
+                "POST", "/mcp", {"jsonrpc": "2.0", **message}, headers=sent, token=None
+            )
+
+        opened = yield post(
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"},
+                },
+            }
+        )
+        session = opened.header("mcp-session-id")
+        yield post({"method": "notifications/initialized"}, session)
+        called = yield post(
+            {
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "files_list", "arguments": {}},
+            },
+            session,
+        )
+        self.assertEqual(called.status, 200, called.body)
+        [tool] = yield self.spans(name="files_list")
+        posts = yield self.spans(3, name="mcp")
+        [carrier] = [s for s in posts if s.span_id == tool.parent_span_id]
+        self.assertEqual(carrier.trace_id, tool.trace_id)
+        self.assertFalse(carrier.parent_span_id)
 
 
 class EncodingTests(DaemonTestCase):

@@ -115,6 +115,40 @@ class ListenFailureTests(SynchronousTestCase):
         self.assertIn(f"127.0.0.1:{busy.port}", cm.exception.message)
 
 
+class BadSettingTests(SynchronousTestCase):
+    """An audit file or a listener that cannot be: one line, no traceback."""
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+
+    def refused(self, *extra: str) -> str:
+        result = run([*on_ports(serve_argv(self.base)), *extra])
+        output = result.stdout + result.stderr
+        self.assertNotEqual(result.returncode, 0, output)
+        self.assertNotIn("Traceback", output)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, output)
+        return lines[0]
+
+    def test_audit_log_cannot_be_opened(self) -> None:
+        """An audit file in a missing directory, or a directory: named, why."""
+        missing = os.path.join(self.base, "nodir", "audit.log")
+        line = self.refused("--audit-log", missing)
+        self.assertIn(f"--audit-log: cannot open {missing!r}", line)
+        self.assertIn("No such file or directory", line)
+        self.assertIn("Is a directory", self.refused("--audit-log", self.base))
+
+    def test_listener_strings(self) -> None:
+        """An unknown endpoint type and a port out of range are named."""
+        line = self.refused("--port", "tcpp:21300")
+        self.assertIn("cannot listen on 'tcpp:21300'", line)
+        self.assertIn("tcpp", line)
+        line = self.refused("--pty-port", "tcp:99999:interface=127.0.0.1")
+        self.assertIn("cannot listen on 'tcp:99999:interface=127.0.0.1'", line)
+        self.assertIn("0 to 65535", line)
+
+
 class BaseDirTests(SynchronousTestCase):
     """A base dir that is not there is refused at start, named."""
 

@@ -174,6 +174,23 @@ class SettingsTests(SynchronousTestCase):
         self.assertIn("'broken'", problems)
         self.assertIn("OTEL_BSP_SCHEDULE_DELAY", problems)
 
+    def test_values_past_their_bounds_named(self) -> None:
+        """
+        A queue over its bound is cut to it and said so; a header value
+        with a % that is not percent-encoding is sent as written, and said so.
+        """
+        found = settings(
+            OTEL_EXPORTER_OTLP_ENDPOINT="http://c",
+            OTEL_EXPORTER_OTLP_HEADERS="a=%zz,b=ok%20",
+            OTEL_BSP_MAX_QUEUE_SIZE="99999999",
+        )
+        self.assertEqual(found.max_queue, 16384)
+        self.assertEqual(found.headers, (("a", "%zz"), ("b", "ok ")))
+        problems = " ".join(found.problems)
+        self.assertIn("OTEL_BSP_MAX_QUEUE_SIZE: 99999999 is over the bound", problems)
+        self.assertIn("the value of 'a' has a %", problems)
+        self.assertEqual(len(found.problems), 2)
+
     def test_header_that_cannot_be_sent(self) -> None:
         """A header name that is no token, or a value beyond Latin-1, is left out and named."""
         found = settings(

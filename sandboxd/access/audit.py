@@ -24,6 +24,7 @@ from sandboxd.policy.defaults import (
     AUDIT_ARGV_MAX_ITEMS,
     AUDIT_KEEP_FILES,
     AUDIT_PATTERNS_KEPT,
+    AUDIT_REOPEN_CHECK_SECONDS,
     AUDIT_ROTATE_BYTES,
     CAP_WARNING_INTERVAL_SECONDS,
     SECRET_MIN_CHARS,
@@ -160,6 +161,31 @@ def redact_url_secrets(text: str) -> str:
     return text
 
 
+#: How :func:`audit_argv` ends an argument it cut.
+_CUT = re.compile(r"\.\.\. \(\d+ more characters\)$")
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """
+    ``text`` with each of ``secrets`` (the daemon's tokens, longest first)
+    masked wherever it appears; in an argument :func:`audit_argv` cut, a
+    token's beginning left at the cut too.
+    """
+    for secret in secrets:
+        if len(secret) >= SECRET_MIN_CHARS and secret in text:
+            text = text.replace(secret, MASK)
+    cut = _CUT.search(text)
+    if cut is not None:
+        head = text[: cut.start()]
+        for secret in secrets:
+            for size in range(len(secret) - 1, SECRET_MIN_CHARS - 1, -1):
+                if head.endswith(secret[:size]):
+                    head = head[:-size] + MASK
+                    break
+        text = head + cut.group()
+    return text
+
+
 def redact_query(query: str) -> str:
     """
     The query string with the values of token-like parameters removed, and
@@ -198,8 +224,6 @@ class AuditLog:
     :param clock: seconds, for the warnings' pace.
     """
 
-    log = Logger(namespace="sandboxd.audit")
-
     def __init__(
         self,
         path: str | None = None,
@@ -207,15 +231,29 @@ class AuditLog:
         clock: Callable[[], float] = time.monotonic,
         warn_every: float = CAP_WARNING_INTERVAL_SECONDS,
     ) -> None:
+        # Made here, not as a class attribute: a Logger read through an
+        # instance takes the class's name as its namespace, and log
+        # collectors filter on the documented ``sandboxd.audit``.
+        self.log = Logger(namespace="sandboxd.audit", source=self)
         self._file: AuditFile | None = None
+        self.path = os.path.abspath(path) if path else None
         if path:
             # Imported here: a daemon auditing to its log needs no file.
             from sandboxd.access.auditfile import AuditFile
 
             directory, name = os.path.split(os.path.abspath(path))
-            self._file = AuditFile(
-                name, directory, rotate_bytes, FILE_MODE, AUDIT_KEEP_FILES
-            )
+            try:
+                self._file = AuditFile(
+                    name, directory, rotate_bytes, FILE_MODE, AUDIT_KEEP_FILES
+                )
+            except OSError as e:
+                from sandboxd.policy.document import PolicyError
+
+                raise PolicyError(
+                    f"--audit-log: cannot open {path!r}: {e.strerror or e}"
+                ) from None
+        #: When the file's name was last checked (:meth:`_follow`).
+        self._checked: float | None = None
         self.records = 0
         #: Records the file could not take, since the daemon started.
         self.dropped = 0
@@ -231,6 +269,7 @@ class AuditLog:
         if self._file is None:
             self.log.info("{audit_line}", audit_line=line)
             return
+        self._follow()
         try:
             self._file.write(line + "\n")
         except OSError as e:
@@ -255,6 +294,44 @@ class AuditLog:
             why=why,
         )
         self._unreported = 0
+
+    def _follow(self) -> None:
+        """
+        Reopen the file at its path when something else renamed or removed
+        it (logrotate without ``copytruncate``, a clean-up job), asked at
+        most once per :data:`AUDIT_REOPEN_CHECK_SECONDS`: records written
+        to a file no one can find any longer are as good as dropped.
+        """
+        now = self._clock()
+        if (
+            self._checked is not None
+            and now - self._checked < AUDIT_REOPEN_CHECK_SECONDS
+        ):
+            return
+        self._checked = now
+        if self._file is not None and self._file.moved():
+            self.reopen("it was moved or removed")
+
+    def reopen(self, why: str = "asked to") -> None:
+        """
+        Close the audit file and open it again at its path (a new file if
+        it is gone): ``SIGHUP`` and ``SIGUSR1`` ask for this after an
+        outside rotation.  A file that cannot be opened now is tried again
+        at the next record.
+        """
+        if self._file is None:
+            return
+        try:
+            self._file.reopen()
+        except OSError as e:
+            self.log.warn(
+                "audit file: cannot reopen {path}: {error}; tried again at the"
+                " next record",
+                path=self.path,
+                error=_reason(e),
+            )
+            return
+        self.log.info("audit file: {path} reopened ({why})", path=self.path, why=why)
 
     def flush(self) -> None:
         """Push buffered lines to disk (shutdown)."""

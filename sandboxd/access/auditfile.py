@@ -52,6 +52,28 @@ class AuditFile(LogFile):
         """Close the file (it cannot be written to after this)."""
         LogFile.close(self)
 
+    def moved(self) -> bool:
+        """
+        Whether the file open is no longer the one at its path (renamed
+        away, removed, or replaced).
+        """
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if not hasattr(self, "_file"):
+            return False
+        held = os.fstat(self._file.fileno())
+        return (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino)
+
+    def reopen(self) -> None:
+        """Close the file and open the one at its path (made if it is gone)."""
+        if hasattr(self, "_file"):
+            LogFile.close(self)
+        LogFile._openFile(self)
+
     def write(self, data: str | bytes) -> None:
         """
         Append ``data`` (one or more whole lines).

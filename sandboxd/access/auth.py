@@ -39,6 +39,11 @@ class Identity:
     scopes: frozenset[str]
     on_behalf_of: str | None = None
     expires: float | None = attrs.field(default=None, eq=False)
+    #: Which token this caller presented (:func:`fingerprint`; for a link,
+    #: the token its minter presented): a connection it opened ends when a
+    #: reload changes that token, not only when the identity goes.  None
+    #: without a token (local mode, ``anonymous``).
+    credential: str | None = attrs.field(default=None, eq=False)
 
     def has_scope(self, scope: str) -> bool:
         """
@@ -92,6 +97,15 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
+def fingerprint(digest: bytes) -> str:
+    """
+    A token's name for :attr:`Identity.credential`: derived from its digest
+    (never the token), so the same token read again at a reload gives the
+    same name and a changed one another.
+    """
+    return hashlib.sha256(b"sandboxd-credential\0" + digest).hexdigest()[:32]
+
+
 def _read_token_file(path: str, where: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -118,6 +132,11 @@ class TokenStore:
     #: environment variables that hold tokens (never passed to children).
     secret_env: frozenset[str] = frozenset()
     warnings: list[str] = attrs.Factory(list)
+    #: The tokens this store knows in clear, longest first: read from the
+    #: environment and from files, and a ``token_sha256`` one once it is
+    #: presented.  What the audit and the spans mask wherever it appears
+    #: (:meth:`secrets`).
+    _secrets: list[str] = attrs.field(factory=list, init=False)
 
     @property
     def local_mode(self) -> bool:
@@ -162,12 +181,20 @@ class TokenStore:
                 empty.append(
                     f"ABX_SERVER_TOKEN_FILE: the token file {legacy_file!r} is empty"
                 )
+        if legacy:
+            store._learn(legacy)
         if legacy and not specs:
             # As on the seed, the legacy token is an identity of its own only
             # when the policy declares no tokens; a policy that does decides
             # what that token may do (``token_env: ABX_SERVER_TOKEN``).
+            digest = _digest(legacy.encode("utf-8"))
             store.entries.append(
-                (_digest(legacy.encode("utf-8")), Identity("legacy", frozenset({"*"})))
+                (
+                    digest,
+                    Identity(
+                        "legacy", frozenset({"*"}), credential=fingerprint(digest)
+                    ),
+                )
             )
         owners: dict[bytes, str] = {}
 
@@ -177,7 +204,9 @@ class TokenStore:
             if digest in owners:
                 raise same_token("auth.tokens", owners[digest], identity.id)
             owners[digest] = identity.id
-            store.entries.append((digest, identity))
+            store.entries.append(
+                (digest, attrs.evolve(identity, credential=fingerprint(digest)))
+            )
 
         for spec in specs:
             identity = Identity(spec.id, frozenset(spec.scopes))
@@ -202,6 +231,7 @@ class TokenStore:
                         f"{where}: the token file {spec.token_file!r} is empty"
                     )
             if value:
+                store._learn(value)
                 add(_digest(value.encode("utf-8")), identity)
         store.secret_env = frozenset(secret_env)
         if (legacy and specs) and not any(
@@ -215,9 +245,7 @@ class TokenStore:
                 " and its scopes to keep it"
             )
         if empty and fail_closed:
-            raise PolicyError(
-                f"{empty[0]}; refusing to start rather than run without that token"
-            )
+            raise PolicyError(f"{empty[0]}; refused rather than run without that token")
         store.warnings.extend(f"{e}, so this identity cannot log in" for e in empty)
         if not store.entries and (empty or specs):
             # Tokens were configured but none resolved: fail closed, never open.
@@ -228,6 +256,38 @@ class TokenStore:
         )
         store.anonymous = anonymous if store.local_mode or allow_anonymous else None
         return store
+
+    def _learn(self, token: str) -> None:
+        """Keep ``token`` among :meth:`secrets` (once; longest first)."""
+        if token and token not in self._secrets:
+            self._secrets.append(token)
+            self._secrets.sort(key=len, reverse=True)
+
+    def secrets(self) -> Sequence[str]:
+        """
+        The tokens known in clear, longest first: no audit line and no span
+        may hold one, whoever's command prints it.  A ``token_sha256``
+        token is among them from the moment it is first presented (the
+        daemon cannot know it before).
+        """
+        return self._secrets
+
+    def learn_from(self, before: TokenStore) -> None:
+        """
+        Keep, after a reload, the presented tokens ``before`` learnt that
+        still log in here (a ``token_sha256`` one is not presented again
+        before the next command echoes it).
+        """
+        for token in before._secrets:
+            if self.identify(token.encode("utf-8"), learn=False) is not None:
+                self._learn(token)
+
+    def holds(self, identity_id: str, credential: str) -> bool:
+        """Whether the identity ``identity_id`` still logs in with that token."""
+        return any(
+            identity.id == identity_id and identity.credential == credential
+            for _, identity in self.entries
+        )
 
     def ids(self) -> list[str]:
         """The identities that can log in, in the order configured."""
@@ -264,13 +324,22 @@ class TokenStore:
             return self.anonymous
         return None
 
-    def identify(self, token: bytes) -> Identity | None:
-        """The identity whose token this is, checking every digest."""
+    def identify(self, token: bytes, learn: bool = True) -> Identity | None:
+        """
+        The identity whose token this is, checking every digest.
+
+        :param learn: keep a token that logs in among :meth:`secrets` (at
+            most one per identity: only a token that matches a digest).
+        """
         digest = _digest(token)
         found: Identity | None = None
         for known, identity in self.entries:
             if hmac.compare_digest(known, digest) and found is None:
                 found = identity
+        if found is not None and learn:
+            text = token.decode("utf-8", "replace")
+            if text not in self._secrets:
+                self._learn(text)
         return found
 
 

@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from sandboxd.access.audit import make_record, redact_url_secrets, should_record
+from sandboxd.access.audit import (
+    make_record,
+    mask_secrets,
+    redact_url_secrets,
+    should_record,
+)
 from sandboxd.access.auth import (
     Identity,
     authenticate_either,
@@ -43,6 +48,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     ambiguous_credentials,
+    credential_changed,
     endpoint_disabled,
     forbidden,
     identity_removed,
@@ -610,6 +616,13 @@ def still_allowed(
         who = identity.id
     if current is None:
         return None, identity_removed(who)
+    if identity.credential is not None:
+        # The connection was opened with a token (a link, with its
+        # minter's): rotating a leaked token must end what it opened, as
+        # taking the identity out does.
+        if not tokens.holds(who, identity.credential):
+            return None, credential_changed(who)
+        current = attrs.evolve(current, credential=identity.credential)
     if needs_credential(endpoint, rule):
         scope = lacking_scope(current, rule, {})
         if scope is not None:
@@ -670,6 +683,9 @@ def audit(
     recorded = should_record(mode, status)
     tracer = context.tracer
     ids = None
+    # Every token the daemon knows, wherever a command printed it: a token
+    # given by file or by hash is as secret as one in the environment.
+    secrets = context.policy.tokens.secrets()
     if tracer.exporting:
         ids = tracer.finished(
             Finished(
@@ -678,13 +694,13 @@ def audit(
                 identity=identity.id if identity is not None else None,
                 on_behalf_of=identity.on_behalf_of if identity is not None else None,
                 method=method,
-                path=redact_url_secrets(path),
+                path=mask_secrets(redact_url_secrets(path), secrets),
                 status=status,
                 code=str(code) if code is not None else None,
                 rule=decided_by,
                 started=started,
                 client=client,
-                extra=redact_record(dict(extra)) if extra else None,
+                extra=redact_record(dict(extra), secrets) if extra else None,
             ),
             headers,
         )
@@ -713,19 +729,22 @@ def audit(
         record.update(extra)
     if ids:
         record.update(ids)
-    context.audit.write(redact_record(record))
+    context.audit.write(redact_record(record, secrets))
 
 
-def redact_record(record: dict[str, Any]) -> dict[str, Any]:
+def redact_record(
+    record: dict[str, Any], secrets: Sequence[str] = ()
+) -> dict[str, Any]:
     """
-    The record with URL credentials and token-like query values masked in
-    every string it holds (a path, an argv, a remote), whichever door
-    wrote it and whatever a handler put in it.
+    The record with URL credentials, token-like query values and each of
+    ``secrets`` (:meth:`TokenStore.secrets`) masked in every string it
+    holds (a path, an argv, a remote), whichever door wrote it and
+    whatever a handler put in it.
     """
 
     def clean(value: Any) -> Any:
         if isinstance(value, str):
-            return redact_url_secrets(value)
+            return mask_secrets(redact_url_secrets(value), secrets)
         if isinstance(value, list | tuple):
             return [clean(v) for v in value]
         if isinstance(value, dict):

@@ -54,6 +54,9 @@ class Held:
     #: Let in with no credential (a public preview): only the endpoint's
     #: being switched off ends it.
     public: bool = False
+    #: A call's stream (a port door's: E2B, the agent-sandbox runtime),
+    #: counted in ``sandboxd_streams_active``.
+    stream: bool = False
 
 
 _HELD: weakref.WeakKeyDictionary[Any, set[Held]] = weakref.WeakKeyDictionary()
@@ -65,9 +68,10 @@ def hold(
     endpoint: Endpoint,
     close: Callable[[ApiError], None],
     public: bool = False,
+    stream: bool = False,
 ) -> Held:
     """Note a connection that outlives its request; :func:`release` it when it ends."""
-    held = Held(identity, endpoint, close, public)
+    held = Held(identity, endpoint, close, public, stream)
     _HELD.setdefault(context, set()).add(held)
     return held
 
@@ -76,6 +80,11 @@ def release(context: Any, held: Held | None) -> None:
     """The connection ended (idempotent)."""
     if held is not None:
         _HELD.get(context, set()).discard(held)
+
+
+def streams_held(context: Any) -> int:
+    """How many of the connections held are calls' streams."""
+    return sum(1 for held in _HELD.get(context, ()) if held.stream)
 
 
 def end_revoked(context: Any) -> None:
@@ -110,4 +119,5 @@ __all__ = [
     "end_revoked",
     "hold",
     "release",
+    "streams_held",
 ]

@@ -168,6 +168,10 @@ class Link:
     revoked: bool = False
     #: Revoked because its minter was taken out of the policy.
     minter_removed: bool = False
+    #: Which token its minter presented (:attr:`Identity.credential`).
+    minter_credential: str | None = None
+    #: Revoked because a reload changed (or removed) that token.
+    minter_rotated: bool = False
 
     @property
     def id(self) -> str:
@@ -188,6 +192,8 @@ class Link:
             "used": self.used,
             "revoked": self.revoked,
             "minter_removed": self.minter_removed,
+            "minter_credential": self.minter_credential,
+            "minter_rotated": self.minter_rotated,
         }
 
     @classmethod
@@ -210,6 +216,12 @@ class Link:
             used=int(data["used"]),
             revoked=bool(data["revoked"]),
             minter_removed=bool(data.get("minter_removed", False)),
+            minter_credential=(
+                str(data["minter_credential"])
+                if data.get("minter_credential") is not None
+                else None
+            ),
+            minter_rotated=bool(data.get("minter_rotated", False)),
         )
 
     def as_json(self) -> dict[str, object]:
@@ -278,6 +290,10 @@ class LinkTable:
         self.state_path = state_path
         #: Why the last :meth:`save` failed (None: it did not).
         self.save_error: OSError | None = None
+        #: The state file was lost (unreadable): a link this table does not
+        #: know may have been revoked or used up, so it is refused, for
+        #: good (kept in the file); every link made since is known.
+        self.refuse_unknown = False
         #: Told when a link is minted or ended (revoked, its minter gone):
         #: the daemon asks the connections links hold open again and
         #: watches the next expiry.
@@ -312,7 +328,11 @@ class LinkTable:
     # -- the state file -------------------------------------------------------
 
     def _load(self) -> None:
-        """Read the table back (another key's links are dropped)."""
+        """
+        Read the table back (another key's links are dropped).  A file that
+        cannot be read fails closed (:meth:`_lost`): what it exists to
+        remember is which links were revoked.
+        """
         assert self.state_path is not None
         try:
             with open(self.state_path, "rb") as f:
@@ -320,15 +340,14 @@ class LinkTable:
         except FileNotFoundError:
             return
         except (OSError, ValueError) as e:
-            log.error(
-                "sandboxd: cannot read the links' state {path}: {error}; "
-                "starting with no links remembered",
-                path=self.state_path,
-                error=str(e),
-            )
+            self._lost(str(e))
             return
-        if not isinstance(data, dict) or data.get("key") != self._key_id:
+        if not isinstance(data, dict) or not isinstance(data.get("links", []), list):
+            self._lost("not the links' table")
+            return
+        if data.get("key") != self._key_id:
             return  # another key's links: none of them verifies now
+        self.refuse_unknown = data.get("refuse_unknown") is True
         # The clock is not asked here (a reactor that is never run has
         # none): expired links are pruned as they always are, on the
         # next mint, list or revocation, and no expired link verifies.
@@ -336,8 +355,36 @@ class LinkTable:
             try:
                 link = Link.from_state(entry)
             except (ValueError, KeyError, TypeError, AttributeError, ApiError):
-                continue  # not an entry this version wrote
+                # Not an entry this version wrote: it may be a revocation.
+                self.refuse_unknown = True
+                continue
             self.links[link.id] = link
+        if self.refuse_unknown and not data.get("refuse_unknown"):
+            self._lost("some entries are not links")
+
+    def _lost(self, why: str) -> None:
+        """
+        The state file cannot be read: refuse every link this table does
+        not know (made before this start: any may have been revoked), keep
+        the file aside as ``links.json.bad`` for the operator, and say so.
+        """
+        assert self.state_path is not None
+        self.refuse_unknown = True
+        bad = self.state_path + ".bad"
+        try:
+            os.replace(self.state_path, bad)
+            kept = f"it is kept as {bad}"
+        except OSError as e:
+            kept = f"it could not be set aside ({e.strerror or e})"
+        log.error(
+            "sandboxd: cannot read the links' state {path}: {why}; {kept}. Every "
+            "link made before now is refused as revoked (which ones were cannot "
+            "be known): mint new ones",
+            path=self.state_path,
+            why=why,
+            kept=kept,
+        )
+        self.save()
 
     def save(self) -> bool:
         """
@@ -351,10 +398,13 @@ class LinkTable:
         """
         if self.state_path is None:
             return True
-        now = self._clock()
-        data = {
+        # An empty table is written at start (:meth:`_lost`), before a
+        # reactor that is never run could be asked the time.
+        now = self._clock() if self.links else 0.0
+        data: dict[str, Any] = {
             "version": 1,
             "key": self._key_id,
+            "refuse_unknown": self.refuse_unknown,
             "links": [
                 link.to_state() for link in self.links.values() if link.claims.exp > now
             ],
@@ -475,7 +525,7 @@ class LinkTable:
             exp=min(now + ttl, self._expiry_of(minter)),
             uses=uses,
         )
-        link = Link(claims, now)
+        link = Link(claims, now, minter_credential=minter.credential)
         self.links[claims.jti] = link
         if not self.save():
             # Not kept, it could not be revoked after a restart.
@@ -601,6 +651,8 @@ class LinkTable:
         link = self.links.get(claims.jti)
         if link is not None and link.revoked:
             raise link_refused(revoked_message(link))
+        if link is None and self.refuse_unknown:
+            raise link_refused(LOST)
         if claims.aud != audience:
             raise link_refused("the link is for another audience")
         if claims.uses is not None:
@@ -611,6 +663,7 @@ class LinkTable:
             if consume and link.used >= claims.uses:
                 raise link_refused("the link was used up")
         scopes = frozenset(claims.scopes)
+        credential = link.minter_credential if link is not None else None
         if tokens is not None:
             minter = tokens.current(claims.sub)
             if minter is None:
@@ -618,9 +671,15 @@ class LinkTable:
                     f"the identity that made this link ({claims.sub!r}) is no "
                     "longer in the policy, so its links no longer work"
                 )
+            if credential is not None and not tokens.holds(claims.sub, credential):
+                raise link_refused(_ROTATED.format(sub=claims.sub))
             scopes = within(scopes, minter)
         identity = Identity(
-            f"link:{claims.jti}", scopes, on_behalf_of=claims.sub, expires=claims.exp
+            f"link:{claims.jti}",
+            scopes,
+            on_behalf_of=claims.sub,
+            expires=claims.exp,
+            credential=credential,
         )
         if consume and spend:
             self.spend(identity)
@@ -707,6 +766,8 @@ class LinkTable:
         link = self.links.get(identity.id.removeprefix("link:"))
         if link is not None and link.revoked:
             return link_refused(revoked_message(link))
+        if link is None and self.refuse_unknown:
+            return link_refused(LOST)
         if identity.expires is not None and identity.expires <= self._clock():
             return link_refused("the link has expired", expired=True)
         return None
@@ -730,17 +791,25 @@ class LinkTable:
     def end_orphans(self, tokens: TokenStore) -> list[Link]:
         """
         Revoke, for good, every link whose minter is not in the policy
-        ``tokens`` belong to (asked at start and at each reload): a link
-        already fails while its minter is out, but giving the identity
-        back (an old policy file restored) would otherwise bring its links
-        back, a leaked identity's included.  The links ended, saved when
-        there are any (a revocation that cannot be kept is logged: it is
-        made again at the next start while the minter stays out).
+        ``tokens`` belong to, or no longer logs in with the token it made
+        the link with (asked at start and at each reload): a link already
+        fails while its minter is out, but giving the identity (or the old
+        token) back (an old policy file restored) would otherwise bring
+        its links back, a leaked token's included.  The links ended, saved
+        when there are any (a revocation that cannot be kept is logged: it
+        is made again at the next start while the minter stays out).
         """
         ended = []
         for link in self.links.values():
-            if not link.revoked and tokens.current(link.claims.sub) is None:
+            if link.revoked:
+                continue
+            if tokens.current(link.claims.sub) is None:
                 link.revoked = link.minter_removed = True
+                ended.append(link)
+            elif link.minter_credential is not None and not tokens.holds(
+                link.claims.sub, link.minter_credential
+            ):
+                link.revoked = link.minter_rotated = True
                 ended.append(link)
         if ended and self.state_path is not None and not self.save():
             log.warn(
@@ -803,8 +872,23 @@ class ExpiryWatch:
             )
 
 
+#: Why a link the table does not know is refused once its state was lost.
+LOST = (
+    "the link was made before the daemon's record of revoked links was lost "
+    "(an unreadable links.json), so it is treated as revoked; mint a new one"
+)
+
+#: Why a link made with a token that was since changed is refused.
+_ROTATED = (
+    "the link ended when the token that made it ({sub!r}'s) was changed in "
+    "the policy; changing it back does not bring its links back"
+)
+
+
 def revoked_message(link: Link) -> str:
     """Why a revoked link is refused."""
+    if link.minter_rotated:
+        return _ROTATED.format(sub=link.claims.sub)
     if link.minter_removed:
         return (
             f"the link ended when the identity that made it ({link.claims.sub!r}) "

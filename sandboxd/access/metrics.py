@@ -64,8 +64,12 @@ class Metrics:
     refused: dict[str, int] = attrs.Factory(dict)
     #: "ok" / "refused" -> policy reloads.
     reloads: dict[str, int] = attrs.Factory(lambda: {"ok": 0, "refused": 0})
-    #: The HTTP site, for its open connections (set when the daemon is built).
+    #: The HTTP site (set when the daemon is built).
     site: Any = None
+    #: Every listening HTTP door's site (the API's, the E2B and the
+    #: agent-sandbox runtime's ports, the preview's), for their open
+    #: connections by door.
+    sites: set[Any] = attrs.Factory(set)
 
     def request(
         self,
@@ -94,7 +98,14 @@ class Metrics:
 
 def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
     """(name, help, value, labels) of what is open now."""
-    yield "sandboxd_streams_active", "Open SSE streams.", len(context.streams), {}
+    from sandboxd.access.held import streams_held
+
+    yield (
+        "sandboxd_streams_active",
+        "Open event streams (SSE, and the other doors' streams).",
+        len(context.streams) + streams_held(context),
+        {},
+    )
     terminals = context.terminals
     if terminals is not None:
         live = sum(1 for s in terminals.table.sessions.values() if not s.ended)
@@ -119,13 +130,15 @@ def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
         len(agents.live()) if agents is not None else 0,
         {},
     )
-    site = context.metrics.site
-    if site is not None:
+    doors: dict[str, int] = {"http": 0}
+    for site in context.metrics.sites:
+        doors[site.door] = doors.get(site.door, 0) + len(site.connections)
+    for door, count in sorted(doors.items()):
         yield (
             "sandboxd_connections_active",
             "Open connections.",
-            len(site.connections),
-            {"door": "http"},
+            count,
+            {"door": door},
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from twisted.internet import protocol
 from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import ConnectingCancelledError
 from twisted.internet.error import TimeoutError as DeferredTimeout
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -34,6 +35,7 @@ from twisted.web.client import (
     BrowserLikePolicyForHTTPS,
     FileBodyProducer,
     HTTPConnectionPool,
+    _HTTP11ClientFactory,
 )
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS
@@ -277,6 +279,24 @@ class _Capped(protocol.Protocol):
             self.done.callback(b"".join(self.parts))
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line at each start and stop."""
+
+    noisy = False
+
+
+class _Pool(HTTPConnectionPool):
+    """
+    The exporter's one connection: against a collector that closes each
+    connection, Twisted's two lines per connection were most of the log.
+    """
+
+    _factory = _QuietFactory
+
+    def __init__(self, reactor: Any) -> None:
+        super().__init__(reactor, persistent=True)  # type: ignore[no-untyped-call]
+
+
 @implementer(IPolicyForHTTPS)
 class _Trust:
     """TLS to the collector with the configured trust roots and client certificate."""
@@ -338,7 +358,7 @@ class Exporter:
         self.url = settings.endpoint.encode("ascii")
         self._run = run or (lambda f, *a: in_pool(reactor, f, *a))
         if agent is None:
-            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool = _Pool(reactor)
             pool.maxPersistentPerHost = 1
             policy = (
                 _Trust(settings)
@@ -388,13 +408,32 @@ class Exporter:
         d: Deferred[Any] = (
             self._run(gzip.compress, body, 5) if self.settings.gzip else succeed(body)
         )
-        d.addCallback(self._post, len(spans), deadline, TRACE_RETRY_FIRST_SECONDS)
+        ended = _Ended()
+        d.addCallback(
+            self._post, len(spans), deadline, TRACE_RETRY_FIRST_SECONDS, ended
+        )
         d.addErrback(self._unsent, len(spans))
-        sent: Deferred[bool] = d
+
+        def cancel(sent: Deferred[bool]) -> None:
+            # Only the daemon's stop cancels an export.  The cancellation
+            # reaches the request under way in many shapes (Agent wraps it
+            # as ResponseNeverReceived, RequestTransmissionFailed or
+            # ConnectingCancelledError), so the flag, not the failure's
+            # type, is what ends the retries; the answer is given now.
+            ended.stopped = True
+            self._warn(
+                "the daemon stopped before the collector took them;"
+                f" {len(spans)} span(s) dropped"
+            )
+            sent.callback(False)
+            d.cancel()
+
+        sent: Deferred[bool] = Deferred(cancel)
+        d.addBoth(ended.relay, sent)
         return sent
 
     def _post(
-        self, body: bytes, count: int, deadline: float, wait: float
+        self, body: bytes, count: int, deadline: float, wait: float, ended: _Ended
     ) -> Deferred[bool]:
         timeout = min(
             self.settings.timeout, max(0.0, deadline - self.reactor.seconds())
@@ -432,21 +471,23 @@ class Exporter:
             return False
 
         def unreachable(failure: Any) -> Any:
-            if failure.check(CancelledError):
-                # Only the daemon's stop cancels an export (the request's
-                # own timeout is a TimeoutError): trying again would hold
-                # the stop past its bound.
-                return failure
-            return again(wait, failure.getErrorMessage() or failure.type.__name__)
+            if ended.stopped or failure.check(CancelledError):
+                # The daemon's stop (the request's own timeout is a
+                # TimeoutError): trying again would hold the stop past its
+                # bound.
+                return False
+            return again(wait, _reason(failure))
 
         def again(delay: float, why: str) -> Any:
+            if ended.stopped:
+                return False
             if delay > TRACE_RETRY_AFTER_MAX_SECONDS or (
                 self.reactor.seconds() + delay >= deadline
             ):
                 self._warn(f"{why}; {count} span(s) dropped")
                 return False
             return deferLater(self.reactor, delay, lambda: None).addCallback(
-                lambda _: self._post(body, count, deadline, wait * 2)
+                lambda _: self._post(body, count, deadline, wait * 2, ended)
             )
 
         d.addCallbacks(judge, unreachable)
@@ -455,10 +496,8 @@ class Exporter:
 
     def _unsent(self, failure: Any, count: int) -> bool:
         if failure.check(CancelledError, DeferredTimeout):
-            why = "the daemon stopped before the collector took them"
-        else:
-            why = failure.getErrorMessage() or failure.type.__name__
-        self._warn(f"{why}; {count} span(s) dropped")
+            return False
+        self._warn(f"{_reason(failure)}; {count} span(s) dropped")
         return False
 
     def _warn(self, why: str) -> None:
@@ -486,6 +525,37 @@ class Exporter:
             return succeed(None)
         closed: Deferred[Any] = self.pool.closeCachedConnections()
         return closed
+
+
+class _Ended:
+    """One export's end: whether the stop cut it, and its answer given once."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def relay(self, result: Any, sent: Deferred[bool]) -> None:
+        """Pass the export's own answer on, unless the stop gave one already."""
+        if not sent.called:
+            sent.callback(result is True)
+
+
+def _reason(failure: Any) -> str:
+    """
+    Why a request failed, in words: Agent's wrappers
+    (``ResponseNeverReceived``, ``RequestTransmissionFailed``) hold the
+    real reasons in a list of failures, and print as that list.
+    """
+    inner = getattr(failure.value, "reasons", None)
+    if inner:
+        return "; ".join(_reason(f) for f in inner)
+    if failure.check(CancelledError, ConnectingCancelledError, DeferredTimeout):
+        # Only the request's own timeout cancels it (the stop is told apart
+        # before this is asked).
+        return "no answer within the timeout"
+    message: str = failure.getErrorMessage()
+    if not message or message.startswith(("HostnameAddress(", "IPv4Address(")):
+        message = type(failure.value).__name__
+    return message
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -201,6 +201,10 @@ def request_id_of(headers: Headers) -> str | None:
 # -- settings -------------------------------------------------------------------
 
 
+#: A ``%`` that does not start percent-encoding (``%zz``, a lone ``%``).
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
 def _pairs(text: str, what: str, problems: list[str]) -> list[tuple[str, str]]:
     """``k=v,k2=v2`` (the specification's list, values percent-decoded)."""
     out = []
@@ -211,6 +215,12 @@ def _pairs(text: str, what: str, problems: list[str]) -> list[tuple[str, str]]:
         if not sep or not name.strip():
             problems.append(f"{what}: {item.strip()!r} is not NAME=VALUE; left out")
             continue
+        if _BAD_PERCENT.search(value):
+            # Kept as written, as OpenTelemetry's SDKs do; a literal % is %25.
+            problems.append(
+                f"{what}: the value of {unquote(name.strip())!r} has a % that is"
+                " not percent-encoding (a % is written %25); sent as written"
+            )
         out.append((unquote(name.strip()), unquote(value.strip())))
     return out
 
@@ -311,10 +321,13 @@ class TraceSettings:
         def number(names: Sequence[str], default: float) -> float:
             return _number(environ, names, default, problems)
 
-        max_queue = min(
-            int(number(["OTEL_BSP_MAX_QUEUE_SIZE"], TRACE_QUEUE_SPANS)),
-            TRACE_QUEUE_SPANS * 8,
-        )
+        max_queue = int(number(["OTEL_BSP_MAX_QUEUE_SIZE"], TRACE_QUEUE_SPANS))
+        if max_queue > TRACE_QUEUE_SPANS * 8:
+            problems.append(
+                f"OTEL_BSP_MAX_QUEUE_SIZE: {max_queue} is over the bound of"
+                f" {TRACE_QUEUE_SPANS * 8} spans; {TRACE_QUEUE_SPANS * 8} used"
+            )
+            max_queue = TRACE_QUEUE_SPANS * 8
         max_batch = int(number(["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"], TRACE_BATCH_SPANS))
         return cls(
             endpoint=endpoint,

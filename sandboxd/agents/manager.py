@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 
@@ -275,6 +276,9 @@ class AgentManager(Service):
             owner = before.current(session.identity)
             if owner is None:
                 continue
+            # Asked by name, not by token: a session belongs to its owner,
+            # so a rotated token leaves it to the holder of the new one.
+            owner = attrs.evolve(owner, credential=None)
             endpoint = table.get(session.rule.endpoint_id)
             _, error = still_allowed(self.context, owner, endpoint)
             if error is None:

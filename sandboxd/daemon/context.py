@@ -170,15 +170,23 @@ class Context:
         self._end_orphaned_links()
 
     def _end_orphaned_links(self) -> None:
-        """End for good the links of identities the policy no longer has."""
+        """
+        End for good the links of identities the policy no longer has, and
+        those made with a token it no longer has.
+        """
         ended = self.links.end_orphans(self.policy.tokens)
-        if ended:
-            log.info(
-                "sandboxd: {count} link(s) ended: their minters ({minters}) are "
-                "not in the policy",
-                count=len(ended),
-                minters=", ".join(sorted({link.claims.sub for link in ended})),
-            )
+        for rotated, why in (
+            (False, "are not in the policy"),
+            (True, "changed tokens"),
+        ):
+            links = [link for link in ended if link.minter_rotated is rotated]
+            if links:
+                log.info(
+                    "sandboxd: {count} link(s) ended: their minters ({minters}) {why}",
+                    count=len(links),
+                    minters=", ".join(sorted({link.claims.sub for link in links})),
+                    why=why,
+                )
 
     @property
     def base_dir(self) -> str:
@@ -191,6 +199,7 @@ class Context:
 
     def replace_policy(self, policy: Policy) -> None:
         """Swap in a new compiled policy (reload); buckets start afresh."""
+        policy.tokens.learn_from(self.policy.tokens)
         self.policy = policy
         self.rates.forget()
         self._end_orphaned_links()

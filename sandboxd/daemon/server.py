@@ -47,6 +47,7 @@ from sandboxd.daemon.startup import (
     address_text,
     check_base_dir,
     check_children_user,
+    check_endpoint,
     check_exposure,
     default_host,
     exposed,
@@ -96,8 +97,9 @@ def listen_string(port: str | int, host: str | None) -> str:
     text = str(port)
     if text.isdigit() and host is not None:
         interface = host.replace(":", "\\:")
-        return f"tcp:{text}:interface={interface}"
-    return text
+        text = f"tcp:{text}:interface={interface}"
+    # A bare number (no interface known yet) is made a string later.
+    return text if text.isdigit() else check_endpoint(text)
 
 
 def port_number(description: str) -> int | None:
@@ -555,27 +557,49 @@ class DaemonService(MultiService):
 
     def _install_hup(self) -> None:
         """
-        SIGHUP reloads the policy.  SIGUSR1 rotates a twistd log file; with
-        none to rotate (``sandboxd serve`` logs to stdout) it is logged and
-        ignored, since its default action would kill the daemon with no
-        stop at all, orphaning its children.
+        SIGHUP reloads the policy (and reopens the audit file).  SIGUSR1
+        rotates a twistd log file; with none to rotate (``sandboxd serve``
+        logs to stdout) it reopens the audit file, or is logged and
+        ignored.  SIGQUIT stops the daemon as SIGTERM does (some images'
+        ``STOPSIGNAL``, nginx's graceful stop); SIGUSR2 is logged and
+        ignored.  Each of these signals' default action would kill the
+        daemon with no stop at all, orphaning its children.
         """
         reactor = self.context.reactor
         if not hasattr(reactor, "callFromThread") or not hasattr(signal, "SIGHUP"):
             return
+
+        def usr1() -> None:
+            if self.context.audit.path is None:
+                log.info(
+                    "sandboxd: SIGUSR1 ignored: there is no log file to rotate"
+                    " (the log goes to stdout)"
+                )
+            else:
+                self.context.audit.reopen("SIGUSR1")
+
+        def quit_() -> None:
+            log.info("sandboxd: SIGQUIT: stopping, as for SIGTERM")
+            running: Any = reactor
+            if running.running:
+                running.stop()
+
         try:
             self._previous_signals[signal.SIGHUP] = signal.signal(
                 signal.SIGHUP, lambda *_: reactor.callFromThread(self.reload)
             )
-            if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-                self._previous_signals[signal.SIGUSR1] = signal.signal(
-                    signal.SIGUSR1,
-                    lambda *_: reactor.callFromThread(
-                        log.info,
-                        "sandboxd: SIGUSR1 ignored: there is no log file to rotate"
-                        " (the log goes to stdout)",
-                    ),
-                )
+            for signum, act in (
+                (signal.SIGUSR1, usr1),
+                (signal.SIGQUIT, quit_),
+                (
+                    signal.SIGUSR2,
+                    lambda: log.info("sandboxd: SIGUSR2 ignored: it asks nothing"),
+                ),
+            ):
+                if signal.getsignal(signum) in (signal.SIG_DFL, None):
+                    self._previous_signals[signum] = signal.signal(
+                        signum, lambda *_, act=act: reactor.callFromThread(act)
+                    )
         except ValueError:
             pass  # not the main thread (tests)
 
@@ -601,7 +625,7 @@ class DaemonService(MultiService):
                 name=signal.Signals(signum).name,
             )
 
-        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             try:
                 previous = signal.signal(signum, held)
             except ValueError:
@@ -619,6 +643,9 @@ class DaemonService(MultiService):
 
     def reload(self) -> bool:
         """Re-read the policy; an invalid one is refused and the old one stays."""
+        # A reload is what logrotate's postrotate sends: the audit file is
+        # reopened whatever becomes of the policy.
+        self.context.audit.reopen("a reload")
         s = self.settings
         try:
             policy = load_policy(

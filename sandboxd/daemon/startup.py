@@ -47,6 +47,30 @@ class StartRefused(SystemExit):
         return self.message
 
 
+def check_endpoint(description: str) -> str:
+    """
+    ``description`` once Twisted can listen on what it says: an endpoint
+    type it knows, with arguments it takes, a TCP port 0-65535.  Asked
+    before anything listens, so a typo stops the start with one line, not
+    a traceback from the listener.
+
+    :raises PolicyError: naming the string and what is wrong with it.
+    """
+    from twisted.internet.endpoints import serverFromString
+
+    try:
+        # Parsing builds the endpoint and keeps the reactor for later.
+        endpoint = serverFromString(None, description)
+    except (ValueError, TypeError, KeyError, IndexError, OSError) as e:
+        raise PolicyError(f"cannot listen on {description!r}: {e}") from None
+    port = getattr(endpoint, "_port", None)
+    if isinstance(port, int) and not 0 <= port <= 65535:
+        raise PolicyError(
+            f"cannot listen on {description!r}: a port is a number from 0 to 65535"
+        )
+    return description
+
+
 def default_host(policy: Policy) -> str:
     """The interface numeric ports bind when none is given."""
     return LOOPBACK_HOST if policy.tokens.local_mode else ANY_HOST

@@ -183,7 +183,11 @@ class Rpc:
         """
         assert self.passed is not None
         held = held_connections.hold(
-            self.context, self.passed.identity, self.passed.endpoint, self._revoked
+            self.context,
+            self.passed.identity,
+            self.passed.endpoint,
+            self._revoked,
+            stream=True,
         )
         self.on_over(lambda: held_connections.release(self.context, held))
 

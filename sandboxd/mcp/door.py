@@ -296,6 +296,8 @@ class Exchange:
         self.identity: Identity | None = None
         self.rule: Any = door.context.policy.rules["mcp"]
         self.answered = False
+        #: This POST's span's ids, when chosen before its end (:meth:`_own_span`).
+        self.span_ids: dict[str, Any] = {}
         #: A GET stream was opened (its end by the client is the normal one).
         self.server_stream = False
         self.rpc: str | None = None
@@ -446,7 +448,7 @@ class Exchange:
             bytes_in=self.bytes_in,
             bytes_out=getattr(self.request, "sentLength", 0),
             client=getattr(self.request, "client_host", ""),
-            extra={"rpc": self.rpc} if self.rpc else None,
+            extra={"rpc": self.rpc, **self.span_ids} if self.rpc else None,
             headers=self.headers,
             count=not self.counted_as_call,
         )
@@ -514,7 +516,35 @@ class Exchange:
             self.request.isSecure(),
             getattr(self.request, "client_host", ""),
             on_call=self._carries_call,
+            trace_headers=self._own_span(),
         )
+
+    def _own_span(self) -> Headers | None:
+        """
+        This POST's span, chosen now, as the trace context of the calls it
+        carries: a tool's span is then its child, in one trace, rather than
+        a root of its own (a ``traceparent`` in the message's ``_meta``
+        still wins).  None when no span is sent.
+        """
+        tracer = self.door.context.tracer
+        if not tracer.exporting:
+            return None
+        text = {
+            name.decode(): values[0].decode("latin-1")
+            for name in (b"traceparent", b"tracestate")
+            # Two traceparents are read as none (the span's own rule).
+            if len(values := self.headers.get(name) or []) == 1
+        }
+        carrier = tracer.child_context(text, self.span_ids, "/mcp")
+        parent = carrier.get("TRACEPARENT")
+        if parent is None:
+            return None
+        headers = dict(self.headers)
+        headers[b"traceparent"] = [parent.encode("latin-1")]
+        state = carrier.get("TRACESTATE")
+        if state is not None:
+            headers[b"tracestate"] = [state.encode("latin-1")]
+        return headers
 
     def _carries_call(self) -> None:
         # The call is counted as its tool's endpoint (``door="mcp"``);

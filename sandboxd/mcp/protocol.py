@@ -87,6 +87,9 @@ class Caller:
     #: Told when the message becomes a governed call (a tool's or a
     #: resource's), which is audited and counted as its own endpoint.
     on_call: Callable[[], None] | None = None
+    #: The trace context of the calls it carries (the message's own span
+    #: as their parent), when not ``headers``.
+    trace_headers: Mapping[bytes, Any] | None = None
 
 
 class Methods:
@@ -293,7 +296,12 @@ class Methods:
             client=caller.client,
             session_id=session.id,
             progress=progress,
-            trace_headers=with_meta_context(caller.headers, meta),
+            trace_headers=with_meta_context(
+                caller.headers
+                if caller.trace_headers is None
+                else caller.trace_headers,
+                meta,
+            ),
         )
         key = request_key(rid)
         session.calls[key] = call
@@ -385,6 +393,7 @@ class Methods:
             secure=caller.secure,
             client=caller.client,
             session_id=session.id,
+            trace_headers=caller.trace_headers,
         )
         return call.run()
 

@@ -947,6 +947,9 @@ RATE_BUCKETS_PRUNED_PAST = 1024
 #: Rotate the audit file at this size; keep this many old files.
 AUDIT_ROTATE_BYTES = 10 * MIB
 AUDIT_KEEP_FILES = 5
+#: How often, at most, the audit file's path is checked for a file renamed
+#: or removed under the daemon (then reopened): two system calls a second.
+AUDIT_REOPEN_CHECK_SECONDS = 1.0
 
 #: The same for the daemon's own log file (``--logfile``).
 LOG_ROTATE_BYTES = 10 * MIB

@@ -228,6 +228,8 @@ class ConnectionTable:
         self._reclaimed_slow = 0
         self._cut = 0
         self._slow_bodies = 0
+        self._timed_out = 0
+        self._stalled = 0
 
     def use_clock(self, seconds: Callable[[], float]) -> None:
         """Read the time from ``seconds`` from now on."""
@@ -358,6 +360,19 @@ class ConnectionTable:
             late.append(conn)
         return late
 
+    def timed_out(self, stalled: bool = False) -> None:
+        """
+        A connection was closed at the idle timeout (``stalled``: cut, its
+        client taking nothing of a response): counted for the paced line,
+        since a client opening idle sockets would otherwise set the log's
+        pace.
+        """
+        if stalled:
+            self._stalled += 1
+        else:
+            self._timed_out += 1
+        self.flush_log()
+
     def cut_overdue(self) -> int:
         """Close every connection whose head is overdue; how many."""
         late = self.overdue()
@@ -405,11 +420,15 @@ class ConnectionTable:
             or self._reclaimed_slow
             or self._cut
             or self._slow_bodies
+            or self._timed_out
+            or self._stalled
         ) and (self._last_info is None or now - self._last_info >= self._warn_every):
             log.info(
                 "{name} connections: {idle} idle and {slow} slow reclaimed at a cap, "
                 "{cut} cut at the {deadline:g} s request-head deadline, "
-                "{bodies} request bodies refused under {rate:g} bytes/s",
+                "{bodies} request bodies refused under {rate:g} bytes/s, "
+                "{timed_out} closed after {timeout:g} s idle, {stalled} cut "
+                "whose client took nothing of its response",
                 name=self.name,
                 idle=self._reclaimed_idle,
                 slow=self._reclaimed_slow,
@@ -417,10 +436,13 @@ class ConnectionTable:
                 deadline=self.limits.head_deadline,
                 bodies=self._slow_bodies,
                 rate=self.limits.body_min_rate,
+                timed_out=self._timed_out,
+                timeout=self.limits.idle_timeout,
+                stalled=self._stalled,
             )
             self._last_info = now
             self._reclaimed_idle = self._reclaimed_slow = self._cut = 0
-            self._slow_bodies = 0
+            self._slow_bodies = self._timed_out = self._stalled = 0
 
 
 def _first(

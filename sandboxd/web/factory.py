@@ -103,6 +103,8 @@ class HardenedSite(Site):
             # enough that a head is cut within a second of its deadline.
             period = min(1.0, self.table.limits.head_deadline / 4)
             self._sweeper.start(period, now=False)
+        # Counted by door in ``sandboxd_connections_active`` while it listens.
+        self.context.metrics.sites.add(self)
 
     def stopFactory(self) -> None:
         """
@@ -111,6 +113,7 @@ class HardenedSite(Site):
         """
         if self._sweeper.running:
             self._sweeper.stop()
+        self.context.metrics.sites.discard(self)
         for channel in list(self.connections):
             if getattr(channel, "lingering", False):
                 channel.cut_lingering()

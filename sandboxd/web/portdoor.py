@@ -522,7 +522,7 @@ class Call:
             end(error)
             return False
         self._held = held_connections.hold(
-            self.context, passed.identity, passed.endpoint, end
+            self.context, passed.identity, passed.endpoint, end, stream=True
         )
         return True
 

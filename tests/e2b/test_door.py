@@ -380,6 +380,44 @@ REFUSED_REST_HEADS = (
 )
 
 
+class GaugeTests(E2BCase):
+    """What the E2B port holds open is in ``/metrics`` beside the HTTP door's."""
+
+    @inlineCallbacks
+    def test_streams_and_connections_counted(self) -> Any:
+        """
+        A command's output stream on the E2B port counts as an open stream
+        and an open connection of door ``e2b``, and stops counting once
+        it ends.
+        """
+        marker = os.path.join(self.base_dir, "started")
+        stream = self.rpc(
+            "process.Process/Start", _start(f"touch {marker}; sleep 2"), stream=True
+        )
+        deadline = time.monotonic() + 10
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.05)
+
+        def gauges(page: str) -> tuple[float, float]:
+            found = dict(
+                line.rsplit(" ", 1) for line in page.splitlines() if line[:1] != "#"
+            )
+            return (
+                float(found["sandboxd_streams_active"]),
+                float(found['sandboxd_connections_active{door="e2b"}']),
+            )
+
+        during = yield self.request("GET", "/metrics")
+        self.assertEqual(gauges(during.body.decode()), (1.0, 1.0))
+        yield stream
+        for _ in range(50):
+            after = yield self.request("GET", "/metrics")
+            if gauges(after.body.decode())[0] == 0.0:
+                break
+            yield self.sdk(time.sleep, 0.05)
+        self.assertEqual(gauges(after.body.decode())[0], 0.0)
+
+
 class RefusedHeadTests(E2BCase):
     """
     A request the door's HTTP front refuses (its head, or a chunked body

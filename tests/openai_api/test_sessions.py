@@ -467,6 +467,51 @@ class RemovedIdentityTests(OpenAICase):
         self.assertEqual(still, "idle")
 
 
+class RotatedTokenTests(OpenAICase):
+    """A token rotated by a reload is not an identity removed."""
+
+    @inlineCallbacks
+    def test_sessions_stay_for_the_new_token(self) -> Any:
+        """
+        A reload that gives ``other`` a new token leaves its agent session
+        open for the holder of the new one (the old one answers 401): a
+        session belongs to its owner, not to the token that made it.
+        """
+        import hashlib
+
+        from sandboxd.agents.process import is_alive
+
+        yield self.start_on_policy_file(openai_policy())
+        other = self.client("o-token")
+        sessions = other.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="echo first") as stream:
+                list(stream)
+            return session
+
+        session = yield self.sdk(run)
+        door = registry(self.daemon.context.agents.get())
+        [engine] = [f.engine for f in door.faces.values() if f.owner == "other"]
+        policy = openai_policy()
+        for token in policy["auth"]["tokens"]:
+            if token["id"] == "other":
+                del token["token_env"]
+                token["token_sha256"] = hashlib.sha256(b"o-rotated").hexdigest()
+        self.reload_policy(policy)
+        yield deferLater(reactor, 0.5, lambda: None)
+        self.assertIsNone(engine.error)
+        self.assertTrue(is_alive(engine.process.pid))
+        rotated = self.client("o-rotated")
+        status = yield self.sdk(
+            lambda: rotated.beta.agents.sessions.retrieve(session.id).status
+        )
+        self.assertEqual(status, "idle")
+        old = yield self.request("GET", "/capabilities", token="o-token")
+        self.assertEqual(old.status, 401)
+
+
 def _minting_policy() -> dict[str, Any]:
     """:func:`openai_policy`, ``user`` also minting capability links."""
     policy = openai_policy()

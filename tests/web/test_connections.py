@@ -238,6 +238,32 @@ class CapTests(_Case):
         self.assertEqual(len(logged.warnings()), 2)
         self.assertEqual(logged.warnings()[1]["refused"], 5)
 
+    def test_idle_timeouts_paced(self) -> None:
+        """
+        Connections closed at the idle timeout are counted in the paced
+        information line, not one line each: a client opening idle sockets
+        does not set the log's pace.
+        """
+        every: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(every.append)
+        self.addCleanup(globalLogPublisher.removeObserver, every.append)
+        logged = _Logged(self, "sandboxd.connections")
+        site, clock = self.site()
+        transports = []
+        for _ in range(20):
+            protocol, transport = self.connect(site)
+            protocol.dataReceived(HEALTH)
+            transports.append(transport)
+        clock.advance(61)  # the site's idle timeout
+        self.assertTrue(all(t.disconnecting for t in transports))
+        clock.advance(31)
+        self.assertEqual(
+            [e for e in every if "Timing out" in str(e.get("log_format"))], []
+        )
+        infos = [e for e in logged.events if "timed_out" in e]
+        self.assertLessEqual(len(infos), 2)
+        self.assertEqual(sum(e["timed_out"] for e in infos), 20)
+
     def test_limits_overridable(self) -> None:
         """Settings, then the environment, then the defaults; nonsense is a configuration error."""
         limits = connection_limits(

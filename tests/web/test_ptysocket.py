@@ -295,6 +295,25 @@ class ReloadTests(TerminalCase):
         self.assertNotIn(sid, listed.body.decode())
 
     @inlineCallbacks
+    def test_rotated_token_loses_its_socket(self) -> Any:
+        """
+        A reload that gives the identity a new token (a leaked one
+        rotated): the socket the old token opened is closed 1008 saying
+        why; the terminal, the identity's, lives on for the new token.
+        """
+        sid, client = yield self.attached()
+        rotated = _reload_policy([TOKEN, SECOND])
+        rotated["auth"]["tokens"][0]["token_sha256"] = _sha("rotated-pty-token")
+        self.reload_policy(rotated)
+        code, reason = yield client.closed
+        self.assertEqual(code, 1008)
+        self.assertIn("was changed", reason)
+        old = yield self.request("GET", "/pty/sessions", token=TOKEN)
+        self.assertEqual(old.status, 401)
+        listed = yield self.request("GET", "/pty/sessions", token="rotated-pty-token")
+        self.assertIn(sid, listed.body.decode())
+
+    @inlineCallbacks
     def test_terminals_switched_off(self) -> Any:
         """A reload that turns the terminal group off closes its sockets 1008."""
         _, client = yield self.attached()
