@@ -62,7 +62,9 @@ from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import (
     E2B_CONFIGS_BYTES,
     E2B_CONFIGS_KEPT,
+    E2B_FOLLOWER_BEHIND_BYTES,
     E2B_INPUT_PENDING_BYTES,
+    E2B_STALLED_FOLLOWER_SECONDS,
     E2B_UNREAD_OUTPUT_SECONDS,
 )
 from sandboxd.processes.environment import note_argv, secret_names
@@ -320,11 +322,47 @@ def unread_too_long(seconds: float) -> ApiError:
     )
 
 
+def follower_dropped(why: str) -> ApiError:
+    """
+    A ``Connect`` stream whose client fell behind (``why``): it ends
+    (``deadline_exceeded``, a ``TimeoutException`` in the SDK); the
+    program, which never waited for it, runs on.
+    """
+    return timed_out(
+        f"this client {why}; it is dropped so the process does not wait for it: "
+        "the stream ends here, the process still runs (connect again to follow it)",
+        idle=True,
+    )
+
+
+def _wait_for(stream: Stream, pause: Any, resume: Any, follower: bool) -> None:
+    """
+    How a stream's slow client is met: the stream that started the
+    program pauses it (it blocks in ``write``, as under envd) within
+    :data:`E2B_UNREAD_OUTPUT_SECONDS`; a follower never does (one client
+    that stops reading would stop the program for its owner, every other
+    follower and the HTTP API): it is dropped past its own bounds.
+    """
+    if follower:
+        stream.register_follower(
+            E2B_STALLED_FOLLOWER_SECONDS, E2B_FOLLOWER_BEHIND_BYTES, follower_dropped
+        )
+    else:
+        stream.register_producer(
+            pause, resume, E2B_UNREAD_OUTPUT_SECONDS, unread_too_long
+        )
+
+
 # -- following a process's output -----------------------------------------------
 
 
-def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
-    """Stream a process's output events, then its end."""
+def _follow(
+    call: Call, stream: Stream, managed: Managed, replay: bool, follower: bool
+) -> None:
+    """
+    Stream a process's output events, then its end (``follower``: a
+    ``Connect``, which never pauses the process).
+    """
     child = managed.child
 
     def deliver(event: Event | None) -> None:
@@ -354,13 +392,7 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
     if stream.ended:
         return
     stream.on_end(managed.log.subscribe(deliver))
-    # The child waits for a slow client (it blocks in write), as under envd.
-    stream.register_producer(
-        child.pause_reading,
-        child.resume_reading,
-        E2B_UNREAD_OUTPUT_SECONDS,
-        unread_too_long,
-    )
+    _wait_for(stream, child.pause_reading, child.resume_reading, follower)
     if managed.log.closed and not stream.ended:
         stream.send(end_event(child.exit_code))
         stream.end()
@@ -411,7 +443,9 @@ class _PtyClient:
         self.stream.end(unread_too_long(E2B_UNREAD_OUTPUT_SECONDS))
 
 
-def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
+def _attach(
+    call: Call, stream: Stream, session: PtySession, replay: bool, follower: bool
+) -> None:
     client = _PtyClient(stream, session)
     client.on_ended = lambda: _state(call).forget_deadline(session.id)
     attached = session.attach(client, None if replay else session.emitted)
@@ -423,13 +457,14 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
         )
         return
     stream.on_end(lambda: session.detach(client))
-    # The shell waits for a slow client, as under envd, not the 10 s a
-    # WebSocket viewer gets: an SDK client may read its handle much later.
-    stream.register_producer(
+    # The shell waits for its creator's slow client, as under envd, not the
+    # 10 s a WebSocket viewer gets: an SDK client may read its handle much
+    # later.  A follower never pauses it.
+    _wait_for(
+        stream,
         lambda: session.pause(client, E2B_UNREAD_OUTPUT_SECONDS),
         lambda: session.resume(client),
-        E2B_UNREAD_OUTPUT_SECONDS,
-        unread_too_long,
+        follower,
     )
 
 
@@ -503,7 +538,7 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         )
         stream = Stream(call, _keepalive)
         stream.send({"event": {"start": {"pid": managed.pid}}})
-        _follow(call, stream, managed, replay=True)
+        _follow(call, stream, managed, replay=True, follower=False)
 
     def not_spawned(failure: Any) -> None:
         error = failure.value
@@ -559,7 +594,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
         stream.deadline(timeout, lambda: stream.end(_deadline_error(timeout)))
         _state(call).deadline(call.context.reactor, timeout, session.id, table.close)
     stream.send({"event": {"start": {"pid": session.pid}}})
-    _attach(call, stream, session, replay=True)
+    _attach(call, stream, session, replay=True, follower=False)
 
 
 def connect_(call: Call, message: dict[str, Any]) -> None:
@@ -572,9 +607,9 @@ def connect_(call: Call, message: dict[str, Any]) -> None:
     stream.deadline(timeout, lambda: stream.end(_watch_deadline_error(timeout)))
     stream.send({"event": {"start": {"pid": target.pid}}})
     if isinstance(target, PtySession):
-        _attach(call, stream, target, replay=False)
+        _attach(call, stream, target, replay=False, follower=True)
     else:
-        _follow(call, stream, target, replay=False)
+        _follow(call, stream, target, replay=False, follower=True)
 
 
 def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:

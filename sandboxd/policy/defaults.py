@@ -967,12 +967,23 @@ E2B_MAX_WATCHERS = 64
 E2B_CONFIGS_KEPT = 512
 E2B_CONFIGS_BYTES = 16 * MIB
 
-#: E2B door: how long a command's or a terminal's stream may wait for a
-#: client that reads none of its output.  Meanwhile the program is paused
-#: (it blocks in ``write``, as under envd) and the connection is kept;
-#: past it the stream ends with ``deadline_exceeded`` (the program runs
-#: on).  Generous: a script may start a job and read it minutes later.
+#: E2B door: how long the stream that started a command or a terminal may
+#: wait for a client that reads none of its output.  Meanwhile the program
+#: is paused (it blocks in ``write``, as under envd) and the connection is
+#: kept; past it the stream ends with ``deadline_exceeded`` (the program
+#: runs on).  Generous: a script may start a job and read it minutes later.
 E2B_UNREAD_OUTPUT_SECONDS = 1800.0
+
+#: E2B door: a ``Connect`` stream (a follower, not the stream that started
+#: the program) never pauses the program: one client that stops reading
+#: must not stop the program for its owner and every other follower.  A
+#: follower that takes none of its output for this long is dropped (its
+#: stream ends with ``deadline_exceeded``), as envd drops a subscriber
+#: whose send is stuck for 15 s; one that falls this many bytes behind
+#: the output is dropped too, so a slow follower of a fast program holds
+#: no more of the daemon's memory than that.
+E2B_STALLED_FOLLOWER_SECONDS = 15.0
+E2B_FOLLOWER_BEHIND_BYTES = 16 * MIB
 
 #: E2B door: input a ``StreamInput`` has queued to a process's stdin past
 #: which its client's stream is read no further until the process takes

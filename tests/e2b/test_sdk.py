@@ -5,8 +5,11 @@ unchanged E2B code sees.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -721,6 +724,137 @@ class UnreadOutputTests(E2BCase):
             time.sleep(12)
             data: list[bytes] = []
             error = caught(lambda: handle.wait(on_pty=data.append))
+            return error, b"".join(data)
+
+        error, data = yield self.sdk(job)
+        self.assertNotIsInstance(error, Exception)
+        want = b"".join(b"%d\r\n" % i for i in range(1, 1500001))
+        self.assertIn(want + b"ENDMARK", data)
+
+
+def stalled_connect(port: int, pid: int) -> socket.socket:
+    """
+    A raw ``Connect`` on ``pid`` whose client reads nothing (a hung
+    dashboard, a suspended laptop): its socket's receive buffer is small,
+    so the daemon's sends to it fill up at once.
+    """
+    body = json.dumps({"process": {"pid": pid}}).encode()
+    message = struct.pack(">BI", 0, len(body)) + body
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /process.Process/Connect HTTP/1.1\r\n"
+        b"Host: 127.0.0.1\r\n"
+        b"Content-Type: application/connect+json\r\n"
+        b"Connect-Protocol-Version: 1\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(message) + message
+    )
+    return sock
+
+
+def read_to_end(sock: socket.socket, seconds: float = 30.0) -> bytes:
+    """Everything the daemon sends ``sock`` until it stops for a second."""
+    sock.settimeout(1.0)
+    chunks = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    sock.close()
+    return b"".join(chunks)
+
+
+class StalledFollowerTests(E2BCase):
+    """
+    A ``Connect`` whose client stops reading never stops the program: its
+    owner's stream (and the program's own progress) goes on, and the
+    follower is dropped with an error saying why.
+    """
+
+    @inlineCallbacks
+    def test_a_stalled_follower_does_not_stop_the_command(self) -> Any:
+        """
+        While a second client's ``Connect`` on a background command reads
+        nothing, the owner's ``wait()`` gets all 20 MB of its output and
+        its exit code; the stalled follower's stream ends with a timeout
+        saying it was dropped and the process runs on.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 1; seq 1 3000000; echo END", background=True, timeout=60
+            )
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            result = handle.wait()
+            return result, read_to_end(follower)
+
+        result, seen = yield self.sdk(job)
+        lines = result.stdout.split("\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertEqual(lines[-3:], ["3000000", "END", ""])
+        self.assertEqual(len(lines), 3000002)
+        self.assertIn(b"it is dropped so the process does not wait for it", seen)
+        self.assertIn(b"deadline_exceeded", seen)
+
+    @inlineCallbacks
+    def test_a_follower_taking_nothing_is_dropped_after_the_bound(self) -> Any:
+        """
+        A follower that takes none of what waits for it for the bound
+        (made 1 s here; 15 s by default, as envd's) is dropped although it
+        is far from the byte bound: its stream ends with a timeout saying
+        how long it took nothing; the command runs on.
+        """
+        from sandboxd.e2b import process as process_module
+
+        self.patch(process_module, "E2B_STALLED_FOLLOWER_SECONDS", 1.0)
+        marker = os.path.join(self.base_dir, "pid")
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                f"echo $$ > {marker}; sleep 1; seq 1 300000; sleep 30",
+                background=True,
+                timeout=60,
+            )
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            time.sleep(5)
+            return read_to_end(follower)
+
+        seen = yield self.sdk(job)
+        self.assertIn(b"took none of the output for 1 seconds", seen)
+        with open(marker) as f:
+            pid = int(f.read())
+        self.assertTrue(alive(pid), "the command runs on")
+        os.kill(pid, 9)
+
+    @inlineCallbacks
+    def test_a_stalled_follower_does_not_stop_a_terminal(self) -> Any:
+        """
+        The same for a terminal: a ``Connect`` on its pid that reads
+        nothing does not stop the shell; its creator's handle gets every
+        line of a burst far larger than the socket buffers hold.
+        """
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            time.sleep(0.5)
+            sbx.pty.send_stdin(
+                handle.pid, b"stty -echo; seq 1 1500000; echo END''MARK; exit\n"
+            )
+            data: list[bytes] = []
+            error = caught(lambda: handle.wait(on_pty=data.append))
+            follower.close()
             return error, b"".join(data)
 
         error, data = yield self.sdk(job)
