@@ -29,7 +29,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
-from sandboxd.e2b.connect import bool_field, string_field, uint_field
+from sandboxd.e2b.connect import DataLoss, bool_field, string_field, uint_field
 from sandboxd.e2b.door import SERVER_STREAM, UNARY, Call, Procedure, Stream
 from sandboxd.e2b.entries import FILE_TYPE_DIRECTORY, describe, entry_json
 from sandboxd.errors import (
@@ -46,6 +46,7 @@ from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.watch import (
     ATTRIBUTES,
+    OVERFLOW,
     Watch,
     WatchService,
     seen_as,
@@ -262,6 +263,37 @@ def _event_json(
     return out
 
 
+def _lost(message: str, limit: int, setting: str) -> DataLoss:
+    """
+    A watch's events that cannot be delivered (``message`` says which):
+    ``data_loss`` for an E2B client, 413 ``payload_too_large`` naming the
+    limit that was passed.
+    """
+    return DataLoss(
+        413,
+        message,
+        "ValueError",
+        Code.PAYLOAD_TOO_LARGE,
+        limit=limit,
+        setting=setting,
+    )
+
+
+#: The kernel's bound on changes queued for one inotify instance.
+_KERNEL_QUEUE = "fs.inotify.max_queued_events"
+
+
+def _overflowed(root: str) -> DataLoss:
+    """The kernel dropped changes under ``root`` (an ``overflow`` event)."""
+    return _lost(
+        "the kernel dropped changes under the watched directory: more came at "
+        f"once than it queues ({_KERNEL_QUEUE}); list the directory again to "
+        "catch up",
+        0,
+        _KERNEL_QUEUE,
+    )
+
+
 def _open_watch(call: Call, message: dict[str, Any]) -> Any:
     """A Deferred ``(root, Watch)`` for the message's directory."""
     guard = _guard(call)
@@ -302,6 +334,11 @@ def watch_dir(call: Call, message: dict[str, Any]) -> None:
                 return
             if event is None:
                 stream.end()
+                return
+            if event.event == OVERFLOW:
+                # Which changes were dropped nobody can tell: the stream
+                # ends saying so rather than go on with a hole in it.
+                stream.end(_overflowed(root))
                 return
             for item in _event_json(guard, root, event, include):
                 stream.send({"filesystem": item})
@@ -457,7 +494,25 @@ def get_watcher_events(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     watchers.touch(watcher)
     # The debounce holds the newest events back for a moment: take them now.
     watcher.watch._flush()
-    _, events = watcher.watch.log.since(watcher.seq)
+    log = watcher.watch.log
+    gap, events = log.since(watcher.seq)
+    overflowed = any(event.event == OVERFLOW for event in events)
+    if gap is not None or overflowed:
+        # Never a poll that looks complete with events missing: the poll
+        # fails saying so, and the watcher moves on to what comes next.
+        watcher.seq = log.last_seq
+        if overflowed or gap is None:
+            raise _overflowed(watcher.root)
+        retention = log.max_bytes
+        setting = "endpoints.files_watch.limits.max_output_bytes"
+        raise _lost(
+            f"{gap[1] - gap[0] + 1} events since the last poll were not kept (a "
+            f"watch keeps the newest {retention} bytes of events: {setting}); "
+            "list the directory again to catch up, and poll more often: the "
+            "next poll reports the changes from now on",
+            retention,
+            setting,
+        )
     out: list[dict[str, Any]] = []
     for event in events:
         watcher.seq = event.seq

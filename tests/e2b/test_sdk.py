@@ -482,6 +482,51 @@ class FileTests(E2BCase):
         )
 
 
+class WatchPollLossTests(E2BCase):
+    """The sync SDK's polled ``watch_dir`` never loses events without a word."""
+
+    extra_policy = {
+        "endpoints": {"files_watch": {"limits": {"max_output_bytes": 4096}}}
+    }
+
+    @inlineCallbacks
+    def test_a_poll_after_events_were_dropped_says_so(self) -> Any:
+        """
+        When more events came between two ``get_new_events()`` than a
+        watch keeps (4 KiB here), the poll raises an error saying events
+        were lost and what to do, never a short list that looks whole;
+        the next poll reports what happened after it.
+        """
+        os.makedirs(os.path.join(self.base_dir, "wl"))
+
+        def job() -> Any:
+            from e2b import SandboxException
+
+            sbx = self.sandbox()
+            handle = sbx.files.watch_dir("wl")
+            for i in range(200):
+                with open(os.path.join(self.base_dir, "wl", f"f{i:03d}.txt"), "w"):
+                    pass
+            time.sleep(0.5)
+            error = caught(handle.get_new_events)
+            with open(os.path.join(self.base_dir, "wl", "after.txt"), "w"):
+                pass
+            events: list[Any] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not events:
+                events += handle.get_new_events()
+                time.sleep(0.1)
+            handle.stop()
+            return error, SandboxException, [e.name for e in events]
+
+        error, base, names = yield self.sdk(job)
+        self.assertIsInstance(error, base)
+        self.assertIn("DATA_LOSS", str(error))
+        self.assertIn("events since the last poll were not kept", str(error))
+        self.assertIn("list the directory again", str(error))
+        self.assertIn("after.txt", names)
+
+
 class PtyTests(E2BCase):
     """``sbx.pty``: create, send_stdin, resize, kill, output to on_data."""
 
