@@ -39,7 +39,9 @@ from sandboxd.errors import (
     file_exists,
     internal,
     limit_exceeded,
+    limit_setting,
     not_found,
+    payload_too_large,
     timed_out,
 )
 from sandboxd.eventlog import Event
@@ -177,6 +179,11 @@ def _listed(guard: PathGuard, full: str, st: Any) -> dict[str, Any]:
 
 
 def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str, Any]:
+    """
+    Every entry to ``depth``, or a refusal past ``max_entries``: envd's
+    answer has no room to say it was cut, so a cut listing would look
+    complete.
+    """
     entries: list[dict[str, Any]] = []
     with guard.open_dir(path) as (fd, root):
         for parent, name, st in walk.walk(fd, root, depth):
@@ -184,7 +191,12 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
             if not walk.visible(guard, full, st):
                 continue
             if len(entries) >= max_entries:
-                break
+                raise payload_too_large(
+                    max_entries,
+                    message=f"the listing has more than {max_entries} entries; "
+                    "list with a smaller depth or a directory further down",
+                    setting=limit_setting("files_list", "max_entries"),
+                )
             entries.append(_listed(guard, full, st))
     return {"entries": entries}
 

@@ -527,6 +527,36 @@ class WatchPollLossTests(E2BCase):
         self.assertIn("after.txt", names)
 
 
+class ListCapTests(E2BCase):
+    """``files.list`` never answers a cut listing as if it were whole."""
+
+    extra_policy = {"endpoints": {"files_list": {"limits": {"max_entries": 5}}}}
+
+    @inlineCallbacks
+    def test_a_listing_over_the_cap_is_refused(self) -> Any:
+        """
+        A listing of more entries than ``max_entries`` (5 here) raises an
+        error naming the limit and what to do; one within it is whole.
+        """
+        for d, count in (("big", 6), ("small", 5)):
+            os.makedirs(os.path.join(self.base_dir, d))
+            for i in range(count):
+                with open(os.path.join(self.base_dir, d, f"f{i}"), "w"):
+                    pass
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.list("big")), sbx.files.list("small")
+
+        error, small = yield self.sdk(job)
+        from e2b import InvalidArgumentException
+
+        self.assertIsInstance(error, InvalidArgumentException)
+        self.assertIn("the listing has more than 5 entries", str(error))
+        self.assertIn("endpoints.files_list.limits.max_entries", str(error))
+        self.assertEqual(sorted(e.name for e in small), [f"f{i}" for i in range(5)])
+
+
 class PtyTests(E2BCase):
     """``sbx.pty``: create, send_stdin, resize, kill, output to on_data."""
 
