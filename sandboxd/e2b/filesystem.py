@@ -143,13 +143,20 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     ``Move``: envd's ``os.Rename``, which replaces a file or an empty
     directory and refuses a directory that is not empty (never moves the
     source into a directory, as ``files_move`` does).
+
+    The answer describes what was moved, so what cannot be described (a
+    link whose target the path rules refuse) is refused before anything
+    moves: an error after the move would leave the caller believing
+    nothing happened.
     """
+    source = _file(call, message, "source")
     body = {
-        "source": _file(call, message, "source"),
+        "source": source,
         "destination": _file(call, message, "destination"),
         "overwrite": True,
         "user": call.user(),
     }
+    describe(_guard(call), source)
     moved: Deferred[dict[str, Any]] = file_routes.move(
         call.server_request(body=body), into=False
     )
@@ -157,7 +164,7 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     # the HTTP API: it would hold a worker thread for a move nobody hears of.
     call.on_close(moved.cancel)
     return moved.addCallback(
-        lambda done: {"entry": describe(_guard(call), done["destination"])}
+        lambda done: {"entry": describe(_guard(call), done["destination"], done=True)}
     )
 
 

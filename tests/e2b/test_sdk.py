@@ -367,6 +367,37 @@ class FileTests(E2BCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x/y")))
 
     @inlineCallbacks
+    def test_a_refused_rename_moves_nothing(self) -> Any:
+        """
+        Renaming a link that leads out of the base dir is refused before
+        anything moves: the link is still under its old name and no new
+        name appeared.  A link whose new place leads it out answers the
+        rename (it was done) describing the link without its target.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        links = os.path.join(self.base_dir, "rl")
+        os.makedirs(links)
+        os.symlink(outside, os.path.join(links, "out"))
+        os.symlink("..", os.path.join(links, "up"))
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            refused = caught(lambda: sbx.files.rename("rl/out", "rl/out2"))
+            moved = sbx.files.rename("rl/up", "up")
+            return refused, moved
+
+        refused, moved = yield self.sdk(job)
+        from e2b import SandboxException
+
+        self.assertIsInstance(refused, SandboxException)
+        self.assertIn("path_not_allowed", str(refused))
+        self.assertEqual(sorted(os.listdir(links)), ["out"])
+        self.assertEqual(os.readlink(os.path.join(links, "out")), outside)
+        self.assertEqual(moved.path, os.path.join(self.base_dir, "up"))
+        self.assertTrue(os.path.islink(os.path.join(self.base_dir, "up")))
+
+    @inlineCallbacks
     def test_a_mounted_file_is_written_and_kept(self) -> Any:
         """
         A bind-mounted file (a container's /etc/hosts) takes a write in
