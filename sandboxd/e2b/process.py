@@ -31,6 +31,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from sandboxd import processes
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.e2b.connect import (
     b64,
     bad_field,
@@ -116,9 +117,16 @@ class Config:
         ``process_list`` shows (the command) unless ``viewer`` acts for the
         identity that started it (that identity, or a link of its minter's);
         then also its ``cwd`` and ``envs``, without the names ``GET /env``
-        hides (``hidden``, and names holding TOKEN, SECRET, KEY…).
+        hides (``hidden``, and names holding TOKEN, SECRET, KEY…).  The
+        command and its arguments are shown with the secrets in their URLs
+        masked, as the audit masks them (the SDK's git helpers put
+        ``https://user:token@`` there).
         """
-        out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": {}}
+        out: dict[str, Any] = {
+            "cmd": redact_url_secrets(self.cmd),
+            "args": [redact_url_secrets(arg) for arg in self.args],
+            "envs": {},
+        }
         if self.owner is None or not viewer.acts_for(self.owner):
             return out
         out["envs"] = {
