@@ -65,8 +65,11 @@ from sandboxd.policy.defaults import (
     E2B_CONFIGS_KEPT,
     E2B_FOLLOWER_BEHIND_BYTES,
     E2B_INPUT_PENDING_BYTES,
+    E2B_INPUT_RECHECK_SECONDS,
+    E2B_SEND_INPUT_WAIT_SECONDS,
     E2B_STALLED_FOLLOWER_SECONDS,
     E2B_UNREAD_OUTPUT_SECONDS,
+    STDIN_PENDING_BYTES,
 )
 from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
@@ -148,6 +151,9 @@ class ProcessDoor:
     config_bytes: int = 0
     #: Terminal id -> the timer of its deadline.
     deadlines: dict[str, Any] = attrs.Factory(dict)
+    #: Pid -> the ``SendInput`` calls waiting for room on its stdin, in
+    #: the order they came (each is written in that order).
+    stdin_waits: dict[int, list[object]] = attrs.Factory(dict)
 
     def deadline(self, clock: Any, seconds: float, session_id: str, end: Any) -> None:
         """End terminal ``session_id`` after ``seconds`` (its Connect-Timeout-Ms)."""
@@ -663,13 +669,105 @@ def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
     return len(data)
 
 
-def send_input(call: Call, message: dict[str, Any]) -> dict[str, Any]:
-    """``SendInput``: stdin bytes, or keystrokes for a terminal."""
+def send_input(call: Call, message: dict[str, Any]) -> Any:
+    """
+    ``SendInput``: stdin bytes, or keystrokes for a terminal.  Bytes that
+    do not fit beside what already waits for the process to read
+    (``STDIN_PENDING_BYTES``) wait for it, as envd's blocking write does,
+    rather than being refused: a loop of ``send_stdin`` calls feeding a
+    file to a program just works.
+    """
     target = _find(call, message)
     if target is None:
         raise _missing(message)
+    chosen = oneof(field(message, "input"), ("stdin", "pty"))
+    data = b""
+    if chosen is not None and chosen[0] == "stdin":
+        data = bytes_field(field(message, "input"), "stdin") or b""
+    if (
+        isinstance(target, Managed)
+        and data
+        and target.child.stdin_open
+        and (
+            target.pid in _state(call).stdin_waits
+            or target.child.stdin_pending() + len(data) > STDIN_PENDING_BYTES
+        )
+    ):
+        return _wait_for_room(call, target, data)
     _write_input(call, target, message)
     return {}
+
+
+def _wait_for_room(call: Call, managed: Managed, data: bytes) -> Deferred[Any]:
+    """
+    Write ``data`` to ``managed``'s stdin once it fits (after the calls
+    that waited before it), within the call's ``Connect-Timeout-Ms`` (else
+    :data:`E2B_SEND_INPUT_WAIT_SECONDS`); past it, or once the process
+    ends, nothing of it is written and the call fails saying so.
+    """
+    waits = _state(call).stdin_waits
+    queue = waits.setdefault(managed.pid, [])
+    me = object()
+    queue.append(me)
+    clock = call.context.reactor
+    seconds = call.timeout_seconds() or E2B_SEND_INPUT_WAIT_SECONDS
+    give_up = clock.seconds() + seconds
+    done: Deferred[Any] = Deferred()
+    timer: list[Any] = [None]
+
+    def leave() -> None:
+        if me in queue:
+            queue.remove(me)
+        if not queue and waits.get(managed.pid) is queue:
+            del waits[managed.pid]
+        if timer[0] is not None and timer[0].active():
+            timer[0].cancel()
+        timer[0] = None
+
+    def look() -> None:
+        timer[0] = None
+        if done.called:
+            return
+        child = managed.child
+        if not managed.running:
+            leave()
+            done.errback(
+                not_found(
+                    f"process with pid {managed.pid} has ended; "
+                    "none of this input was written"
+                )
+            )
+            return
+        fits = child.stdin_pending() + len(data) <= STDIN_PENDING_BYTES
+        if queue and queue[0] is me and (fits or not child.stdin_open):
+            leave()
+            try:
+                process_routes.feed_stdin(managed, data)
+            except ApiError as e:
+                done.errback(e)
+                return
+            done.callback({})
+            return
+        if clock.seconds() >= give_up:
+            leave()
+            done.errback(
+                timed_out(
+                    f"process {managed.pid} did not read its stdin for "
+                    f"{seconds:g} seconds; none of this input was written",
+                    limit="Connect-Timeout-Ms",
+                )
+            )
+            return
+        timer[0] = clock.callLater(E2B_INPUT_RECHECK_SECONDS, look)
+
+    def gone() -> None:
+        leave()
+        if not done.called:
+            done.cancel()
+
+    call.on_close(gone)
+    look()
+    return done
 
 
 class _InputFeed:

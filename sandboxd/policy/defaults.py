@@ -992,6 +992,12 @@ E2B_FOLLOWER_BEHIND_BYTES = 16 * MIB
 E2B_INPUT_PENDING_BYTES = 1 * MIB
 E2B_INPUT_RECHECK_SECONDS = 0.02
 
+#: E2B door: how long a ``SendInput`` whose bytes do not fit beside what
+#: waits on the process's stdin (``STDIN_PENDING_BYTES``) waits for the
+#: process to read, as envd's blocking write does, when the call names no
+#: ``Connect-Timeout-Ms`` of its own (the SDK's default request timeout).
+E2B_SEND_INPUT_WAIT_SECONDS = 60.0
+
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0
 

@@ -5,6 +5,7 @@ unchanged E2B code sees.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -119,6 +120,29 @@ class CommandTests(E2BCase):
 
         result = yield self.sdk(job)
         self.assertEqual((result.stdout, result.exit_code), ("abc\n", 0))
+
+    @inlineCallbacks
+    def test_send_stdin_waits_for_a_process_not_reading_yet(self) -> Any:
+        """
+        Eight 1 MiB ``send_stdin`` calls to a process that reads only after
+        3 s (more than the 4 MiB that may wait on its stdin) each wait
+        for room, as envd's blocking write does, and every byte arrives
+        in order; none is refused as a rate limit.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 3; sha256sum", background=True, stdin=True, timeout=60
+            )
+            chunks = [bytes([65 + i]) * (1 << 20) for i in range(8)]
+            for chunk in chunks:
+                sbx.commands.send_stdin(handle.pid, chunk)
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout, hashlib.sha256(b"".join(chunks)).hexdigest()
+
+        out, want = yield self.sdk(job)
+        self.assertEqual(out.split()[0], want)
 
     @inlineCallbacks
     def test_stdin_over_the_message_cap_is_invalid_argument(self) -> Any:
