@@ -601,6 +601,14 @@ class Door(PortDoor):
             return int(limit or 100 * MIB) + MIB
         return E2B_MAX_MESSAGE_BYTES * 4 + 64 * 1024
 
+    def paced_by_its_source(self, method: bytes, path: bytes) -> bool:
+        """
+        A streamed upload (``files.write`` of an iterable) comes as its
+        client's source gives it: envd bounds a stalled one on each read,
+        not a slow one, and so does this door (``--idle-timeout``).
+        """
+        return method == b"POST" and path.rstrip(b"/") == b"/files"
+
     def find(self, request: Any) -> Procedure | None:
         """A Connect procedure by its path, a REST route by method and path."""
         return self._route(request.method, request.path)

@@ -582,6 +582,62 @@ class WatchPollLossTests(E2BCase):
         self.assertIn("after.txt", names)
 
 
+class SlowUploadTests(E2BCase):
+    """
+    A streamed upload is held to the idle bound on each read, not to the
+    port's minimum body rate: a slow but steady source is not cut (made
+    1 s of grace and 1000 bytes a second here).
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("head_deadline", 1.0)
+        kwargs.setdefault("body_min_rate", 1000.0)
+        kwargs.setdefault("idle_timeout", 2.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_a_slow_steady_stream_is_written_whole(self) -> Any:
+        """
+        ``files.write`` of an iterable that gives 100 bytes every 0.2 s
+        for 4 s (half the minimum rate) writes the file whole.
+        """
+
+        def chunks() -> Any:
+            for i in range(20):
+                time.sleep(0.2)
+                yield b"%03d" % i + b"x" * 97
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.write("slow.txt", chunks()))
+
+        result = yield self.sdk(job)
+        self.assertNotIsInstance(result, Exception)
+        with open(os.path.join(self.base_dir, "slow.txt"), "rb") as f:
+            data = f.read()
+        self.assertEqual(data, b"".join(b"%03d" % i + b"x" * 97 for i in range(20)))
+
+    @inlineCallbacks
+    def test_a_stalled_stream_is_still_cut(self) -> Any:
+        """
+        A streamed upload whose source stops giving anything for longer
+        than the idle bound (made 2 s here) is cut, and nothing is written.
+        """
+
+        def chunks() -> Any:
+            yield b"first"
+            time.sleep(4)
+            yield b"never"
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.write("stalled.txt", chunks()))
+
+        result = yield self.sdk(job)
+        self.assertIsInstance(result, Exception)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "stalled.txt")))
+
+
 class ListCapTests(E2BCase):
     """``files.list`` never answers a cut listing as if it were whole."""
 
