@@ -119,15 +119,16 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     try:
         with guard.locate(path, "write", follow=True) as loc:
             st = loc.lstat()
-            resolved = loc.path
     except ApiError as e:
         if e.status != 404:
             raise
         st = None  # a missing parent: made below, with the parents
     if st is not None:
+        # Named as the caller named it, as every other refusal names it.
+        named = _path(message)
         if stat.S_ISDIR(st.st_mode):
-            raise file_exists(f"directory already exists: {resolved}")
-        raise bad_request(f"path already exists but it is not a directory: {resolved}")
+            raise file_exists(f"directory already exists: {named}")
+        raise bad_request(f"path already exists but it is not a directory: {named}")
     made = walk.make_dir(guard, path)
     return {
         "entry": {

@@ -599,7 +599,10 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
     created = terminal_routes.pty_create_session(call.server_request(body))
     table = _terminals(call)
     session = table.get(created["session_id"])
-    _state(call).remember(session.pid, attrs.evolve(config, owner=call.identity.root))
+    # The shell runs without the -i -l the SDK asks for: List shows what runs.
+    _state(call).remember(
+        session.pid, attrs.evolve(config, args=[], owner=call.identity.root)
+    )
     stream = Stream(call, _keepalive)
 
     if timeout is not None:

@@ -103,6 +103,18 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
     encoding = call.header("content-encoding")
     if encoding and encoding.lower() != "identity":
         raise unsupported(f"Content-Encoding {encoding!r} is not accepted")
+    metadata = sorted(
+        name.decode("latin-1")
+        for name in call.headers
+        if name.lower().startswith(b"x-metadata-")
+    )
+    if metadata:
+        # Refused as gzip is, not written without it: code that sets
+        # metadata means to read it back.
+        raise unsupported(
+            f"file metadata ({metadata[0][:100]}) is not kept on this port: "
+            "write the file without metadata="
+        )
     path = _query(call, "path")
     if kind == "application/octet-stream":
         if not path:

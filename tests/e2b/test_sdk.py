@@ -1151,3 +1151,62 @@ class StreamInputTests(E2BCase):
         self.assertIsInstance(error, NotFoundException)
         self.assertLess(took, 10, "refused before the stream's 15 s were sent")
         self.assertEqual(after, "next\n")
+
+
+class SmallAnswerTests(E2BCase):
+    """Small things an SDK user reads: names as given, what really runs, nothing dropped."""
+
+    @inlineCallbacks
+    def test_make_dir_onto_a_file_names_the_path_as_given(self) -> Any:
+        """``make_dir`` onto a file names it as the caller did, not absolute."""
+        os.makedirs(os.path.join(self.base_dir, "er"))
+        with open(os.path.join(self.base_dir, "er", "file"), "w"):
+            pass
+
+        def job() -> Any:
+            return caught(lambda: self.sandbox().files.make_dir("er/file"))
+
+        error = yield self.sdk(job)
+        self.assertIn(
+            "path already exists but it is not a directory: er/file", str(error)
+        )
+        self.assertNotIn(self.base_dir, str(error))
+
+    @inlineCallbacks
+    def test_write_with_metadata_is_refused_not_dropped(self) -> Any:
+        """
+        ``files.write(..., metadata=...)`` is refused as a gzip upload is
+        (metadata is not kept here), and nothing is written; without
+        metadata the same write works.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            refused = caught(lambda: sbx.files.write("m.txt", "x", metadata={"k": "v"}))
+            exists = os.path.exists(os.path.join(self.base_dir, "m.txt"))
+            sbx.files.write("m.txt", "y")
+            return refused, exists
+
+        refused, exists = yield self.sdk(job)
+        self.assertIsInstance(refused, Exception)
+        self.assertIn("file metadata", str(refused))
+        self.assertIn("is not kept on this port", str(refused))
+        self.assertFalse(exists)
+        with open(os.path.join(self.base_dir, "m.txt")) as f:
+            self.assertEqual(f.read(), "y")
+
+    @inlineCallbacks
+    def test_list_shows_a_terminal_as_it_runs(self) -> Any:
+        """``commands.list`` shows a terminal's shell without the ``-i -l`` it does not run with."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=30)
+            listed = {p.pid: p for p in sbx.commands.list()}
+            sbx.pty.kill(handle.pid)
+            return handle.pid, listed
+
+        pid, listed = yield self.sdk(job)
+        self.assertEqual(listed[pid].args, [])
