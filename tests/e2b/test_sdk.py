@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import struct
 import threading
 import time
@@ -1210,3 +1211,21 @@ class SmallAnswerTests(E2BCase):
 
         pid, listed = yield self.sdk(job)
         self.assertEqual(listed[pid].args, [])
+
+    @inlineCallbacks
+    def test_write_onto_a_named_pipe_is_refused(self) -> Any:
+        """
+        ``files.write`` onto a named pipe is refused as ``files.read`` of
+        it is, and the pipe is left a pipe (not replaced by a file).
+        """
+        os.makedirs(os.path.join(self.base_dir, "sp"))
+        fifo = os.path.join(self.base_dir, "sp", "fifo")
+        os.mkfifo(fifo)
+
+        def job() -> Any:
+            return caught(lambda: self.sandbox().files.write("sp/fifo", "x"))
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, Exception)
+        self.assertIn("Not a regular file: sp/fifo", str(error))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
