@@ -288,6 +288,43 @@ class GuardMixin:
                 path,
             )
 
+    def test_deep_parents_are_decided_once(self) -> None:
+        """
+        Making 300 missing parents for an allowed path decides the path a
+        few times, not once per directory (each decision walks the whole
+        path again: a deep write took time quadratic in its depth), and
+        a denied directory among them is still refused with nothing made.
+        """
+        g = PathGuard(make_rule(self.base, deny=["**/.git/**", "secret/**"]))
+        calls = []
+        real = guard_module.decide
+
+        def counting(*args: Any) -> Any:
+            calls.append(args[1])
+            return real(*args)
+
+        self.patch(guard_module, "decide", counting)
+        path = "deep/" + "d/" * 300 + "f"
+        g.locate(path, "write", follow=True, make_parents=True).close()
+        self.assertLess(len(calls), 10)
+        self.assertTrue(os.path.isdir(os.path.join(self.base, "deep/" + "d/" * 300)))
+        denied = self.refused(
+            "made/.git/x/f", "write", guard=g, follow=True, make_parents=True
+        )
+        self.assertEqual(denied.code, "path_denied")
+        self.assertFalse(os.path.exists(os.path.join(self.base, "made")))
+
+    def test_a_path_past_path_max_is_too_long(self) -> None:
+        """
+        A path longer than the kernel takes by name (PATH_MAX) is refused
+        at once as too long, as a too-long name is, and nothing is made.
+        """
+        path = "long/" + "d/" * 2100 + "f"
+        error = self.refused(path, "write", follow=True, make_parents=True)
+        self.assertEqual(error.code, "invalid_path")
+        self.assertIn("File name too long", error.message)
+        self.assertFalse(os.path.exists(os.path.join(self.base, "long")))
+
     def test_symlinks_deny(self) -> None:
         """With symlinks: deny, any link on the way is symlink_denied, even one staying inside."""
         g = PathGuard(make_rule(self.base, symlinks="deny"))

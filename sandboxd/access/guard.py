@@ -75,6 +75,19 @@ MAX_LINKS = 40
 #: The longest name one path component may have, in bytes (Linux's NAME_MAX).
 NAME_MAX = 255
 
+#: The longest path, with its NUL, the kernel takes by name (Linux's
+#: ``PATH_MAX``): a longer one can be neither made nor named again.
+PATH_MAX = 4096
+
+
+def _path_too_long(path: str) -> bool:
+    """Whether ``path`` (absolute) is longer than the kernel takes by name."""
+    try:
+        size = len(os.fsencode(path))
+    except UnicodeError:  # a lone surrogate: the kernel never sees it
+        size = len(path.encode("utf-8", "surrogatepass"))
+    return size >= PATH_MAX
+
 
 def name_too_long(path: str) -> bool:
     """Whether a component of ``path`` is longer than any file system takes."""
@@ -637,6 +650,8 @@ class PathGuard:
             raise refusal(first)
         owner = self.new_owner() if op == "write" else None
         target = first.target
+        if len(target) * 4 >= PATH_MAX and _path_too_long(target):
+            raise invalid_path(f"File name too long: {path[:200]}")
         link_targets: list[str] = []
         for _ in range(MAX_LINKS + 1):
             made = MadeDirs() if make_parents else None
@@ -823,7 +838,7 @@ class PathGuard:
                     # The first directory to create: every one still to make
                     # is decided before any is (a denied one is never made).
                     try:
-                        self._refuse_denied_dirs(here, parts[i + 1 :], original)
+                        self._refuse_denied_dirs(here, parts[i + 1 :], original, last)
                     except BaseException:
                         os.close(fd)
                         raise
@@ -874,7 +889,9 @@ class PathGuard:
             fd = nxt
         return fd
 
-    def _refuse_denied_dirs(self, first: str, rest: list[str], original: str) -> None:
+    def _refuse_denied_dirs(
+        self, first: str, rest: list[str], original: str, last: str | None = None
+    ) -> None:
         """
         Refuse the directories ``make_parents`` would create (``first``,
         then each of ``rest`` below it) if the policy denies writing one:
@@ -882,7 +899,17 @@ class PathGuard:
         with the code and rule the final path would get.  ``paths.allow``
         is left to the final path: an allow list of file globs
         (``**/*.py``) names no directory.
+
+        :param last: the name the directories are made for: when writing
+            it is allowed, so is every directory above it (an entry of
+            ``deny`` or ``read_only`` covers what is below what it names),
+            and none is decided on its own: deciding each of a deep chain
+            walked the whole path again for every level.
         """
+        if last is not None:
+            final = posixpath.join(first, *rest, last)
+            if decide(self.rule, final, "write").allowed:
+                return
         here = first
         for i in range(len(rest) + 1):
             if i:

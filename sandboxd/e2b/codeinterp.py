@@ -138,14 +138,15 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
                     "traceback": "",
                 }
             )
-        elif state in ("timeout", "lost"):
+        elif state == "lost":
+            name, value = _LOST.get(data.get("reason"), _LOST[None])
+            out.append({"type": "error", "name": name, "value": value, "traceback": ""})
+        elif state == "timeout":
             out.append(
                 {
                     "type": "error",
-                    "name": "TimeoutError"
-                    if state == "timeout"
-                    else "ContextRestarting",
-                    "value": f"the execution ended {state}"
+                    "name": "TimeoutError",
+                    "value": "the execution ended timeout"
                     + (f" ({data['reason']})" if data.get("reason") else ""),
                     "traceback": "",
                 }
@@ -153,6 +154,31 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
         out.append({"type": "end_of_execution"})
         return out
     return []
+
+
+#: The error of an execution that ended without finishing, by why: the
+#: name an E2B client reads and words a person can act on.
+_LOST: dict[str | None, tuple[str, str]] = {
+    "user": (
+        "ContextRestarting",
+        "the context was restarted while this code ran: it was stopped, and "
+        "the context's state is gone",
+    ),
+    "died": (
+        "ContextRestarting",
+        "the context's kernel died while this code ran (it ran out of memory, "
+        "or the code ended it): the context's state is gone",
+    ),
+    "closed": (
+        "ContextClosed",
+        "the context was removed, or the daemon stopped, while this code ran: "
+        "it did not finish",
+    ),
+    None: (
+        "ExecutionLost",
+        "the context's kernel stopped answering while this code ran: it did not finish",
+    ),
+}
 
 
 async def _target(call: Call, body: dict[str, Any]) -> Any:

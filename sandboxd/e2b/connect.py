@@ -56,6 +56,7 @@ class ConnectCode(enum.StrEnum):
     UNIMPLEMENTED = "unimplemented"
     INTERNAL = "internal"
     UNAVAILABLE = "unavailable"
+    DATA_LOSS = "data_loss"
     UNAUTHENTICATED = "unauthenticated"
 
 
@@ -74,8 +75,19 @@ HTTP_STATUS = {
     ConnectCode.UNIMPLEMENTED: 501,
     ConnectCode.INTERNAL: 500,
     ConnectCode.UNAVAILABLE: 503,
+    ConnectCode.DATA_LOSS: 500,
     ConnectCode.UNAUTHENTICATED: 401,
 }
+
+
+class DataLoss(ApiError):
+    """
+    An error that says what a client was owed is gone (events a watcher
+    was not polled for in time): Connect's ``data_loss``, which the E2B
+    SDKs raise as a plain ``SandboxException`` naming it, so it is neither
+    retried as a rate limit nor taken for a bad argument.
+    """
+
 
 #: SPEC §6 codes whose nearest Connect code is not their status's.
 _BY_CODE = {
@@ -120,6 +132,8 @@ def connect_code(error: ApiError) -> ConnectCode:
     it could not reach, "it may have been killed", and an agent would
     throw away a sandbox that only needed a moment.
     """
+    if isinstance(error, DataLoss):
+        return ConnectCode.DATA_LOSS
     if error.code is not None and error.code in _BY_CODE:
         return _BY_CODE[error.code]
     if error.status == 503 and error.type == "ResourceError":

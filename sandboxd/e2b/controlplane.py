@@ -30,7 +30,7 @@ from typing import Any
 
 from sandboxd.api.fields import F
 from sandboxd.e2b.door import REST, Call, Procedure
-from sandboxd.errors import not_found, unsupported
+from sandboxd.errors import bad_request, not_found, unsupported
 
 #: The id every answer gives the one sandbox.
 SANDBOX_ID = "sandboxd"
@@ -71,6 +71,71 @@ def sandbox(call: Call, _: Any) -> dict[str, Any]:
         answer["envdAccessToken"] = token
         answer["trafficAccessToken"] = token
     return answer
+
+
+#: The templates ``Sandbox.create()`` names when none is given (E2B's SDK,
+#: its code interpreter's), and this sandbox's own name: any other is an
+#: image this port cannot give.
+DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", SANDBOX_ID})
+
+
+def _unhonoured(message: dict[str, Any]) -> tuple[str, str] | None:
+    """
+    The ``Sandbox.create()`` option in ``message`` that asks for something
+    this sandbox is not and cannot become, as the SDK spells it, and why;
+    or None.  What changes nothing that code could rely on (``metadata``;
+    ``timeout``, since the machine is never ended; ``secure``) passes.
+    """
+    template = message.get("templateID")
+    if template is not None and template not in DEFAULT_TEMPLATES:
+        return (
+            f"template={template[:100]!r}",
+            "this port serves one sandbox, the machine sandboxd runs on, "
+            "whatever its template; leave template out",
+        )
+    if message.get("allow_internet_access") is False:
+        return (
+            "allow_internet_access=False",
+            "this port does not control the machine's network: commands here "
+            "could still reach the internet",
+        )
+    if message.get("network"):
+        return (
+            "network=...",
+            "this port does not control the machine's network: its rules "
+            "would not hold",
+        )
+    if message.get("envVars"):
+        return (
+            "envs=...",
+            "commands here get no sandbox-wide environment; pass envs= to "
+            "each commands.run(), pty.create() or run_code()",
+        )
+    resume = message.get("autoResume")
+    if message.get("autoPause") is True or (
+        isinstance(resume, dict) and resume.get("enabled")
+    ):
+        return "lifecycle=...", "this sandbox is never paused or resumed"
+    for name, option in (("mcp", "mcp"), ("volumeMounts", "volume_mounts")):
+        if message.get(name):
+            return f"{option}=...", "this port does not serve it"
+    if message.get("iam"):
+        return "iam=...", "this port does not serve it"
+    return None
+
+
+def create(call: Call, message: Any) -> dict[str, Any]:
+    """
+    ``POST /v2/sandboxes``: this sandbox (:func:`sandbox`), unless an
+    option asks for what it cannot honour (:func:`_unhonoured`): then 400
+    naming the option, never a sandbox that code would take for offline,
+    or for one with its environment, when it is neither.
+    """
+    found = _unhonoured(message if isinstance(message, dict) else {})
+    if found is not None:
+        option, why = found
+        raise bad_request(f"Sandbox.create({option}) cannot be honoured: {why}")
+    return sandbox(call, message)
 
 
 def kill(call: Call, _: Any) -> int:
@@ -130,9 +195,9 @@ def unserved_procedure(path: str) -> Procedure | None:
     return Procedure(path, REST, GOVERNED_AS, unserved, api_key=True)
 
 
-#: What ``Sandbox.create()`` sends (E2B's ``NewSandbox``): read for its
-#: shape only, as E2B's API checks it, since the one sandbox there is takes
-#: no template, timeout or settings.
+#: What ``Sandbox.create()`` sends (E2B's ``NewSandbox``): checked for its
+#: shape, as E2B's API checks it; what asks for another sandbox than the
+#: one there is is refused by :func:`create`.
 CREATE_FIELDS = (
     F("templateID"),
     F("timeout", "integer"),
@@ -159,7 +224,7 @@ PROCEDURES = {
         "POST /v2/sandboxes",
         REST,
         GOVERNED_AS,
-        sandbox,
+        create,
         api_key=True,
         fields=CREATE_FIELDS,
     ),

@@ -52,6 +52,7 @@ from sandboxd.policy.defaults import (
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.web import portdoor
+from sandboxd.web.delivery import Delivery, delivery, stalled
 from sandboxd.web.params import declared_types
 from sandboxd.web.portdoor import (
     CLIENT_STREAM,
@@ -211,6 +212,14 @@ class Stream:
         #: While the source waits for a client that reads nothing: the
         #: timer of the bound on that wait.
         self._unread: Any = None
+        #: A follower's lag (:meth:`register_follower`): whether its socket
+        #: is full, what was sent since (or last found waiting), the timer
+        #: of its next look, and what the client had taken at the last one.
+        self._lagging = False
+        self._behind = 0
+        self._lag_timer: Any = None
+        self._lag_seen: Delivery | None = None
+        self._lag_bounds: tuple[float, int, Callable[[str], ApiError]] | None = None
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
@@ -300,6 +309,77 @@ class Stream:
             self.request.patient = lambda: self._unread is not None
         self.request.registerProducer(self._producer, True)
 
+    def register_follower(
+        self,
+        patience: float,
+        behind: int,
+        dropped: Callable[[str], ApiError],
+    ) -> None:
+        """
+        Let a client that reads slowly fall behind a source it never
+        pauses (a follower of a program someone else started: pausing the
+        program would stop it for everyone), within two bounds: a client
+        that takes nothing at all for ``patience`` seconds, or that has
+        ``behind`` bytes waiting for it, is dropped, its stream ended with
+        ``dropped(why)``.  What the kernel says the client acknowledged
+        (:mod:`sandboxd.web.delivery`) tells a slow client from one that
+        takes nothing.
+        """
+        self._lag_bounds = (patience, behind, dropped)
+        self._producer = Pauser(self._lag_started, self._lag_over)
+        self.request.registerProducer(self._producer, True)
+
+    def _transport(self) -> Any:
+        channel = self.request.channel
+        return channel.transport if channel is not None else None
+
+    def _lag_started(self) -> None:
+        if self._lagging or self._lag_bounds is None:
+            return
+        self._lagging = True
+        self._behind = 0
+        self._lag_seen = delivery(self._transport())
+        self._lag_timer = self.clock.callLater(self._lag_bounds[0], self._lag_look)
+
+    def _lag_over(self) -> None:
+        self._lagging = False
+        self._behind = 0
+        timer, self._lag_timer = self._lag_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _lag_look(self) -> None:
+        """The follower's bound on taking nothing is over: took it any?"""
+        self._lag_timer = None
+        if self.ended or self._lag_bounds is None:
+            return
+        patience, _, dropped = self._lag_bounds
+        now = delivery(self._transport())
+        before = self._lag_seen
+        if before is not None and now is not None and not stalled(before, now):
+            self._lag_seen = now
+            self._lag_timer = self.clock.callLater(patience, self._lag_look)
+            return
+        self._lag_over()
+        self.end(dropped(f"took none of the output for {patience:g} seconds"))
+
+    def _lag_grew(self, size: int) -> None:
+        """``size`` more bytes wait for a lagging follower."""
+        assert self._lag_bounds is not None
+        _, behind, dropped = self._lag_bounds
+        self._behind += size
+        if self._behind <= behind:
+            return
+        # The count of bytes sent since the pause overstates a client that
+        # is taking some: ask what really waits for it.
+        now = delivery(self._transport())
+        waiting = now.waiting if now is not None else self._behind
+        if waiting <= behind:
+            self._behind = waiting
+            return
+        self._lag_over()
+        self.end(dropped(f"fell more than {behind} bytes behind the output"))
+
     def _waited(self, error: ApiError) -> None:
         """The client read nothing for the whole bound: the stream ends."""
         self._unread = None
@@ -312,6 +392,7 @@ class Stream:
 
     def _stop(self) -> None:
         self._stop_waiting()
+        self._lag_over()
         if self._producer is not None:
             producer, self._producer = self._producer, None
             if self.request.channel is not None:
@@ -326,7 +407,10 @@ class Stream:
 
     def send(self, message: dict[str, Any]) -> None:
         """One response message."""
-        self._write(connect.envelope(message))
+        data = connect.envelope(message)
+        self._write(data)
+        if self._lagging and not self.ended:
+            self._lag_grew(len(data))
         self._arm()
 
     def end(self, error: ApiError | None = None) -> None:
@@ -516,6 +600,14 @@ class Door(PortDoor):
             # Multipart framing adds a little to the file bytes.
             return int(limit or 100 * MIB) + MIB
         return E2B_MAX_MESSAGE_BYTES * 4 + 64 * 1024
+
+    def paced_by_its_source(self, method: bytes, path: bytes) -> bool:
+        """
+        A streamed upload (``files.write`` of an iterable) comes as its
+        client's source gives it: envd bounds a stalled one on each read,
+        not a slow one, and so does this door (``--idle-timeout``).
+        """
+        return method == b"POST" and path.rstrip(b"/") == b"/files"
 
     def find(self, request: Any) -> Procedure | None:
         """A Connect procedure by its path, a REST route by method and path."""

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.errors import file_not_found
+from sandboxd.errors import ApiError, file_not_found
 from sandboxd.files.walk import display_name
 
 FILE_TYPE_UNSPECIFIED = "FILE_TYPE_UNSPECIFIED"
@@ -110,10 +110,16 @@ def entry_json(
     return out
 
 
-def describe(guard: PathGuard, path: str, missing_ok: bool = False) -> dict[str, Any]:
+def describe(
+    guard: PathGuard, path: str, missing_ok: bool = False, done: bool = False
+) -> dict[str, Any]:
     """
     The ``EntryInfo`` of one guarded path (a link as a link, with its target).
 
+    :param done: the path is the outcome of a change already made (a
+        move's destination): a link whose target the guard refuses is
+        then described as a link whose target is not shown, since an
+        error would tell the caller nothing happened.
     :raises ApiError: the guard's refusals; 404 when it does not exist.
     """
     with guard.locate(path, "read", follow=False, missing_ok=False) as loc:
@@ -124,7 +130,11 @@ def describe(guard: PathGuard, path: str, missing_ok: bool = False) -> dict[str,
     target = target_path = None
     if stat.S_ISLNK(st.st_mode):
         # Described only when the link stays inside the boundary.
-        with guard.locate(path, "read", follow=True) as loc:
-            target = loc.lstat()
-            target_path = loc.path
+        try:
+            with guard.locate(path, "read", follow=True) as loc:
+                target = loc.lstat()
+                target_path = loc.path
+        except ApiError:
+            if not done:
+                raise
     return entry_json(resolved, st, target, target_path)

@@ -29,7 +29,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
-from sandboxd.e2b.connect import bool_field, string_field, uint_field
+from sandboxd.e2b.connect import DataLoss, bool_field, string_field, uint_field
 from sandboxd.e2b.door import SERVER_STREAM, UNARY, Call, Procedure, Stream
 from sandboxd.e2b.entries import FILE_TYPE_DIRECTORY, describe, entry_json
 from sandboxd.errors import (
@@ -39,13 +39,16 @@ from sandboxd.errors import (
     file_exists,
     internal,
     limit_exceeded,
+    limit_setting,
     not_found,
+    payload_too_large,
     timed_out,
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.watch import (
     ATTRIBUTES,
+    OVERFLOW,
     Watch,
     WatchService,
     seen_as,
@@ -116,15 +119,16 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     try:
         with guard.locate(path, "write", follow=True) as loc:
             st = loc.lstat()
-            resolved = loc.path
     except ApiError as e:
         if e.status != 404:
             raise
         st = None  # a missing parent: made below, with the parents
     if st is not None:
+        # Named as the caller named it, as every other refusal names it.
+        named = _path(message)
         if stat.S_ISDIR(st.st_mode):
-            raise file_exists(f"directory already exists: {resolved}")
-        raise bad_request(f"path already exists but it is not a directory: {resolved}")
+            raise file_exists(f"directory already exists: {named}")
+        raise bad_request(f"path already exists but it is not a directory: {named}")
     made = walk.make_dir(guard, path)
     return {
         "entry": {
@@ -140,13 +144,20 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     ``Move``: envd's ``os.Rename``, which replaces a file or an empty
     directory and refuses a directory that is not empty (never moves the
     source into a directory, as ``files_move`` does).
+
+    The answer describes what was moved, so what cannot be described (a
+    link whose target the path rules refuse) is refused before anything
+    moves: an error after the move would leave the caller believing
+    nothing happened.
     """
+    source = _file(call, message, "source")
     body = {
-        "source": _file(call, message, "source"),
+        "source": source,
         "destination": _file(call, message, "destination"),
         "overwrite": True,
         "user": call.user(),
     }
+    describe(_guard(call), source)
     moved: Deferred[dict[str, Any]] = file_routes.move(
         call.server_request(body=body), into=False
     )
@@ -154,7 +165,7 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     # the HTTP API: it would hold a worker thread for a move nobody hears of.
     call.on_close(moved.cancel)
     return moved.addCallback(
-        lambda done: {"entry": describe(_guard(call), done["destination"])}
+        lambda done: {"entry": describe(_guard(call), done["destination"], done=True)}
     )
 
 
@@ -176,6 +187,11 @@ def _listed(guard: PathGuard, full: str, st: Any) -> dict[str, Any]:
 
 
 def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str, Any]:
+    """
+    Every entry to ``depth``, or a refusal past ``max_entries``: envd's
+    answer has no room to say it was cut, so a cut listing would look
+    complete.
+    """
     entries: list[dict[str, Any]] = []
     with guard.open_dir(path) as (fd, root):
         for parent, name, st in walk.walk(fd, root, depth):
@@ -183,7 +199,12 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
             if not walk.visible(guard, full, st):
                 continue
             if len(entries) >= max_entries:
-                break
+                raise payload_too_large(
+                    max_entries,
+                    message=f"the listing has more than {max_entries} entries; "
+                    "list with a smaller depth or a directory further down",
+                    setting=limit_setting("files_list", "max_entries"),
+                )
             entries.append(_listed(guard, full, st))
     return {"entries": entries}
 
@@ -262,6 +283,37 @@ def _event_json(
     return out
 
 
+def _lost(message: str, limit: int, setting: str) -> DataLoss:
+    """
+    A watch's events that cannot be delivered (``message`` says which):
+    ``data_loss`` for an E2B client, 413 ``payload_too_large`` naming the
+    limit that was passed.
+    """
+    return DataLoss(
+        413,
+        message,
+        "ValueError",
+        Code.PAYLOAD_TOO_LARGE,
+        limit=limit,
+        setting=setting,
+    )
+
+
+#: The kernel's bound on changes queued for one inotify instance.
+_KERNEL_QUEUE = "fs.inotify.max_queued_events"
+
+
+def _overflowed(root: str) -> DataLoss:
+    """The kernel dropped changes under ``root`` (an ``overflow`` event)."""
+    return _lost(
+        "the kernel dropped changes under the watched directory: more came at "
+        f"once than it queues ({_KERNEL_QUEUE}); list the directory again to "
+        "catch up",
+        0,
+        _KERNEL_QUEUE,
+    )
+
+
 def _open_watch(call: Call, message: dict[str, Any]) -> Any:
     """A Deferred ``(root, Watch)`` for the message's directory."""
     guard = _guard(call)
@@ -302,6 +354,11 @@ def watch_dir(call: Call, message: dict[str, Any]) -> None:
                 return
             if event is None:
                 stream.end()
+                return
+            if event.event == OVERFLOW:
+                # Which changes were dropped nobody can tell: the stream
+                # ends saying so rather than go on with a hole in it.
+                stream.end(_overflowed(root))
                 return
             for item in _event_json(guard, root, event, include):
                 stream.send({"filesystem": item})
@@ -457,7 +514,25 @@ def get_watcher_events(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     watchers.touch(watcher)
     # The debounce holds the newest events back for a moment: take them now.
     watcher.watch._flush()
-    _, events = watcher.watch.log.since(watcher.seq)
+    log = watcher.watch.log
+    gap, events = log.since(watcher.seq)
+    overflowed = any(event.event == OVERFLOW for event in events)
+    if gap is not None or overflowed:
+        # Never a poll that looks complete with events missing: the poll
+        # fails saying so, and the watcher moves on to what comes next.
+        watcher.seq = log.last_seq
+        if overflowed or gap is None:
+            raise _overflowed(watcher.root)
+        retention = log.max_bytes
+        setting = "endpoints.files_watch.limits.max_output_bytes"
+        raise _lost(
+            f"{gap[1] - gap[0] + 1} events since the last poll were not kept (a "
+            f"watch keeps the newest {retention} bytes of events: {setting}); "
+            "list the directory again to catch up, and poll more often: the "
+            "next poll reports the changes from now on",
+            retention,
+            setting,
+        )
     out: list[dict[str, Any]] = []
     for event in events:
         watcher.seq = event.seq

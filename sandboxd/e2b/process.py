@@ -31,6 +31,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from sandboxd import processes
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.e2b.connect import (
     b64,
     bad_field,
@@ -62,8 +63,13 @@ from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import (
     E2B_CONFIGS_BYTES,
     E2B_CONFIGS_KEPT,
+    E2B_FOLLOWER_BEHIND_BYTES,
     E2B_INPUT_PENDING_BYTES,
+    E2B_INPUT_RECHECK_SECONDS,
+    E2B_SEND_INPUT_WAIT_SECONDS,
+    E2B_STALLED_FOLLOWER_SECONDS,
     E2B_UNREAD_OUTPUT_SECONDS,
+    STDIN_PENDING_BYTES,
 )
 from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
@@ -114,9 +120,16 @@ class Config:
         ``process_list`` shows (the command) unless ``viewer`` acts for the
         identity that started it (that identity, or a link of its minter's);
         then also its ``cwd`` and ``envs``, without the names ``GET /env``
-        hides (``hidden``, and names holding TOKEN, SECRET, KEY…).
+        hides (``hidden``, and names holding TOKEN, SECRET, KEY…).  The
+        command and its arguments are shown with the secrets in their URLs
+        masked, as the audit masks them (the SDK's git helpers put
+        ``https://user:token@`` there).
         """
-        out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": {}}
+        out: dict[str, Any] = {
+            "cmd": redact_url_secrets(self.cmd),
+            "args": [redact_url_secrets(arg) for arg in self.args],
+            "envs": {},
+        }
         if self.owner is None or not viewer.acts_for(self.owner):
             return out
         out["envs"] = {
@@ -138,6 +151,9 @@ class ProcessDoor:
     config_bytes: int = 0
     #: Terminal id -> the timer of its deadline.
     deadlines: dict[str, Any] = attrs.Factory(dict)
+    #: Pid -> the ``SendInput`` calls waiting for room on its stdin, in
+    #: the order they came (each is written in that order).
+    stdin_waits: dict[int, list[object]] = attrs.Factory(dict)
 
     def deadline(self, clock: Any, seconds: float, session_id: str, end: Any) -> None:
         """End terminal ``session_id`` after ``seconds`` (its Connect-Timeout-Ms)."""
@@ -320,11 +336,47 @@ def unread_too_long(seconds: float) -> ApiError:
     )
 
 
+def follower_dropped(why: str) -> ApiError:
+    """
+    A ``Connect`` stream whose client fell behind (``why``): it ends
+    (``deadline_exceeded``, a ``TimeoutException`` in the SDK); the
+    program, which never waited for it, runs on.
+    """
+    return timed_out(
+        f"this client {why}; it is dropped so the process does not wait for it: "
+        "the stream ends here, the process still runs (connect again to follow it)",
+        idle=True,
+    )
+
+
+def _wait_for(stream: Stream, pause: Any, resume: Any, follower: bool) -> None:
+    """
+    How a stream's slow client is met: the stream that started the
+    program pauses it (it blocks in ``write``, as under envd) within
+    :data:`E2B_UNREAD_OUTPUT_SECONDS`; a follower never does (one client
+    that stops reading would stop the program for its owner, every other
+    follower and the HTTP API): it is dropped past its own bounds.
+    """
+    if follower:
+        stream.register_follower(
+            E2B_STALLED_FOLLOWER_SECONDS, E2B_FOLLOWER_BEHIND_BYTES, follower_dropped
+        )
+    else:
+        stream.register_producer(
+            pause, resume, E2B_UNREAD_OUTPUT_SECONDS, unread_too_long
+        )
+
+
 # -- following a process's output -----------------------------------------------
 
 
-def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
-    """Stream a process's output events, then its end."""
+def _follow(
+    call: Call, stream: Stream, managed: Managed, replay: bool, follower: bool
+) -> None:
+    """
+    Stream a process's output events, then its end (``follower``: a
+    ``Connect``, which never pauses the process).
+    """
     child = managed.child
 
     def deliver(event: Event | None) -> None:
@@ -354,13 +406,7 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
     if stream.ended:
         return
     stream.on_end(managed.log.subscribe(deliver))
-    # The child waits for a slow client (it blocks in write), as under envd.
-    stream.register_producer(
-        child.pause_reading,
-        child.resume_reading,
-        E2B_UNREAD_OUTPUT_SECONDS,
-        unread_too_long,
-    )
+    _wait_for(stream, child.pause_reading, child.resume_reading, follower)
     if managed.log.closed and not stream.ended:
         stream.send(end_event(child.exit_code))
         stream.end()
@@ -411,7 +457,9 @@ class _PtyClient:
         self.stream.end(unread_too_long(E2B_UNREAD_OUTPUT_SECONDS))
 
 
-def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
+def _attach(
+    call: Call, stream: Stream, session: PtySession, replay: bool, follower: bool
+) -> None:
     client = _PtyClient(stream, session)
     client.on_ended = lambda: _state(call).forget_deadline(session.id)
     attached = session.attach(client, None if replay else session.emitted)
@@ -423,13 +471,14 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
         )
         return
     stream.on_end(lambda: session.detach(client))
-    # The shell waits for a slow client, as under envd, not the 10 s a
-    # WebSocket viewer gets: an SDK client may read its handle much later.
-    stream.register_producer(
+    # The shell waits for its creator's slow client, as under envd, not the
+    # 10 s a WebSocket viewer gets: an SDK client may read its handle much
+    # later.  A follower never pauses it.
+    _wait_for(
+        stream,
         lambda: session.pause(client, E2B_UNREAD_OUTPUT_SECONDS),
         lambda: session.resume(client),
-        E2B_UNREAD_OUTPUT_SECONDS,
-        unread_too_long,
+        follower,
     )
 
 
@@ -503,7 +552,7 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         )
         stream = Stream(call, _keepalive)
         stream.send({"event": {"start": {"pid": managed.pid}}})
-        _follow(call, stream, managed, replay=True)
+        _follow(call, stream, managed, replay=True, follower=False)
 
     def not_spawned(failure: Any) -> None:
         error = failure.value
@@ -550,7 +599,10 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
     created = terminal_routes.pty_create_session(call.server_request(body))
     table = _terminals(call)
     session = table.get(created["session_id"])
-    _state(call).remember(session.pid, attrs.evolve(config, owner=call.identity.root))
+    # The shell runs without the -i -l the SDK asks for: List shows what runs.
+    _state(call).remember(
+        session.pid, attrs.evolve(config, args=[], owner=call.identity.root)
+    )
     stream = Stream(call, _keepalive)
 
     if timeout is not None:
@@ -559,7 +611,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
         stream.deadline(timeout, lambda: stream.end(_deadline_error(timeout)))
         _state(call).deadline(call.context.reactor, timeout, session.id, table.close)
     stream.send({"event": {"start": {"pid": session.pid}}})
-    _attach(call, stream, session, replay=True)
+    _attach(call, stream, session, replay=True, follower=False)
 
 
 def connect_(call: Call, message: dict[str, Any]) -> None:
@@ -572,9 +624,9 @@ def connect_(call: Call, message: dict[str, Any]) -> None:
     stream.deadline(timeout, lambda: stream.end(_watch_deadline_error(timeout)))
     stream.send({"event": {"start": {"pid": target.pid}}})
     if isinstance(target, PtySession):
-        _attach(call, stream, target, replay=False)
+        _attach(call, stream, target, replay=False, follower=True)
     else:
-        _follow(call, stream, target, replay=False)
+        _follow(call, stream, target, replay=False, follower=True)
 
 
 def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
@@ -620,13 +672,105 @@ def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
     return len(data)
 
 
-def send_input(call: Call, message: dict[str, Any]) -> dict[str, Any]:
-    """``SendInput``: stdin bytes, or keystrokes for a terminal."""
+def send_input(call: Call, message: dict[str, Any]) -> Any:
+    """
+    ``SendInput``: stdin bytes, or keystrokes for a terminal.  Bytes that
+    do not fit beside what already waits for the process to read
+    (``STDIN_PENDING_BYTES``) wait for it, as envd's blocking write does,
+    rather than being refused: a loop of ``send_stdin`` calls feeding a
+    file to a program just works.
+    """
     target = _find(call, message)
     if target is None:
         raise _missing(message)
+    chosen = oneof(field(message, "input"), ("stdin", "pty"))
+    data = b""
+    if chosen is not None and chosen[0] == "stdin":
+        data = bytes_field(field(message, "input"), "stdin") or b""
+    if (
+        isinstance(target, Managed)
+        and data
+        and target.child.stdin_open
+        and (
+            target.pid in _state(call).stdin_waits
+            or target.child.stdin_pending() + len(data) > STDIN_PENDING_BYTES
+        )
+    ):
+        return _wait_for_room(call, target, data)
     _write_input(call, target, message)
     return {}
+
+
+def _wait_for_room(call: Call, managed: Managed, data: bytes) -> Deferred[Any]:
+    """
+    Write ``data`` to ``managed``'s stdin once it fits (after the calls
+    that waited before it), within the call's ``Connect-Timeout-Ms`` (else
+    :data:`E2B_SEND_INPUT_WAIT_SECONDS`); past it, or once the process
+    ends, nothing of it is written and the call fails saying so.
+    """
+    waits = _state(call).stdin_waits
+    queue = waits.setdefault(managed.pid, [])
+    me = object()
+    queue.append(me)
+    clock = call.context.reactor
+    seconds = call.timeout_seconds() or E2B_SEND_INPUT_WAIT_SECONDS
+    give_up = clock.seconds() + seconds
+    done: Deferred[Any] = Deferred()
+    timer: list[Any] = [None]
+
+    def leave() -> None:
+        if me in queue:
+            queue.remove(me)
+        if not queue and waits.get(managed.pid) is queue:
+            del waits[managed.pid]
+        if timer[0] is not None and timer[0].active():
+            timer[0].cancel()
+        timer[0] = None
+
+    def look() -> None:
+        timer[0] = None
+        if done.called:
+            return
+        child = managed.child
+        if not managed.running:
+            leave()
+            done.errback(
+                not_found(
+                    f"process with pid {managed.pid} has ended; "
+                    "none of this input was written"
+                )
+            )
+            return
+        fits = child.stdin_pending() + len(data) <= STDIN_PENDING_BYTES
+        if queue and queue[0] is me and (fits or not child.stdin_open):
+            leave()
+            try:
+                process_routes.feed_stdin(managed, data)
+            except ApiError as e:
+                done.errback(e)
+                return
+            done.callback({})
+            return
+        if clock.seconds() >= give_up:
+            leave()
+            done.errback(
+                timed_out(
+                    f"process {managed.pid} did not read its stdin for "
+                    f"{seconds:g} seconds; none of this input was written",
+                    limit="Connect-Timeout-Ms",
+                )
+            )
+            return
+        timer[0] = clock.callLater(E2B_INPUT_RECHECK_SECONDS, look)
+
+    def gone() -> None:
+        leave()
+        if not done.called:
+            done.cancel()
+
+    call.on_close(gone)
+    look()
+    return done
 
 
 class _InputFeed:

@@ -16,13 +16,20 @@ HTTP status, the message carrying sandboxd's §6 code and rule.
 from __future__ import annotations
 
 import posixpath
+import stat
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.e2b.door import REST, Call, Procedure
-from sandboxd.errors import Code, bad_request, payload_too_large, unsupported
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    payload_too_large,
+    unsupported,
+)
 from sandboxd.files.atomic import Undo
 from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
@@ -90,6 +97,23 @@ def split_multipart(boundary: bytes, body: Any) -> list[tuple[str | None, memory
 _body_buffer = multipart.body_buffer
 
 
+def _refuse_special(guard: PathGuard, target: str) -> None:
+    """
+    Refuse to write over a named pipe or a socket, as ``files.read``
+    refuses to read one: the write replaces the file whole, and a program
+    reading the pipe would be left with nothing.
+
+    :raises ApiError: 400 ``invalid_param``.
+    """
+    try:
+        with guard.locate(target, "write", follow=True) as loc:
+            st = loc.lstat()
+    except ApiError:
+        return  # the write itself answers what is wrong with the path
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        raise bad_request(f"Not a regular file: {target}")
+
+
 def upload(call: Call, _: Any) -> Deferred[Any]:
     """
     ``POST /files?path=``: write one file (octet-stream, or multipart with
@@ -103,6 +127,18 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
     encoding = call.header("content-encoding")
     if encoding and encoding.lower() != "identity":
         raise unsupported(f"Content-Encoding {encoding!r} is not accepted")
+    metadata = sorted(
+        name.decode("latin-1")
+        for name in call.headers
+        if name.lower().startswith(b"x-metadata-")
+    )
+    if metadata:
+        # Refused as gzip is, not written without it: code that sets
+        # metadata means to read it back.
+        raise unsupported(
+            f"file metadata ({metadata[0][:100]}) is not kept on this port: "
+            "write the file without metadata="
+        )
     path = _query(call, "path")
     if kind == "application/octet-stream":
         if not path:
@@ -157,6 +193,7 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
         for target, data in files:
             # Every refusal before the first write: a refused upload writes nothing.
             guard.check(target, "write")
+            _refuse_special(guard, target)
             file_routes.check_extension(request, target)
             if len(data) > cap:
                 raise payload_too_large(cap, f"{target}: the file", rule=rule)

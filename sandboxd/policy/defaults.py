@@ -989,12 +989,23 @@ E2B_MAX_WATCHERS = 64
 E2B_CONFIGS_KEPT = 512
 E2B_CONFIGS_BYTES = 16 * MIB
 
-#: E2B door: how long a command's or a terminal's stream may wait for a
-#: client that reads none of its output.  Meanwhile the program is paused
-#: (it blocks in ``write``, as under envd) and the connection is kept;
-#: past it the stream ends with ``deadline_exceeded`` (the program runs
-#: on).  Generous: a script may start a job and read it minutes later.
+#: E2B door: how long the stream that started a command or a terminal may
+#: wait for a client that reads none of its output.  Meanwhile the program
+#: is paused (it blocks in ``write``, as under envd) and the connection is
+#: kept; past it the stream ends with ``deadline_exceeded`` (the program
+#: runs on).  Generous: a script may start a job and read it minutes later.
 E2B_UNREAD_OUTPUT_SECONDS = 1800.0
+
+#: E2B door: a ``Connect`` stream (a follower, not the stream that started
+#: the program) never pauses the program: one client that stops reading
+#: must not stop the program for its owner and every other follower.  A
+#: follower that takes none of its output for this long is dropped (its
+#: stream ends with ``deadline_exceeded``), as envd drops a subscriber
+#: whose send is stuck for 15 s; one that falls this many bytes behind
+#: the output is dropped too, so a slow follower of a fast program holds
+#: no more of the daemon's memory than that.
+E2B_STALLED_FOLLOWER_SECONDS = 15.0
+E2B_FOLLOWER_BEHIND_BYTES = 16 * MIB
 
 #: E2B door: input a ``StreamInput`` has queued to a process's stdin past
 #: which its client's stream is read no further until the process takes
@@ -1002,6 +1013,12 @@ E2B_UNREAD_OUTPUT_SECONDS = 1800.0
 #: and how often that is looked at meanwhile.
 E2B_INPUT_PENDING_BYTES = 1 * MIB
 E2B_INPUT_RECHECK_SECONDS = 0.02
+
+#: E2B door: how long a ``SendInput`` whose bytes do not fit beside what
+#: waits on the process's stdin (``STDIN_PENDING_BYTES``) waits for the
+#: process to read, as envd's blocking write does, when the call names no
+#: ``Connect-Timeout-Ms`` of its own (the SDK's default request timeout).
+E2B_SEND_INPUT_WAIT_SECONDS = 60.0
 
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0

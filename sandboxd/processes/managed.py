@@ -10,6 +10,7 @@ import codecs
 import time
 from typing import Any
 
+from sandboxd.access.audit import redact_url_secrets
 from sandboxd.eventlog import EventLog
 from sandboxd.policy.defaults import EVENT_OVERHEAD_BYTES
 from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
@@ -122,10 +123,15 @@ class Managed:
         return max(0, self.output_bytes - kept)
 
     def describe(self) -> dict[str, Any]:
-        """The fields of process_list / process_detail."""
+        """
+        The fields of process_list / process_detail: the command with the
+        secrets a client put in its URLs masked, as the audit masks them
+        (E2B's git helpers put ``https://user:token@`` on the command
+        line), since every identity that may list processes sees it.
+        """
         return {
             "pid": self.pid,
-            "command": self.command,
+            "command": redact_url_secrets(self.command),
             "tag": self.tag,
             "state": "running" if self.running else "exited",
             "started_at": self.child.started_at,

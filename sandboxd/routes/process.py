@@ -803,7 +803,8 @@ def feed_stdin(managed: processes.Managed, data: bytes) -> None:
     child = managed.child
     if not child.stdin_open:
         raise conflict(
-            f'process {managed.pid} has no open stdin (start it with "stdin": true)',
+            f"process {managed.pid} has no open stdin: it was closed (by a "
+            'client, or by the process), or it was started without one ("stdin": true)',
             Code.STDIN_CLOSED,
             "ConflictError",
         )

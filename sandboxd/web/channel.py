@@ -264,9 +264,16 @@ class SandboxChannel(HTTPChannel):
             self.allContentReceived()
         else:
             table = self._site_table
-            if table and not self._lingering and getattr(request, "live", None) is None:
+            if (
+                table
+                and not self._lingering
+                and getattr(request, "live", None) is None
+                and not getattr(request, "paced_by_its_source", False)
+            ):
                 # A live body (a client stream, served as it comes) is
-                # no upload: its client sends when it has something.
+                # no upload: its client sends when it has something; nor
+                # is a stream a door paces by its source (the idle bound
+                # holds each of their reads).
                 table.body_started(self)
             self.setRawMode()
 

@@ -142,6 +142,9 @@ class DoorRequest(Request):
     patient: Callable[[], bool] | None = None
     #: A body served as it arrives (see :class:`LiveBody`), or None.
     live: LiveBody | None = None
+    #: A streamed body held to the idle bound on each read, not to the
+    #: body's minimum rate (:meth:`PortDoor.paced_by_its_source`).
+    paced_by_its_source = False
     _received = 0
     _cap = 0
 
@@ -184,6 +187,10 @@ class DoorRequest(Request):
         if error is not None:
             self.answered_early = True
             door.refuse_early(self, error)
+        elif length is None:
+            self.paced_by_its_source = door.paced_by_its_source(
+                command, path.split(b"?", 1)[0]
+            )
 
     def process(self) -> None:
         """
@@ -670,6 +677,16 @@ class PortDoor:
         """
         Whether a request to ``path`` is served from its head, its body
         handed over as it arrives (:class:`LiveBody`); none by default.
+        """
+        return False
+
+    def paced_by_its_source(self, method: bytes, path: bytes) -> bool:
+        """
+        Whether a streamed body (chunked, admitted at its head) sent to
+        ``path`` comes as fast as its client's own source gives it (a log
+        being tailed, a slow network source), so that it is held to the
+        idle bound on each read rather than to ``--body-min-rate``'s
+        average, as the door's reference daemon holds it; none by default.
         """
         return False
 

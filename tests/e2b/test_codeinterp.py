@@ -18,8 +18,10 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, inlineCallbacks
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.e2b.codeinterp import lines_of
+from sandboxd.eventlog import Event
 from tests.e2b.sdk import E2BCase, caught
 from tests.kernels.test_contexts import (
     KERNEL_CALL_SECONDS,
@@ -671,3 +673,38 @@ class PolicyTimeoutTests(InterpreterCase):
         self.assertEqual(out.error.name, "TimeoutError")
         self.assertIn("KeyboardInterrupt", out.error.value)
         self.assertIn("stuck_here", out.error.traceback)
+
+
+class LostExecutionTests(SynchronousTestCase):
+    """What an execution that ended without finishing says to an E2B client."""
+
+    def error_of(self, reason: str | None) -> dict[str, Any]:
+        data: dict[str, Any] = {"state": "lost"}
+        if reason is not None:
+            data["reason"] = reason
+        lines = lines_of(Event(1, "execution.ended", data, 0))
+        self.assertEqual(lines[-1], {"type": "end_of_execution"})
+        (error,) = [line for line in lines if line["type"] == "error"]
+        return error
+
+    def test_removed_context_is_not_a_restart(self) -> None:
+        """
+        A context removed (or a daemon stopped) under a running execution
+        says so by name, not ``ContextRestarting``, and in words, not the
+        internal ``lost (closed)``.
+        """
+        error = self.error_of("closed")
+        self.assertEqual(error["name"], "ContextClosed")
+        self.assertIn("the context was removed, or the daemon stopped", error["value"])
+
+    def test_restart_and_death_say_what_happened(self) -> None:
+        """A restart and a kernel's death are ``ContextRestarting`` saying which."""
+        restarted, died = self.error_of("user"), self.error_of("died")
+        self.assertEqual(restarted["name"], "ContextRestarting")
+        self.assertIn(
+            "the context was restarted while this code ran", restarted["value"]
+        )
+        self.assertEqual(died["name"], "ContextRestarting")
+        self.assertIn("kernel died", died["value"])
+        for error in (restarted, died, self.error_of(None)):
+            self.assertNotIn("ended lost", error["value"])

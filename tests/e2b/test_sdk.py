@@ -5,8 +5,13 @@ unchanged E2B code sees.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import socket
+import stat
+import struct
 import threading
 import time
 from typing import Any
@@ -116,6 +121,29 @@ class CommandTests(E2BCase):
 
         result = yield self.sdk(job)
         self.assertEqual((result.stdout, result.exit_code), ("abc\n", 0))
+
+    @inlineCallbacks
+    def test_send_stdin_waits_for_a_process_not_reading_yet(self) -> Any:
+        """
+        Eight 1 MiB ``send_stdin`` calls to a process that reads only after
+        3 s (more than the 4 MiB that may wait on its stdin) each wait
+        for room, as envd's blocking write does, and every byte arrives
+        in order; none is refused as a rate limit.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 3; sha256sum", background=True, stdin=True, timeout=60
+            )
+            chunks = [bytes([65 + i]) * (1 << 20) for i in range(8)]
+            for chunk in chunks:
+                sbx.commands.send_stdin(handle.pid, chunk)
+            sbx.commands.close_stdin(handle.pid)
+            return handle.wait().stdout, hashlib.sha256(b"".join(chunks)).hexdigest()
+
+        out, want = yield self.sdk(job)
+        self.assertEqual(out.split()[0], want)
 
     @inlineCallbacks
     def test_stdin_over_the_message_cap_is_invalid_argument(self) -> Any:
@@ -364,6 +392,37 @@ class FileTests(E2BCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x/y")))
 
     @inlineCallbacks
+    def test_a_refused_rename_moves_nothing(self) -> Any:
+        """
+        Renaming a link that leads out of the base dir is refused before
+        anything moves: the link is still under its old name and no new
+        name appeared.  A link whose new place leads it out answers the
+        rename (it was done) describing the link without its target.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        links = os.path.join(self.base_dir, "rl")
+        os.makedirs(links)
+        os.symlink(outside, os.path.join(links, "out"))
+        os.symlink("..", os.path.join(links, "up"))
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            refused = caught(lambda: sbx.files.rename("rl/out", "rl/out2"))
+            moved = sbx.files.rename("rl/up", "up")
+            return refused, moved
+
+        refused, moved = yield self.sdk(job)
+        from e2b import SandboxException
+
+        self.assertIsInstance(refused, SandboxException)
+        self.assertIn("path_not_allowed", str(refused))
+        self.assertEqual(sorted(os.listdir(links)), ["out"])
+        self.assertEqual(os.readlink(os.path.join(links, "out")), outside)
+        self.assertEqual(moved.path, os.path.join(self.base_dir, "up"))
+        self.assertTrue(os.path.islink(os.path.join(self.base_dir, "up")))
+
+    @inlineCallbacks
     def test_a_mounted_file_is_written_and_kept(self) -> Any:
         """
         A bind-mounted file (a container's /etc/hosts) takes a write in
@@ -477,6 +536,137 @@ class FileTests(E2BCase):
                 ("p/q/b.txt", "remove"),
             ],
         )
+
+
+class WatchPollLossTests(E2BCase):
+    """The sync SDK's polled ``watch_dir`` never loses events without a word."""
+
+    extra_policy = {
+        "endpoints": {"files_watch": {"limits": {"max_output_bytes": 4096}}}
+    }
+
+    @inlineCallbacks
+    def test_a_poll_after_events_were_dropped_says_so(self) -> Any:
+        """
+        When more events came between two ``get_new_events()`` than a
+        watch keeps (4 KiB here), the poll raises an error saying events
+        were lost and what to do, never a short list that looks whole;
+        the next poll reports what happened after it.
+        """
+        os.makedirs(os.path.join(self.base_dir, "wl"))
+
+        def job() -> Any:
+            from e2b import SandboxException
+
+            sbx = self.sandbox()
+            handle = sbx.files.watch_dir("wl")
+            for i in range(200):
+                with open(os.path.join(self.base_dir, "wl", f"f{i:03d}.txt"), "w"):
+                    pass
+            time.sleep(0.5)
+            error = caught(handle.get_new_events)
+            with open(os.path.join(self.base_dir, "wl", "after.txt"), "w"):
+                pass
+            events: list[Any] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not events:
+                events += handle.get_new_events()
+                time.sleep(0.1)
+            handle.stop()
+            return error, SandboxException, [e.name for e in events]
+
+        error, base, names = yield self.sdk(job)
+        self.assertIsInstance(error, base)
+        self.assertIn("DATA_LOSS", str(error))
+        self.assertIn("events since the last poll were not kept", str(error))
+        self.assertIn("list the directory again", str(error))
+        self.assertIn("after.txt", names)
+
+
+class SlowUploadTests(E2BCase):
+    """
+    A streamed upload is held to the idle bound on each read, not to the
+    port's minimum body rate: a slow but steady source is not cut (made
+    1 s of grace and 1000 bytes a second here).
+    """
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("head_deadline", 1.0)
+        kwargs.setdefault("body_min_rate", 1000.0)
+        kwargs.setdefault("idle_timeout", 2.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_a_slow_steady_stream_is_written_whole(self) -> Any:
+        """
+        ``files.write`` of an iterable that gives 100 bytes every 0.2 s
+        for 4 s (half the minimum rate) writes the file whole.
+        """
+
+        def chunks() -> Any:
+            for i in range(20):
+                time.sleep(0.2)
+                yield b"%03d" % i + b"x" * 97
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.write("slow.txt", chunks()))
+
+        result = yield self.sdk(job)
+        self.assertNotIsInstance(result, Exception)
+        with open(os.path.join(self.base_dir, "slow.txt"), "rb") as f:
+            data = f.read()
+        self.assertEqual(data, b"".join(b"%03d" % i + b"x" * 97 for i in range(20)))
+
+    @inlineCallbacks
+    def test_a_stalled_stream_is_still_cut(self) -> Any:
+        """
+        A streamed upload whose source stops giving anything for longer
+        than the idle bound (made 2 s here) is cut, and nothing is written.
+        """
+
+        def chunks() -> Any:
+            yield b"first"
+            time.sleep(4)
+            yield b"never"
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.write("stalled.txt", chunks()))
+
+        result = yield self.sdk(job)
+        self.assertIsInstance(result, Exception)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "stalled.txt")))
+
+
+class ListCapTests(E2BCase):
+    """``files.list`` never answers a cut listing as if it were whole."""
+
+    extra_policy = {"endpoints": {"files_list": {"limits": {"max_entries": 5}}}}
+
+    @inlineCallbacks
+    def test_a_listing_over_the_cap_is_refused(self) -> Any:
+        """
+        A listing of more entries than ``max_entries`` (5 here) raises an
+        error naming the limit and what to do; one within it is whole.
+        """
+        for d, count in (("big", 6), ("small", 5)):
+            os.makedirs(os.path.join(self.base_dir, d))
+            for i in range(count):
+                with open(os.path.join(self.base_dir, d, f"f{i}"), "w"):
+                    pass
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return caught(lambda: sbx.files.list("big")), sbx.files.list("small")
+
+        error, small = yield self.sdk(job)
+        from e2b import InvalidArgumentException
+
+        self.assertIsInstance(error, InvalidArgumentException)
+        self.assertIn("the listing has more than 5 entries", str(error))
+        self.assertIn("endpoints.files_list.limits.max_entries", str(error))
+        self.assertEqual(sorted(e.name for e in small), [f"f{i}" for i in range(5)])
 
 
 class PtyTests(E2BCase):
@@ -729,6 +919,137 @@ class UnreadOutputTests(E2BCase):
         self.assertIn(want + b"ENDMARK", data)
 
 
+def stalled_connect(port: int, pid: int) -> socket.socket:
+    """
+    A raw ``Connect`` on ``pid`` whose client reads nothing (a hung
+    dashboard, a suspended laptop): its socket's receive buffer is small,
+    so the daemon's sends to it fill up at once.
+    """
+    body = json.dumps({"process": {"pid": pid}}).encode()
+    message = struct.pack(">BI", 0, len(body)) + body
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /process.Process/Connect HTTP/1.1\r\n"
+        b"Host: 127.0.0.1\r\n"
+        b"Content-Type: application/connect+json\r\n"
+        b"Connect-Protocol-Version: 1\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(message) + message
+    )
+    return sock
+
+
+def read_to_end(sock: socket.socket, seconds: float = 30.0) -> bytes:
+    """Everything the daemon sends ``sock`` until it stops for a second."""
+    sock.settimeout(1.0)
+    chunks = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    sock.close()
+    return b"".join(chunks)
+
+
+class StalledFollowerTests(E2BCase):
+    """
+    A ``Connect`` whose client stops reading never stops the program: its
+    owner's stream (and the program's own progress) goes on, and the
+    follower is dropped with an error saying why.
+    """
+
+    @inlineCallbacks
+    def test_a_stalled_follower_does_not_stop_the_command(self) -> Any:
+        """
+        While a second client's ``Connect`` on a background command reads
+        nothing, the owner's ``wait()`` gets all 20 MB of its output and
+        its exit code; the stalled follower's stream ends with a timeout
+        saying it was dropped and the process runs on.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "sleep 1; seq 1 3000000; echo END", background=True, timeout=60
+            )
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            result = handle.wait()
+            return result, read_to_end(follower)
+
+        result, seen = yield self.sdk(job)
+        lines = result.stdout.split("\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertEqual(lines[-3:], ["3000000", "END", ""])
+        self.assertEqual(len(lines), 3000002)
+        self.assertIn(b"it is dropped so the process does not wait for it", seen)
+        self.assertIn(b"deadline_exceeded", seen)
+
+    @inlineCallbacks
+    def test_a_follower_taking_nothing_is_dropped_after_the_bound(self) -> Any:
+        """
+        A follower that takes none of what waits for it for the bound
+        (made 1 s here; 15 s by default, as envd's) is dropped although it
+        is far from the byte bound: its stream ends with a timeout saying
+        how long it took nothing; the command runs on.
+        """
+        from sandboxd.e2b import process as process_module
+
+        self.patch(process_module, "E2B_STALLED_FOLLOWER_SECONDS", 1.0)
+        marker = os.path.join(self.base_dir, "pid")
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                f"echo $$ > {marker}; sleep 1; seq 1 300000; sleep 30",
+                background=True,
+                timeout=60,
+            )
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            time.sleep(5)
+            return read_to_end(follower)
+
+        seen = yield self.sdk(job)
+        self.assertIn(b"took none of the output for 1 seconds", seen)
+        with open(marker) as f:
+            pid = int(f.read())
+        self.assertTrue(alive(pid), "the command runs on")
+        os.kill(pid, 9)
+
+    @inlineCallbacks
+    def test_a_stalled_follower_does_not_stop_a_terminal(self) -> Any:
+        """
+        The same for a terminal: a ``Connect`` on its pid that reads
+        nothing does not stop the shell; its creator's handle gets every
+        line of a burst far larger than the socket buffers hold.
+        """
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            follower = stalled_connect(self.e2b_port, handle.pid)
+            time.sleep(0.5)
+            sbx.pty.send_stdin(
+                handle.pid, b"stty -echo; seq 1 1500000; echo END''MARK; exit\n"
+            )
+            data: list[bytes] = []
+            error = caught(lambda: handle.wait(on_pty=data.append))
+            follower.close()
+            return error, b"".join(data)
+
+        error, data = yield self.sdk(job)
+        self.assertNotIsInstance(error, Exception)
+        want = b"".join(b"%d\r\n" % i for i in range(1, 1500001))
+        self.assertIn(want + b"ENDMARK", data)
+
+
 class StreamInputTests(E2BCase):
     """``commands.stream_input``: each message reaches the process as it is sent."""
 
@@ -831,3 +1152,80 @@ class StreamInputTests(E2BCase):
         self.assertIsInstance(error, NotFoundException)
         self.assertLess(took, 10, "refused before the stream's 15 s were sent")
         self.assertEqual(after, "next\n")
+
+
+class SmallAnswerTests(E2BCase):
+    """Small things an SDK user reads: names as given, what really runs, nothing dropped."""
+
+    @inlineCallbacks
+    def test_make_dir_onto_a_file_names_the_path_as_given(self) -> Any:
+        """``make_dir`` onto a file names it as the caller did, not absolute."""
+        os.makedirs(os.path.join(self.base_dir, "er"))
+        with open(os.path.join(self.base_dir, "er", "file"), "w"):
+            pass
+
+        def job() -> Any:
+            return caught(lambda: self.sandbox().files.make_dir("er/file"))
+
+        error = yield self.sdk(job)
+        self.assertIn(
+            "path already exists but it is not a directory: er/file", str(error)
+        )
+        self.assertNotIn(self.base_dir, str(error))
+
+    @inlineCallbacks
+    def test_write_with_metadata_is_refused_not_dropped(self) -> Any:
+        """
+        ``files.write(..., metadata=...)`` is refused as a gzip upload is
+        (metadata is not kept here), and nothing is written; without
+        metadata the same write works.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            refused = caught(lambda: sbx.files.write("m.txt", "x", metadata={"k": "v"}))
+            exists = os.path.exists(os.path.join(self.base_dir, "m.txt"))
+            sbx.files.write("m.txt", "y")
+            return refused, exists
+
+        refused, exists = yield self.sdk(job)
+        self.assertIsInstance(refused, Exception)
+        self.assertIn("file metadata", str(refused))
+        self.assertIn("is not kept on this port", str(refused))
+        self.assertFalse(exists)
+        with open(os.path.join(self.base_dir, "m.txt")) as f:
+            self.assertEqual(f.read(), "y")
+
+    @inlineCallbacks
+    def test_list_shows_a_terminal_as_it_runs(self) -> Any:
+        """``commands.list`` shows a terminal's shell without the ``-i -l`` it does not run with."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=30)
+            listed = {p.pid: p for p in sbx.commands.list()}
+            sbx.pty.kill(handle.pid)
+            return handle.pid, listed
+
+        pid, listed = yield self.sdk(job)
+        self.assertEqual(listed[pid].args, [])
+
+    @inlineCallbacks
+    def test_write_onto_a_named_pipe_is_refused(self) -> Any:
+        """
+        ``files.write`` onto a named pipe is refused as ``files.read`` of
+        it is, and the pipe is left a pipe (not replaced by a file).
+        """
+        os.makedirs(os.path.join(self.base_dir, "sp"))
+        fifo = os.path.join(self.base_dir, "sp", "fifo")
+        os.mkfifo(fifo)
+
+        def job() -> Any:
+            return caught(lambda: self.sandbox().files.write("sp/fifo", "x"))
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, Exception)
+        self.assertIn("Not a regular file: sp/fifo", str(error))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))

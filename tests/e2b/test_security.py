@@ -423,6 +423,35 @@ class ListDisclosureTests(E2BCase):
         ]
         self.assertEqual(alice_view["config"]["envs"], {"PLAIN": "1"})
 
+    @inlineCallbacks
+    def test_credentials_in_a_command_line_are_masked(self) -> Any:
+        """
+        Alice's command carries ``https://alice:PAT@host`` (what the E2B
+        SDK's git helpers run): Bob's ``commands.list`` and ``GET
+        /process/list`` show the command with the credentials masked, as
+        the audit masks them; neither shows the token.
+        """
+        script = "sleep 2; : 'https://alice:S3CRET-PAT-123@github.com/x/y.git'"
+        started = self.rpc(
+            "process.Process/Start",
+            _start(script),
+            stream=True,
+            headers={"X-Access-Token": ALICE, "Connect-Timeout-Ms": "2500"},
+        )
+        yield self.sdk(time.sleep, 0.7)
+        _, _, door = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": BOB}
+        )
+        http = yield self.request("GET", "/process/list", token=BOB)
+        yield started
+        (view,) = [p for p in door["processes"] if p["config"]["cmd"] == "/bin/bash"]
+        self.assertIn("https://***@github.com/x/y.git", view["config"]["args"][-1])
+        self.assertEqual(http.status, 200, http.body)
+        listed = [p["command"] for p in http.json()["processes"]]
+        self.assertTrue([c for c in listed if "https://***@github.com" in c], listed)
+        self.assertNotIn("S3CRET-PAT-123", json.dumps(door))
+        self.assertNotIn(b"S3CRET-PAT-123", http.body)
+
 
 class FileOwnerTests(E2BCase):
     """On a root daemon, what the door writes belongs to the sandbox user (``params.default_user``)."""

@@ -114,6 +114,47 @@ class TokenModeTests(DocumentedCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "notes.txt")))
 
     @inlineCallbacks
+    def test_create_options_it_cannot_honour_are_refused(self) -> Any:
+        """
+        ``Sandbox.create()`` with an option this sandbox cannot honour (no
+        internet, network rules, a sandbox-wide environment, another
+        template, a pause lifecycle) fails naming the option, rather than
+        hand back a sandbox code would take for offline or configured;
+        options that change nothing code relies on still create it.
+        """
+        yield self.start()
+        snippet = (
+            "from e2b import Sandbox\n"
+            "calls = [\n"
+            "    ('offline', dict(allow_internet_access=False)),\n"
+            "    ('network', dict(network={'deny_out': ['0.0.0.0/0']})),\n"
+            "    ('envs', dict(envs={'FOO': 'bar'})),\n"
+            "    ('template', dict(template='my-template')),\n"
+            "    ('lifecycle', dict(lifecycle={'on_timeout': 'pause'})),\n"
+            "    ('fine', dict(metadata={'k': 'v'}, timeout=120,"
+            " allow_internet_access=True)),\n"
+            "]\n"
+            "for name, kw in calls:\n"
+            "    try:\n"
+            "        print(name, 'ok', Sandbox.create(**kw).sandbox_id)\n"
+            "    except Exception as e:\n"
+            "        print(name, type(e).__name__, e)\n"
+        )
+        done = yield self.run_python(snippet, self.token)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        self.assertEqual(lines["fine"], "ok sandboxd")
+        for name, option in (
+            ("offline", "Sandbox.create(allow_internet_access=False)"),
+            ("network", "Sandbox.create(network=...)"),
+            ("envs", "Sandbox.create(envs=...)"),
+            ("template", "Sandbox.create(template='my-template')"),
+            ("lifecycle", "Sandbox.create(lifecycle=...)"),
+        ):
+            self.assertIn(option + " cannot be honoured", lines[name])
+            self.assertIn("400", lines[name])
+
+    @inlineCallbacks
     def test_calls_not_served(self) -> Any:
         """
         With the key ``Sandbox.create()`` took, ``set_timeout`` is done (the
