@@ -616,9 +616,21 @@ class Process(Part[F]):
         (``stdout``/``stderr`` with ``data["data"]``, ``gap``, ``error``,
         then ``exit``), resumed across reconnects.
         """
+        async with aclosing(self._follow(after, None)) as events:
+            async for event in events:
+                yield event
+
+    async def _follow(
+        self, after: int | None, deadline: float | None
+    ) -> AsyncGenerator[SSEEvent, None]:
+        """:meth:`stream`, given up at ``deadline`` (``Http.stream``'s)."""
         start = self.cursor if after is None else after
         events = self._http.events(
-            "GET", f"/process/{self.pid}/output", {"follow": "true"}, after=start
+            "GET",
+            f"/process/{self.pid}/output",
+            {"follow": "true"},
+            after=start,
+            deadline=deadline,
         )
         async with aclosing(events):
             async for event in events:
@@ -645,7 +657,9 @@ class Process(Part[F]):
             raises for a command.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        events = Process.stream.fn(self)
+        # The deadline bounds each read too: a process that prints nothing
+        # sends no event to compare the time after.
+        events = self._follow(None, deadline)
         error: dict[str, Any] | None = None
         try:
             async for event in events:
@@ -662,6 +676,9 @@ class Process(Part[F]):
                     return self.exit_code
                 if deadline is not None and time.monotonic() > deadline:
                     break
+        except RequestTimeout:
+            if deadline is None or time.monotonic() < deadline:
+                raise
         finally:
             await events.aclose()
         if deadline is not None and time.monotonic() > deadline:

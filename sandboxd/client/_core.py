@@ -30,6 +30,9 @@ DEFAULT_TIMEOUT = 30.0
 #: Seconds between two bytes of an SSE stream before it counts as cut
 #: (the daemon sends a heartbeat after 4 s of silence).
 STREAM_READ_TIMEOUT = 30.0
+#: Seconds of silence after which the daemon sends an SSE heartbeat (a
+#: ``:`` comment line), with a little slack.
+HEARTBEAT_SECONDS = 5.0
 #: Retries of an idempotent call, or a resumable stream, after a lost connection.
 DEFAULT_RETRIES = 3
 #: The longest ``Retry-After`` a 429 is waited out for (when asked to).

@@ -7,6 +7,7 @@ resumed with ``Range``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ import httpx
 
 from sandboxd.client import _plan as io
 from sandboxd.client._core import (
+    HEARTBEAT_SECONDS,
     RETRYABLE,
     STREAM_READ_TIMEOUT,
     Req,
@@ -30,7 +32,7 @@ from sandboxd.client._core import (
 )
 from sandboxd.client._plan import AsyncFace, BlockingFace, F, Part, on_face
 from sandboxd.client._shared import RangeState
-from sandboxd.client.errors import ConnectionFailed
+from sandboxd.client.errors import ConnectionFailed, RequestTimeout
 from sandboxd.client.models import Progress, SSEEvent
 
 #: Makes a request's raw body (called again for each retry).
@@ -116,6 +118,7 @@ class Http:
         read_timeout: float | None = STREAM_READ_TIMEOUT,
         announce: bool = False,
         final: str | None = None,
+        deadline: float | None = None,
     ) -> AsyncGenerator[SSEEvent | None, None]:
         """
         An SSE stream's events; a resumable stream cut mid-way reconnects
@@ -127,6 +130,12 @@ class Http:
             watch's ``end``): a stream that ends without it was cut (the
             daemon stopped or restarted) and is resumed as after a lost
             connection; :class:`ConnectionFailed` once the retries run out.
+        :param deadline: a :func:`time.monotonic` time after which the
+            caller stops waiting (:class:`RequestTimeout`), kept even while
+            nothing but heartbeats arrive: no read waits past it (near it,
+            the stream is opened again, resumed, with a read timeout of
+            what is left, since a heartbeat every few seconds would
+            otherwise keep a longer one from ever running out).
         """
         s = self.settings
         last = after
@@ -134,6 +143,10 @@ class Http:
         what = f"{method} {path}"
         while True:
             ended = final is None
+            read = read_timeout
+            if deadline is not None:
+                left = _left(deadline, what)
+                read = left if read is None else min(read, left)
             headers = {"Accept": "text/event-stream"}
             query = dict(params or {})
             if resumable and last is not None:
@@ -147,9 +160,10 @@ class Http:
                         query,
                         json,
                         headers,
-                        stream_timeout(s.timeout, read_timeout),
+                        stream_timeout(s.timeout, read),
                     )
                 )
+                again = False
                 try:
                     if opened.response.status_code >= 400:
                         await io.read_all(opened)
@@ -159,6 +173,14 @@ class Http:
                         yield None  # connected: the caller may go on
                     parser = SSEParser()
                     while (text := await io.line(opened)) is not None:
+                        if deadline is not None and text.startswith(":"):
+                            # A heartbeat, between two events.
+                            left = _left(deadline, what)
+                            if left < HEARTBEAT_SECONDS and (
+                                read is None or read > left
+                            ):
+                                again = True
+                                break
                         event = parser.feed(text)
                         if event is None:
                             continue
@@ -169,6 +191,8 @@ class Http:
                         yield event
                 finally:
                     await io.close(opened)
+                if again:
+                    continue
                 if ended:
                     return
                 cut: Exception = _Cut(
@@ -179,6 +203,8 @@ class Http:
                 cut = e
             except httpx.HTTPError as e:
                 raise transport_error(e, what) from None
+            if deadline is not None:
+                _left(deadline, what)
             if not resumable or failures >= s.retries:
                 raise transport_error(cut, what) from None
             failures += 1
@@ -192,9 +218,12 @@ class Http:
         json: Any = None,
         after: int | None = None,
         resumable: bool = True,
+        deadline: float | None = None,
     ) -> AsyncGenerator[SSEEvent, None]:
         """An SSE stream's events (as :meth:`stream`, without the announcement)."""
-        source = self.stream(method, path, params, json, after, resumable)
+        source = self.stream(
+            method, path, params, json, after, resumable, deadline=deadline
+        )
         try:
             async for event in source:
                 if event is not None:
@@ -312,6 +341,18 @@ class Http:
         if progress is not None:
             progress(state.offset, state.total)
         return True
+
+
+def _left(deadline: float, what: str) -> float:
+    """
+    Seconds left before ``deadline``.
+
+    :raises RequestTimeout: none.
+    """
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RequestTimeout(f"{what}: still waiting at the deadline")
+    return left
 
 
 class EventStream(Part[F]):

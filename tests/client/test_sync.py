@@ -24,6 +24,7 @@ from sandboxd.client import (
     InvalidParam,
     NotFound,
     PreconditionFailed,
+    RequestTimeout,
     Sandbox,
     Timeout,
 )
@@ -468,6 +469,34 @@ class CommandsTests(ClientCase):
             done = sb.commands.start("true")
             self.assertEqual(done.wait(timeout=20), 0)
             self.assertIs(done.info()["timed_out"], False)
+
+        return self.in_thread(body)
+
+    def test_wait_timeout_on_a_silent_process(self) -> Any:
+        """
+        ``wait(timeout=N)`` raises ``RequestTimeout`` about N seconds in
+        when the process prints nothing (the daemon sends only heartbeats),
+        also for an N longer than the heartbeat's interval, and after some
+        output; the process runs on.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            for timeout, command in (
+                (1.0, "sleep 30"),
+                (6.0, "sleep 30"),
+                (1.0, "sh -c 'echo one; sleep 30'"),
+            ):
+                p = sb.commands.start(command)
+                started = time.monotonic()
+                with self.assertRaises(RequestTimeout) as raised:
+                    p.wait(timeout=timeout)
+                took = time.monotonic() - started
+                self.assertGreaterEqual(took, timeout)
+                self.assertLess(took, timeout + 1.5, command)
+                self.assertIn("still runs", raised.exception.message)
+                self.assertEqual(p.info()["state"], "running")
+                p.kill()
 
         return self.in_thread(body)
 
