@@ -45,7 +45,7 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._execution import EventSplitter, ExecutionEvents
-from sandboxd.client._http import EventStream, Http
+from sandboxd.client._http import EventStream, Http, StreamControl
 from sandboxd.client._plan import (
     AsyncFace,
     BlockingFace,
@@ -146,10 +146,17 @@ class _Namespace(Part[F]):
         A GET stream, connected (its refusal raised here); ``final`` as
         :meth:`~sandboxd.client._http.Http.stream` takes it.
         """
+        control = StreamControl()
         source = self._http.stream(
-            "GET", path, params, after=after, announce=True, final=final
+            "GET",
+            path,
+            params,
+            after=after,
+            announce=True,
+            final=final,
+            control=control,
         )
-        stream = EventStream(self._face, source)
+        stream = EventStream(self._face, source, control)
         await stream._connect()
         return stream
 

@@ -18,7 +18,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings, SSELines
+from sandboxd.client._core import Settings, SSELines, open_client
 from sandboxd.client._plan import (
     WS_OPTIONS,
     AsyncFace,
@@ -99,11 +99,13 @@ class Async(AsyncFace):
         await asyncio.sleep(seconds)
 
     async def request(self, outgoing: Outgoing) -> httpx.Response:
+        open_client(self.client)
         content = outgoing.content
         body = _chunks(content) if isinstance(content, Chunks) else content
         return await self.client.send(outgoing.build(self.client, body))
 
     async def open_stream(self, outgoing: Outgoing) -> Opened:
+        open_client(self.client)
         sent = outgoing.build(self.client, None)
         return Opened(await self.client.send(sent, stream=True))
 

@@ -307,6 +307,16 @@ def transport_error(error: Exception, what: str) -> SandboxError:
     return ConnectionFailed(f"{what}: {error or type(error).__name__}")
 
 
+def open_client(client: httpx.Client | httpx.AsyncClient) -> None:
+    """
+    :raises ConnectionFailed: ``client`` was closed (``close()`` on the
+        sandbox, from another thread while a stream still read): said as
+        the client's failure, not httpx's ``RuntimeError``.
+    """
+    if client.is_closed:
+        raise ConnectionFailed("the client was closed")
+
+
 def _tls_failure(error: BaseException) -> bool:
     """Whether ``error`` is, or was caused by, an :class:`ssl.SSLError`."""
     seen: BaseException | None = error

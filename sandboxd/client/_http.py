@@ -7,6 +7,7 @@ resumed with ``Range``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, cast
@@ -119,6 +120,7 @@ class Http:
         announce: bool = False,
         final: str | None = None,
         deadline: float | None = None,
+        control: StreamControl | None = None,
     ) -> AsyncGenerator[SSEEvent | None, None]:
         """
         An SSE stream's events; a resumable stream cut mid-way reconnects
@@ -136,12 +138,16 @@ class Http:
             the stream is opened again, resumed, with a read timeout of
             what is left, since a heartbeat every few seconds would
             otherwise keep a longer one from ever running out).
+        :param control: where the stream's owner sees the answer being
+            read, and says it closed the stream (the stream then ends
+            quietly, whatever its read met).
         """
         s = self.settings
+        control = control or StreamControl()
         last = after
         failures = 0
         what = f"{method} {path}"
-        while True:
+        while not control.closed:
             ended = final is None
             read = read_timeout
             if deadline is not None:
@@ -163,8 +169,11 @@ class Http:
                         stream_timeout(s.timeout, read),
                     )
                 )
+                control.opened = opened
                 again = False
                 try:
+                    if control.closed:
+                        return
                     if opened.response.status_code >= 400:
                         await io.read_all(opened)
                         raise error_from(opened.response)
@@ -173,6 +182,8 @@ class Http:
                         yield None  # connected: the caller may go on
                     parser = SSEParser()
                     while (text := await io.line(opened)) is not None:
+                        if control.closed:
+                            return
                         if deadline is not None and text.startswith(":"):
                             # A heartbeat, between two events.
                             left = _left(deadline, what)
@@ -200,8 +211,12 @@ class Http:
                     "(the daemon stopped or restarted)"
                 )
             except (*RETRYABLE, httpx.ReadTimeout) as e:
+                if control.closed:
+                    return  # the owner cut it
                 cut = e
             except httpx.HTTPError as e:
+                if control.closed:
+                    return
                 raise transport_error(e, what) from None
             if deadline is not None:
                 _left(deadline, what)
@@ -343,6 +358,18 @@ class Http:
         return True
 
 
+class StreamControl:
+    """
+    What the owner of a stream (:class:`EventStream`) shares with the
+    generator reading it: the answer being read, so that another thread or
+    task can cut it under a blocked read, and whether the owner closed it.
+    """
+
+    def __init__(self) -> None:
+        self.opened: io.Opened | None = None
+        self.closed = False
+
+
 def _left(deadline: float, what: str) -> float:
     """
     Seconds left before ``deadline``.
@@ -359,13 +386,45 @@ class EventStream(Part[F]):
     """
     An open SSE stream (``files.watch``, ``agents.events``): iterate for
     its events (``async for`` on the asyncio client); it resumes after a
-    cut; ``close()`` (``aclose()``) ends it, as does leaving its ``with``
-    or dropping it (a ``break`` out of its ``for``).
+    cut; ``close()`` (``aclose()``) ends it, from any thread (task) while
+    another reads it, as does leaving its ``with`` or dropping it (a
+    ``break`` out of its ``for``).
     """
 
-    def __init__(self, face: F, source: AsyncGenerator[SSEEvent | None, None]) -> None:
+    def __init__(
+        self,
+        face: F,
+        source: AsyncGenerator[SSEEvent | None, None],
+        control: StreamControl | None = None,
+    ) -> None:
         self._face = face
         self._source = source
+        self._control = control or StreamControl()
+        #: A reader is inside the source (another thread or task may close).
+        self._reading = False
+        self._lock = threading.Lock()
+
+    def _begin(self) -> bool:
+        """A read starts: False when the stream was closed."""
+        with self._lock:
+            if self._control.closed:
+                return False
+            self._reading = True
+            return True
+
+    def _shut(self) -> bool:
+        """
+        Mark the stream closed; when a reader is inside the source (an
+        async generator cannot be closed while it runs), cut the answer it
+        is blocked on, so that its read ends and the source ends itself.
+        Whether a reader was inside.
+        """
+        with self._lock:
+            self._control.closed = True
+            reading = self._reading
+        if reading and self._control.opened is not None:
+            io.abort(self._control.opened)
+        return reading
 
     async def _connect(self) -> None:
         """Wait for the daemon to accept the stream (its refusal raised here)."""
@@ -382,14 +441,24 @@ class EventStream(Part[F]):
         return self
 
     def __next__(self: EventStream[BlockingFace]) -> SSEEvent:
+        if not self._begin():
+            raise StopIteration
         try:
             return self._face.run(self._next())
         except StopAsyncIteration:
             raise StopIteration from None
+        finally:
+            self._reading = False
 
     def close(self: EventStream[BlockingFace]) -> None:
-        """Stop reading (the connection is closed)."""
-        self._face.run(self._source.aclose())
+        """
+        Stop reading (the connection is closed), from any thread: a thread
+        blocked reading the stream sees its end.
+        """
+        if not isinstance(self._face, BlockingFace):
+            raise TypeError("on an asyncio client's stream, use: await stream.aclose()")
+        if not self._shut():
+            self._face.run(self._source.aclose())
 
     def __del__(self) -> None:
         """
@@ -421,11 +490,22 @@ class EventStream(Part[F]):
         return self
 
     async def __anext__(self: EventStream[AsyncFace]) -> SSEEvent:
-        return await self._face.run(self._next())
+        if not self._begin():
+            raise StopAsyncIteration
+        try:
+            return await self._face.run(self._next())
+        finally:
+            self._reading = False
 
     async def aclose(self: EventStream[AsyncFace]) -> None:
-        """Stop reading (the connection is closed)."""
-        await self._face.run(self._source.aclose())
+        """
+        Stop reading (the connection is closed), from any task: a task
+        awaiting the stream's next event sees its end.
+        """
+        if not isinstance(self._face, AsyncFace):
+            raise TypeError("on a blocking client's stream, use: stream.close()")
+        if not self._shut():
+            await self._face.run(self._source.aclose())
 
     async def __aenter__(self: EventStream[AsyncFace]) -> EventStream[AsyncFace]:
         on_face(self._face, AsyncFace)

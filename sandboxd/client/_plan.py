@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import socket
 import sys
 from collections.abc import (
     AsyncGenerator,
@@ -262,6 +263,22 @@ class Chunks:
 
     read: Callable[[], bytes]
     sent: Callable[[int], None] | None = None
+
+
+def abort(opened: Opened) -> None:
+    """
+    Cut a streamed answer's connection under a read blocked on it in
+    another thread or task (not an op: it never waits).  Its socket is
+    shut down, which ends a blocked read at once; closing the response
+    from another thread would not wake a read in progress.
+    """
+    network = opened.response.extensions.get("network_stream")
+    sock = network.get_extra_info("socket") if network is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed already
 
 
 async def sleep(seconds: float) -> None:

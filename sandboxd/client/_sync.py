@@ -15,7 +15,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings, SSELines
+from sandboxd.client._core import Settings, SSELines, open_client
 from sandboxd.client._plan import (
     WS_OPTIONS,
     BlockingFace,
@@ -87,11 +87,13 @@ class Blocking(BlockingFace):
         time.sleep(seconds)
 
     def request(self, outgoing: Outgoing) -> httpx.Response:
+        open_client(self.client)
         content = outgoing.content
         body = _chunks(content) if isinstance(content, Chunks) else content
         return self.client.send(outgoing.build(self.client, body))
 
     def open_stream(self, outgoing: Outgoing) -> Opened:
+        open_client(self.client)
         sent = outgoing.build(self.client, None)
         return Opened(self.client.send(sent, stream=True))
 

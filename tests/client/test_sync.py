@@ -297,6 +297,55 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_close_a_watch_another_thread_reads(self) -> Any:
+        """
+        ``close()`` from one thread ends a watch another thread is blocked
+        reading: the reader's loop ends quietly at once (was: ``close()``
+        raised RuntimeError and the reader stayed blocked); closing the
+        whole client under a reader ends it with a ``SandboxError``.
+        """
+        import threading
+
+        from sandboxd.client import ConnectionFailed
+
+        os.makedirs(self.path("w"))
+
+        def read(events: Any, ended: dict[str, Any]) -> None:
+            try:
+                for _event in events:
+                    pass
+                ended["how"] = "end"
+            except BaseException as e:
+                ended["how"] = e
+
+        def body() -> None:
+            sb = self.sandbox()
+            events = sb.files.watch("w")
+            ended: dict[str, Any] = {}
+            reader = threading.Thread(target=read, args=(events, ended))
+            reader.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            events.close()
+            reader.join(10)
+            self.assertFalse(reader.is_alive())
+            self.assertLess(time.monotonic() - started, 2)
+            self.assertEqual(ended, {"how": "end"})
+            self.assertEqual(list(events), [])
+
+            other = self.sandbox()
+            events = other.files.watch("w")
+            ended = {}
+            reader = threading.Thread(target=read, args=(events, ended))
+            reader.start()
+            time.sleep(0.5)
+            other.close()
+            reader.join(10)
+            self.assertFalse(reader.is_alive())
+            self.assertIsInstance(ended["how"], ConnectionFailed)
+
+        return self.in_thread(body)
+
     def test_break_out_of_watch(self) -> Any:
         """
         A ``break`` out of ``for event in stream`` with no ``with`` or
