@@ -1291,20 +1291,76 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         )
         return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
-    with _raw_mode(stdin):
-        if args.session:
-            terminal = sb.pty.attach(args.session)
-            terminal.resize(*size)
-        else:
-            # Detaching leaves the session for `sandboxd term SESSION`.
-            terminal = sb.pty.open(
-                keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+    terminal: Terminal[Blocking] | None = None
+    try:
+        with _signals_raise(signal.SIGTERM, signal.SIGHUP), _raw_mode(stdin):
+            if args.session:
+                terminal = sb.pty.attach(args.session)
+                terminal.resize(*size)
+            else:
+                # Detaching leaves the session for `sandboxd term SESSION`.
+                terminal = sb.pty.open(
+                    keep=True,
+                    cols=size[0],
+                    rows=size[1],
+                    shell=args.shell,
+                    cwd=args.cwd,
+                )
+            err.write(
+                f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
             )
-        err.write(
-            f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
-        )
-        err.flush()
-        return run_terminal(terminal, keys, stdin, stdout, err)
+            err.flush()
+            return run_terminal(terminal, keys, stdin, stdout, err)
+    except (Signalled, KeyboardInterrupt) as e:
+        # Killed (a supervisor's SIGTERM, a closed window's SIGHUP): the
+        # terminal is restored by now, and the session lives on as after
+        # a detach, so the user is told how to get back to it.
+        signum = e.signum if isinstance(e, Signalled) else signal.SIGINT
+        if terminal is not None:
+            with contextlib.suppress(OSError, ValueError):
+                err.write(_detached(terminal.session_id, signal.Signals(signum).name))
+                err.flush()
+        return 128 + signum
+
+
+class Signalled(BaseException):
+    """A signal that ends ``term`` (SIGTERM, SIGHUP), raised where the program is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise(*signums: int) -> Iterator[None]:
+    """
+    ``signums`` raise :class:`Signalled` for the block (their default
+    ends the interpreter without running ``finally`` clauses, which would
+    leave the local terminal raw); after the first, all are ignored so
+    the cleanup runs to its end.
+    """
+
+    def handler(signum: int, frame: Any) -> None:
+        for each in signums:
+            signal.signal(each, signal.SIG_IGN)
+        raise Signalled(signum)
+
+    saved = {each: signal.signal(each, handler) for each in signums}
+    try:
+        yield
+    finally:
+        for each, previous in saved.items():
+            signal.signal(each, previous)
+
+
+def _detached(session_id: str, why: str | None = None) -> str:
+    """The line that says a session runs on, and how to get back to it."""
+    cause = f" ({why})" if why else ""
+    return (
+        f"\r\n[detached from session {session_id}{cause}; reattach with: sandboxd term {session_id}"
+        "\r\n with no client and no output the daemon closes it after its idle"
+        " timeout (30 min by default), ending what runs in it]\r\n"
+    )
 
 
 @contextlib.contextmanager
@@ -1392,11 +1448,7 @@ def run_terminal(
     if detached:
         # The daemon closes a session with no client and no output after
         # its idle timeout: a quiet job left running here would end with it.
-        err.write(
-            f"\r\n[detached from session {terminal.session_id}; reattach with: sandboxd term {terminal.session_id}"
-            "\r\n with no client and no output the daemon closes it after its idle"
-            " timeout (30 min by default), ending what runs in it]\r\n"
-        )
+        err.write(_detached(terminal.session_id))
         return 0
     if failure and not isinstance(failure[0], ConnectionFailed):
         raise failure[0]

@@ -192,7 +192,10 @@ nor its end within a quarter of a second (a supervisor's idle stdin) is not
 waited for; `-n` sends nothing. Piped into
 `head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window
 size on every `SIGWINCH`, and restores the terminal when it detaches or the
-shell exits (then with the shell's exit code). A detached session is not kept
+shell exits (then with the shell's exit code). Ended by a signal (`SIGTERM`
+from `timeout` or a supervisor, `SIGHUP`, `SIGINT`) it restores the terminal
+too, leaves the session running as a detach does, says how to reattach, and
+exits with 128 + the signal's number. A detached session is not kept
 for ever: with no client attached and no output for the daemon's terminal idle
 timeout (`endpoints.pty_create_session.limits.idle_timeout_seconds`, 30
 minutes by default) it is closed, and what runs in it ends, a quiet job

@@ -920,6 +920,38 @@ class TermTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_killed_term_restores_the_terminal(self) -> Any:
+        """
+        ``term`` sent SIGTERM or SIGHUP (``timeout``, a supervisor, a
+        closed window) puts the local terminal back as it was (echo, line
+        editing: was left raw) and says the session runs on and how to
+        reattach, as a detach does; its status is 128 + the signal.
+        """
+        import signal
+        import termios
+
+        def body() -> None:
+            sb = self.sandbox()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                child = self._spawn("--shell", "sh")
+                child.expect(r"\[session ([0-9a-f]+); detach with")
+                session = child.match.group(1).decode()
+                child.send("echo $((6*7))x\r")
+                child.expect("42x")
+                child.kill(sig)
+                child.expect(f"detached from session {session} \\({sig.name}\\)")
+                child.expect(f"reattach with: sandboxd term {session}")
+                lflag = termios.tcgetattr(child.child_fd)[3]
+                child.expect(pexpect_eof())
+                child.wait()
+                self.assertEqual(child.exitstatus, 128 + sig, sig.name)
+                self.assertTrue(lflag & termios.ECHO, sig.name)
+                self.assertTrue(lflag & termios.ICANON, sig.name)
+                self.assertIs(sb.pty.get(session)["alive"], True)
+                sb.pty.close(session)
+
+        return self.in_thread(body)
+
     def test_unsized_terminal(self) -> Any:
         """
         A terminal that reports no size (0x0: a pty nobody sized yet) gets
