@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import json
 import os
 import time
@@ -922,7 +923,9 @@ class Terminal(Part[F]):
                 e.response.status_code, bytes(e.response.body or b"")
             ) from None
         except (OSError, WebSocketException, TimeoutError) as e:
-            raise transport_error(e, f"connect {url}") from None
+            error = transport_error(e, f"connect {url}")
+            error.body["ws_url"] = url  # the PTY port, not the HTTP one
+            raise error from None
         try:
             first = await ws_recv(ws, self._settings.timeout)
         except ConnectionClosed as e:
@@ -1091,7 +1094,9 @@ class Pty(_Namespace[F]):
         :meth:`create`, then :meth:`attach` to it.  Used as a context
         manager, the session ends with the block (a loop of ``with
         sb.pty.open()`` does not pile up sessions to the daemon's cap);
-        ``keep=True`` only detaches, for a later :meth:`attach`.
+        ``keep=True`` only detaches, for a later :meth:`attach`.  A session
+        whose terminal cannot be attached (the PTY port unreachable or
+        refusing) is ended before the error is raised.
 
         The WebSocket is ``pty_url`` when it is set (as for :meth:`attach`),
         else the ``ws_url`` the daemon answered: that names the daemon's own
@@ -1101,7 +1106,15 @@ class Pty(_Namespace[F]):
         created = await Pty.create.fn(self, **options)
         base = self._client.settings.pty_url or created["ws_url"]
         terminal = Terminal(self, created["session_id"], base, None, owned=not keep)
-        await terminal._open(None)
+        try:
+            await terminal._open(None)
+        except BaseException:
+            # Nobody else knows the session: left, its shell would run on
+            # and count against the identity's session cap until the idle
+            # timeout (a wrong pty_url, tried a few times, locks it out).
+            with contextlib.suppress(SandboxError):
+                await Terminal.end.fn(terminal)
+            raise
         return terminal
 
     @api

@@ -254,6 +254,11 @@ def _print_json(data: Any, out: TextIO) -> None:
 def _explain(error: SandboxError, url: str) -> str:
     if isinstance(error, Unauthorized):
         return f"token rejected: {url} refused it ({error.message}): pass --token or set SANDBOXD_TOKEN"
+    if isinstance(error, ConnectionFailed) and "ws_url" in error.body:
+        return (
+            f"cannot reach the terminal port ({error.message}), though the daemon "
+            f"at {url} answered: give its PTY port as --pty-url or SANDBOXD_PTY_URL"
+        )
     if isinstance(error, ConnectionFailed):
         return f"cannot reach the daemon at {url}: {error.message}"
     return str(error)

@@ -712,6 +712,39 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_open_that_cannot_attach_ends_its_session(self) -> Any:
+        """
+        ``pty.open`` whose WebSocket cannot connect (a ``pty_url`` where
+        nothing listens) raises ``ConnectionFailed`` naming that URL and
+        ends the session it created: six such failures leave no session
+        and do not lock the identity out of terminals (was: each left a
+        running shell, the sixth open got ``TooManySessions``).
+        """
+        import socket
+
+        from sandboxd.client import ConnectionFailed
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]
+
+        def body() -> None:
+            wrong = self.sandbox(pty_url=f"ws://127.0.0.1:{closed}")
+            for _ in range(6):
+                with self.assertRaises(ConnectionFailed) as raised:
+                    wrong.pty.open(shell="sh")
+                self.assertEqual(
+                    raised.exception.body["ws_url"].split("/pty")[0],
+                    f"ws://127.0.0.1:{closed}",
+                )
+            sb = self.sandbox()
+            self.assertEqual(sb.pty.list(), [])
+            with sb.pty.open(shell="sh") as term:
+                term.send("echo ok$((1+1))\n")
+                term.expect("ok2")
+
+        return self.in_thread(body)
+
     def test_attach_scrollback(self) -> Any:
         """``attach`` without an offset replays the session's scrollback."""
 
