@@ -23,6 +23,7 @@ from sandboxd.client import (
     AsyncSandbox,
     InvalidParam,
     NotFound,
+    PathNotAllowed,
     PreconditionFailed,
     RequestTimeout,
     Sandbox,
@@ -294,6 +295,32 @@ class FilesTests(ClientCase):
                         break
             self.assertIn(event.event, ("moved", "created"))
             self.assertIsNotNone(event.id)
+
+        return self.in_thread(body)
+
+    def test_exists_with_a_missing_parent(self) -> Any:
+        """
+        ``exists`` answers False for a path whose parent directory is
+        missing, or is a file (was: NotFound and InvalidPath raised), as
+        ``os.path.exists`` does; ``stat`` says ``exists: false`` with the
+        path it looked at.  Outside the boundary is still refused.
+        """
+        os.makedirs(self.path("a"))
+        with open(self.path("a", "f.txt"), "w") as f:
+            f.write("x")
+
+        def body() -> None:
+            sb = self.sandbox()
+            self.assertTrue(sb.files.exists("a/f.txt"))
+            for path in ("nope.txt", "nodir/x.txt", "a/nodir/x.txt", "a/f.txt/x"):
+                self.assertIs(sb.files.exists(path), False, path)
+            found = sb.files.stat("nodir/x.txt")
+            self.assertEqual(
+                (found["exists"], found["type"], found["path"], found["name"]),
+                (False, "unknown", self.path("nodir", "x.txt"), "x.txt"),
+            )
+            with self.assertRaises(PathNotAllowed):
+                sb.files.exists("/etc/nodir/x")
 
         return self.in_thread(body)
 
