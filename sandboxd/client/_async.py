@@ -54,8 +54,16 @@ async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
 class Async(AsyncFace):
     """Runs the shared calls on the running loop, each op awaited."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        settings: Settings | None = None,
+        owned: bool = True,
+    ) -> None:
         self.client = client
+        self.settings = settings
+        #: Made by the sandbox (closed with it), not given by the caller.
+        self.owned = owned
 
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Step the call, awaiting each op as it asks, until it returns."""
@@ -102,11 +110,11 @@ class Async(AsyncFace):
         open_client(self.client)
         content = outgoing.content
         body = _chunks(content) if isinstance(content, Chunks) else content
-        return await self.client.send(outgoing.build(self.client, body))
+        return await self.client.send(outgoing.build(self.client, body, self.settings))
 
     async def open_stream(self, outgoing: Outgoing) -> Opened:
         open_client(self.client)
-        sent = outgoing.build(self.client, None)
+        sent = outgoing.build(self.client, None, self.settings)
         return Opened(await self.client.send(sent, stream=True))
 
     async def read_all(self, opened: Opened) -> None:
@@ -158,7 +166,9 @@ class AsyncSandbox(Client[Async, httpx.AsyncClient]):
     def _connect(
         self, settings: Settings, http_client: httpx.AsyncClient | None
     ) -> Async:
-        return Async(http_client or httpx.AsyncClient(**settings.client_options()))
+        if http_client is not None:
+            return Async(http_client, settings, owned=False)
+        return Async(httpx.AsyncClient(**settings.client_options()), settings)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -167,5 +177,6 @@ class AsyncSandbox(Client[Async, httpx.AsyncClient]):
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self._face.client.aclose()
+        """Close the connection pool (not that of a given ``http_client``)."""
+        if self._face.owned:
+            await self._face.client.aclose()

@@ -90,6 +90,10 @@ base to `SANDBOXD_PTY_URL`, else the session's `ws_url` as the daemon gives it
 (when it is created, and from `GET /pty/sessions/{id}` to attach to one), else
 the HTTP port + 1 (the daemon's defaults are 9000 and 9001).
 The token is sent as `Authorization: Bearer`, on the PTY handshake too.
+`http_client` is an `httpx.Client` (`httpx.AsyncClient`) of your own, for its
+proxies, TLS settings or event hooks: the URL, token and timeout above still
+decide where each call goes, as whom and for how long, and closing the sandbox
+leaves it open for you to close.
 
 ## What happens when things go wrong
 

@@ -870,3 +870,55 @@ class ConfigTests(ClientCase):
         sb.close()
         self.assertEqual((sb.url, sb.settings.token), ("http://127.0.0.1:1234", "t0k"))
         self.assertEqual(sb.pty_base(), "ws://127.0.0.1:1235")
+
+
+class OwnHttpClientTests(ClientCase):
+    """``http_client=``: the caller's own httpx client carries the calls."""
+
+    def test_url_and_token_still_decide(self) -> Any:
+        """
+        Given an ``httpx.Client`` with no ``base_url`` (or one elsewhere) and
+        no token, the calls still go to the sandbox's URL with its token,
+        through that client (its hooks see them: was ``ConnectionFailed``,
+        or 401, or the other host); closing the sandbox leaves the caller's
+        client open.
+        """
+        import httpx
+
+        def body() -> None:
+            seen: list[str] = []
+            for own in (
+                httpx.Client(
+                    event_hooks={"request": [lambda r: seen.append(str(r.url))]}
+                ),
+                httpx.Client(base_url="http://127.0.0.1:9"),
+            ):
+                sb = self.sandbox(http_client=own)
+                sb.files.write_text("a.txt", "hi")
+                self.assertEqual(sb.files.read_text("a.txt"), "hi")
+                with sb.pty.open(shell="sh") as term:
+                    term.send("echo ok$((1+1))\n")
+                    term.expect("ok2")
+                sb.close()
+                self.assertEqual(own.get(self.daemon.url + "/health").status_code, 200)
+                own.close()
+            self.assertTrue(seen)
+            self.assertTrue(
+                all(u.startswith(self.daemon.url + "/") for u in seen), seen
+            )
+
+        return self.in_thread(body)
+
+    def test_async_url_and_token_still_decide(self) -> Any:
+        """The same for ``AsyncSandbox(http_client=httpx.AsyncClient())``."""
+        import httpx
+
+        async def body() -> None:
+            async with httpx.AsyncClient() as own:
+                async with self.async_sandbox(http_client=own) as sb:
+                    await sb.files.write_text("b.txt", "yo")
+                    self.assertEqual(await sb.files.read_text("b.txt"), "yo")
+                reply = await own.get(self.daemon.url + "/health")
+                self.assertEqual(reply.status_code, 200)
+
+        return self.in_loop(body)
