@@ -72,7 +72,6 @@ from sandboxd.client._shared import (
     handshake_error,
     progress_chunks,
     session_info,
-    shell_timeout,
     stream_error,
 )
 from sandboxd.client.errors import (
@@ -759,7 +758,7 @@ class Commands(_Namespace[F]):
                 "POST",
                 "/shell",
                 json=launch,
-                timeout=shell_timeout(timeout, self._http.settings.timeout),
+                timeouts=await self._http.run_timeouts("shell", timeout),
             )
             return command_result(await self._http.call(req))
         out: builtins.list[str] = []
@@ -1642,13 +1641,15 @@ class Code(_Namespace[F]):
         env: Mapping[str, str] | None = None,
         user: str | int | None = None,
     ) -> CodeResult:
-        """Run a snippet: ``stdout``, ``stderr``, ``exit_code``, ``execution_time_ms``."""
-        return cast(
-            CodeResult,
-            await self._http.call(
-                calls.code_run(code, language, timeout, cwd, env, user)
-            ),
-        )
+        """
+        Run a snippet: ``stdout``, ``stderr``, ``exit_code``,
+        ``execution_time_ms``.  The call waits for the snippet's ``timeout``
+        (else the daemon's limit for it, from ``capabilities``) plus a
+        margin, so a run past its limit raises the daemon's ``Timeout``.
+        """
+        req = calls.code_run(code, language, timeout, cwd, env, user)
+        req.timeouts = await self._http.run_timeouts("code_run", timeout)
+        return cast(CodeResult, await self._http.call(req))
 
     # -- code contexts (stateful kernels, the opt-in ``code`` group) ----------
 

@@ -18,6 +18,7 @@ from sandboxd.client import _plan as io
 from sandboxd.client._core import (
     HEARTBEAT_SECONDS,
     RETRYABLE,
+    RUN_MARGIN,
     STREAM_READ_TIMEOUT,
     Req,
     Settings,
@@ -33,7 +34,7 @@ from sandboxd.client._core import (
 )
 from sandboxd.client._plan import AsyncFace, BlockingFace, F, Part, on_face
 from sandboxd.client._shared import RangeState
-from sandboxd.client.errors import ConnectionFailed, RequestTimeout
+from sandboxd.client.errors import ConnectionFailed, RequestTimeout, SandboxError
 from sandboxd.client.models import Progress, SSEEvent
 
 #: Makes a request's raw body (called again for each retry).
@@ -49,6 +50,44 @@ class Http:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        #: Each endpoint's time limit for a child, from ``/capabilities``
+        #: (None until read).
+        self._run_limits: dict[str, float | None] | None = None
+
+    async def run_limit(self, endpoint: str) -> float | None:
+        """
+        The daemon's time limit for a child run by ``endpoint`` (its policy's
+        ``timeout_seconds``, or ``max_duration_seconds`` when lower), read
+        from ``/capabilities`` once per client; None when the daemon names
+        none or cannot be asked.
+        """
+        if self._run_limits is None:
+            try:
+                caps = await self.object(Req("GET", "/capabilities"))
+            except SandboxError:
+                caps = {}
+            endpoints = caps.get("endpoints")
+            self._run_limits = {
+                name: _run_limit(info.get("limits"))
+                for name, info in (
+                    endpoints if isinstance(endpoints, dict) else {}
+                ).items()
+                if isinstance(info, dict)
+            }
+        return self._run_limits.get(endpoint)
+
+    async def run_timeouts(self, endpoint: str, timeout: float | None) -> httpx.Timeout:
+        """
+        How long a call answered when its child ends waits for the answer:
+        the child's limit (the call's ``timeout``, else the daemon's, see
+        :meth:`run_limit`) plus :data:`RUN_MARGIN`, so that the daemon's
+        own 408, with the output so far, comes first; with no limit known,
+        as long as it takes.  Connecting still takes the client's
+        ``timeout``.
+        """
+        limit = timeout if timeout is not None else await self.run_limit(endpoint)
+        read = None if limit is None else limit + RUN_MARGIN
+        return httpx.Timeout(self.settings.timeout, read=read)
 
     async def send(self, req: Req, content: Content | None = None) -> httpx.Response:
         """
@@ -68,7 +107,7 @@ class Http:
                     req.params,
                     req.json,
                     req.headers,
-                    timeout_of(req.timeout, s.timeout),
+                    req.timeouts or timeout_of(req.timeout, s.timeout),
                     content() if content is not None else None,
                 )
                 response = await io.request(outgoing)
@@ -368,6 +407,18 @@ class StreamControl:
     def __init__(self) -> None:
         self.opened: io.Opened | None = None
         self.closed = False
+
+
+def _run_limit(limits: Any) -> float | None:
+    """The lower of ``timeout_seconds`` and ``max_duration_seconds`` in ``limits``."""
+    if not isinstance(limits, dict):
+        return None
+    bounds = [
+        float(v)
+        for v in (limits.get("timeout_seconds"), limits.get("max_duration_seconds"))
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    ]
+    return min(bounds) if bounds else None
 
 
 def _left(deadline: float, what: str) -> float:

@@ -405,13 +405,6 @@ def command_result(answer: Mapping[str, Any]) -> CommandResult:
     )
 
 
-def shell_timeout(timeout: float | None, default: float) -> float:
-    """How long the client waits for ``/shell``: the child's limit plus a margin."""
-    if timeout is not None:
-        return timeout + 15.0
-    return max(default, 315.0)
-
-
 def stream_error(error: Mapping[str, Any], result: CommandResult) -> SandboxError:
     """
     A ``/shell/stream`` ``error`` event as an exception carrying the output

@@ -98,7 +98,10 @@ leaves it open for you to close.
 ## What happens when things go wrong
 
 - **Every call has a timeout** (`timeout`, seconds to connect and between
-  bytes). `commands.run` waits for the command's own `timeout` plus a margin;
+  bytes). `commands.run` and `code.run` wait for the command's own `timeout`
+  (without one, the daemon's limit for it, read once from `/capabilities`)
+  plus a margin, so that a command past its limit ends with the daemon's
+  `Timeout`, whose `body` holds the output so far where the daemon sends it;
   streams allow 30 s between bytes (the daemon sends a heartbeat after 4 s of
   silence). A call that gets no answer in time raises `RequestTimeout`.
 - **Reads are retried** (`retries` times, with a short backoff) when the
