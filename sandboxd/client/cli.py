@@ -984,7 +984,7 @@ def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
 #: Commands whose status 1 is an answer (errors found, no definition), so
 #: a refusal or an unreachable daemon exits 2, as compilers and grep report
 #: trouble.
-ANSWERS_WITH_ONE = frozenset({"diagnostics", "definition"})
+ANSWERS_WITH_ONE = frozenset({"grep", "diagnostics", "definition"})
 
 
 def _position(spec: str) -> tuple[str, int, int]:
@@ -1609,7 +1609,7 @@ def main(
     """
     Run one client command; its exit status (``exec``: the child's;
     1 for a refusal or an unreachable daemon, 2 for bad usage or, from
-    ``diagnostics`` and ``definition``, a refusal; 141, as a
+    ``grep``, ``diagnostics`` and ``definition``, a refusal; 141, as a
     shell reports SIGPIPE, when the reader of our output went away).
 
     :param inp: the local stdin ``exec`` forwards when it is not a

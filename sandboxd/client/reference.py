@@ -151,9 +151,9 @@ leaves it open for you to close.
 The `sandboxd` command drives a daemon as well as running one. It reads
 `--url`/`--token` or `SANDBOXD_URL`/`SANDBOXD_TOKEN`, prints for humans by
 default and JSON with `--json`, and exits 1 with one line (naming the code
-and rule) when the daemon refuses, 2 on bad usage. `diagnostics` and
-`definition` answer with 1 (an error found, no definition), so they exit 2
-when the daemon refuses, as compilers do.
+and rule) when the daemon refuses, 2 on bad usage. `grep`, `diagnostics` and
+`definition` answer with 1 (no match, an error found, no definition), so they
+exit 2 when the daemon refuses or cannot be reached, as grep and compilers do.
 
 ```sh
 export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...

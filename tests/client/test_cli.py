@@ -630,7 +630,8 @@ class ListingTests(ClientCase):
     def test_grep(self) -> Any:
         """
         ``PATH:LINE:TEXT`` per matching line (a line once however many
-        matches it holds), exit 0; no match exits 1; --json the answer.
+        matches it holds), exit 0; no match exits 1, trouble 2; --json the
+        answer.
         """
         os.makedirs(self.path("src"))
         with open(self.path("src", "a.py"), "w") as f:
@@ -649,6 +650,17 @@ class ListingTests(ClientCase):
         )
         none = yield self.cli("grep", "nowhere", "src")
         self.assertEqual((none.returncode, none.stdout), (1, b""))
+        # Trouble is 2, as grep(1) says it: a bad pattern, a refused path,
+        # a wrong token, no daemon.
+        for args, env in (
+            (("grep", "(", "src"), None),
+            (("grep", "x", "/etc"), None),
+            (("grep", "x", "src"), {"SANDBOXD_TOKEN": "wrong"}),
+            (("grep", "x", "src"), {"SANDBOXD_URL": "http://127.0.0.1:9"}),
+        ):
+            trouble = yield self.cli(*args, env=env)
+            self.assertEqual(trouble.returncode, 2, (args, env, trouble.stderr))
+            self.assertIn(b"sandboxd grep: ", trouble.stderr)
         js = yield self.cli("grep", "--json", "-i", "X", "src")
         self.assertEqual(len(json.loads(js.stdout)["matches"]), 5)
 
