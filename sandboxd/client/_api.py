@@ -943,7 +943,16 @@ class Terminal(Part[F]):
     async def _send(self, message: dict[str, Any]) -> None:
         if self._ws is None:
             raise ConnectionFailed("the terminal is not attached")
-        await ws_send(self._ws, json.dumps(message))
+        try:
+            await ws_send(self._ws, json.dumps(message))
+        except ConnectionClosed as e:
+            # The shell ended (the daemon closes with "Session ended"), or
+            # the connection went: a SandboxError, as recv reports it.
+            reason = (e.rcvd.reason if e.rcvd else "") or "closed"
+            raise ConnectionFailed(
+                f"the terminal's connection is closed ({reason})",
+                body={"session_id": self.session_id},
+            ) from None
 
     async def _leave(self) -> None:
         """The end of a ``with`` block: detach; end the session if owned."""

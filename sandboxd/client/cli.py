@@ -1301,7 +1301,10 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         with _signals_raise(signal.SIGTERM, signal.SIGHUP), _raw_mode(stdin):
             if args.session:
                 terminal = sb.pty.attach(args.session)
-                terminal.resize(*size)
+                # A session whose shell has just ended closes the connection
+                # after its scrollback: the loop below reads and says so.
+                with contextlib.suppress(ConnectionFailed):
+                    terminal.resize(*size)
             else:
                 # Detaching leaves the session for `sandboxd term SESSION`.
                 terminal = sb.pty.open(

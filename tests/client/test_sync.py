@@ -739,6 +739,32 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_send_after_the_shell_ended(self) -> Any:
+        """
+        ``send``, ``resize`` and ``signal`` on a terminal whose shell has
+        ended raise ``ConnectionFailed`` (a ``SandboxError``), not
+        websockets' own ``ConnectionClosedOK``.
+        """
+        from sandboxd.client import ConnectionFailed, SandboxError
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.pty.open(shell="sh") as term:
+                term.send("exit 3\n")
+                while term.recv(timeout=10) is not None:
+                    pass
+                self.assertEqual(term.exit_code, 3)
+                for call in (
+                    lambda: term.send("x"),
+                    lambda: term.resize(80, 24),
+                    lambda: term.signal("SIGINT"),
+                ):
+                    with self.assertRaises(ConnectionFailed) as raised:
+                        call()
+                    self.assertIsInstance(raised.exception, SandboxError)
+
+        return self.in_thread(body)
+
     def test_open_that_cannot_attach_ends_its_session(self) -> Any:
         """
         ``pty.open`` whose WebSocket cannot connect (a ``pty_url`` where
