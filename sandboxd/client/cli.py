@@ -1549,11 +1549,17 @@ def _cells(lines: Any, prompt: Callable[[str], None]) -> Any:
         yield "\n".join(block)
 
 
+#: Two Ctrl-C within this many seconds leave the ``code`` loop (one
+#: interrupts the running cell).
+DOUBLE_INTERRUPT_SECONDS = 1.0
+
+
 def cmd_code(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """
     ``sandboxd code``: a context (new unless ``--context``), then ``-c``'s
     code or a read-eval-print loop on stdin; a new context is deleted at
-    exit unless ``--keep``.
+    exit unless ``--keep``.  In the loop, Ctrl-C interrupts the running
+    cell and the loop goes on; a second within a second leaves (130).
     """
     created = args.context is None
     if created:
@@ -1573,11 +1579,24 @@ def cmd_code(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
                     err.write(text)
                     err.flush()
 
+            last_interrupt = -DOUBLE_INTERRUPT_SECONDS
             for cell in _cells(sys.stdin, prompt):
-                ok = _run_cell(sb, cid, cell, args, out, err) and ok
+                try:
+                    ok = _run_cell(sb, cid, cell, args, out, err) and ok
+                except KeyboardInterrupt:
+                    # As python's own prompt: Ctrl-C interrupts the cell and
+                    # the state stays; twice in a row leaves.
+                    now = time.monotonic()
+                    if now - last_interrupt < DOUBLE_INTERRUPT_SECONDS:
+                        raise
+                    last_interrupt = now
+                    sb.code.interrupt(cid)
+                    err.write("KeyboardInterrupt (twice to leave)\n")
+                    err.flush()
+                    ok = False
     except KeyboardInterrupt:
         sb.code.interrupt(cid)
-        ok = False
+        return 130
     finally:
         if created and not args.keep:
             sb.code.delete_context(cid)

@@ -5,13 +5,18 @@ daemon and a real ipykernel.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import NotFoundError, RateLimited
-from tests.client.base import ClientCase
+from tests.client.base import ROOT, ClientCase
 from tests.kernels.test_contexts import (
     KERNEL_CALL_SECONDS,
     KERNEL_CASE_SECONDS,
@@ -127,6 +132,67 @@ class CodeCommandTests(KernelClientCase):
         done = yield self.cli("code", input=script)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout, b"7\n")
+
+    @inlineCallbacks
+    def test_repl_ctrl_c_interrupts_the_cell(self) -> Any:
+        """
+        Ctrl-C (SIGINT) during a cell of the loop interrupts that cell and
+        the loop goes on with the context's state kept (was: the loop
+        ended and deleted the context); two within a second leave it.
+        """
+
+        def body() -> tuple[bytes, bytes, int, bytes, int]:
+            env = {
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONPATH": ROOT,
+                "SANDBOXD_URL": self.daemon.url,
+                "SANDBOXD_TOKEN": self.daemon.token or "",
+            }
+            command = [sys.executable, "-m", "sandboxd.client.cli", "code"]
+            command += ["--request-timeout", str(self.call_seconds)]
+            child = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(
+                b"import time\nx = 41\nprint('sleeping', flush=True); time.sleep(60)\n"
+            )
+            child.stdin.flush()
+            line = child.stdout.readline()
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(b"print(x + 1)\n", timeout=60)
+            first = (line + out, err, child.returncode)
+
+            again = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert again.stdin is not None and again.stdout is not None
+            again.stdin.write(
+                b"import time; print('sleeping', flush=True); time.sleep(60)\n"
+            )
+            again.stdin.flush()
+            again.stdout.readline()
+            again.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            again.send_signal(signal.SIGINT)
+            _, err2 = again.communicate(timeout=60)
+            return (*first, err2, again.returncode)
+
+        out, err, status, err2, status2 = yield self.in_thread(body)
+        self.assertIn(b"KeyboardInterrupt", err)
+        self.assertEqual(out, b"sleeping\n42\n", err)
+        self.assertEqual(status, 1)
+        self.assertEqual(status2, 130, err2)
+        listed = yield self.request("GET", "/code/contexts")
+        self.assertEqual(listed.json()["contexts"], [])
 
 
 #: Cells whose result documents the streamed ``execute`` must reproduce:
