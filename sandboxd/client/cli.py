@@ -17,6 +17,7 @@ import codecs
 import contextlib
 import io
 import json
+import math
 import os
 import posixpath
 import select
@@ -61,6 +62,23 @@ TIMED_OUT = 124
 DETACH_KEYS = "ctrl-p,ctrl-q"
 
 
+def _seconds(text: str) -> float:
+    """
+    A number of seconds from the command line: finite and above 0 (float()
+    alone takes ``nan``, ``inf`` and negatives, which fail later with a
+    traceback, or as a network error for 0).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -73,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--request-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         metavar="SECONDS",
         help="seconds to wait for each answer (default 30)",
@@ -99,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         dest="limit",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="seconds before the daemon kills it",
     )
@@ -168,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--server", help="a language server id (default: by file type)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="wait this long for the server's report (default: the daemon's)",
     )
@@ -220,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", help="a kernelspec (default: the daemon's default)")
     p.add_argument("--context", help="use this context (kept at exit)")
     p.add_argument("--keep", action="store_true", help="keep a new context at exit")
-    p.add_argument("--timeout", type=float, help="seconds per execution")
+    p.add_argument("--timeout", type=_seconds, help="seconds per execution")
     p = sub.add_parser("ui", parents=[common], help=CLIENT_COMMANDS["ui"])
     p.add_argument(
         "--ttl",

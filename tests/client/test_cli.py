@@ -108,6 +108,27 @@ class ExecTests(ClientCase):
         self.assertIn(b"invalid daemon URL", malformed.stderr)
 
     @inlineCallbacks
+    def test_bad_numbers_of_seconds(self) -> Any:
+        """
+        A timeout that is not a number of seconds above 0 (``-1``, ``0``,
+        ``nan``, ``inf``) is bad usage: exit 2 with a line naming it, no
+        traceback, nothing run (was: a traceback, or a network error for 0).
+        """
+        for args in (
+            ("ls", "--request-timeout", "-1"),
+            ("ls", "--request-timeout", "0"),
+            ("ls", "--request-timeout", "nan"),
+            ("exec", "--timeout", "nan", "--", "touch", "ran"),
+            ("exec", "--timeout", "inf", "--", "touch", "ran"),
+            ("code", "--timeout", "-5", "-c", "1"),
+        ):
+            done = yield self.cli(*args)
+            self.assertEqual(done.returncode, 2, (args, done.stderr))
+            self.assertIn(b"number of seconds", done.stderr, args)
+            self.assertNotIn(b"Traceback", done.stderr, args)
+        self.assertFalse(os.path.exists(self.path("ran")))
+
+    @inlineCallbacks
     def test_token_and_url_mistakes(self) -> Any:
         """
         A token with a trailing newline (read from a file or a secret)
