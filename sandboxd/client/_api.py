@@ -912,6 +912,9 @@ class Terminal(Part[F]):
         self.ended = False
         self.pid: int | None = None
         self._ws: Any = None
+        #: Output :meth:`expect` read past its match, or before it gave
+        #: up: the next ``expect`` (or ``recv``) starts with it.
+        self._pending = ""
 
     async def _open(self, offset: int | None) -> None:
         url = pty_ws_url(self._base, self.session_id, offset)
@@ -1005,6 +1008,9 @@ class Terminal(Part[F]):
 
         :raises RequestTimeout: nothing within ``timeout`` seconds.
         """
+        if self._pending:
+            pending, self._pending = self._pending, ""
+            return PtyEvent("output", data=pending)
         if self._ws is None:
             raise ConnectionFailed("the terminal is not attached")
         while True:
@@ -1038,25 +1044,35 @@ class Terminal(Part[F]):
     @api
     async def expect(self, text: str, timeout: float = 10.0) -> str:
         """
-        Read output until it contains ``text``; everything read.
+        Read output until it contains ``text``; what was read up to the
+        end of ``text``.  What followed it, and all that was read when it
+        is not seen, is kept for the next ``expect`` (as pexpect does).
 
-        :raises RequestTimeout: not seen within ``timeout`` seconds.
+        :raises RequestTimeout: not seen within ``timeout`` seconds (the
+            message shows the end of what was read).
         """
         deadline = time.monotonic() + timeout
-        seen = ""
+        seen, self._pending = self._pending, ""
         while text not in seen:
             left = deadline - time.monotonic()
             if left <= 0:
+                self._pending = seen
                 raise RequestTimeout(
                     f"{text!r} not seen within {timeout} s; got {seen[-200:]!r}"
                 )
-            event = await Terminal.recv.fn(self, timeout=left)
+            try:
+                event = await Terminal.recv.fn(self, timeout=left)
+            except RequestTimeout:
+                continue  # said above, with what was read
             if event is None:
+                self._pending = seen
                 raise ConnectionFailed(
                     f"the terminal closed before {text!r}; got {seen[-200:]!r}"
                 )
             seen += event.data
-        return seen
+        end = seen.index(text) + len(text)
+        self._pending = seen[end:]
+        return seen[:end]
 
     @api
     async def reconnect(self) -> None:

@@ -58,8 +58,8 @@ with Sandbox("http://127.0.0.1:9000", token="...") as sb:
     job.kill()
 
     with sb.pty.open(shell="bash") as term:
-        term.send("ls\\n")
-        print(term.expect("$ "))
+        term.send("ls; echo END-$((6*7))\\n")
+        print(term.expect("END-42"))      # the output, not the echoed command line
 
     try:
         sb.files.read_text("/etc/shadow")

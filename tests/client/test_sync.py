@@ -739,6 +739,29 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_expect_keeps_what_it_read(self) -> Any:
+        """
+        ``expect`` that times out says so with what it read (was: "no
+        terminal output" although output came) and keeps that output for
+        the next ``expect``; a match returns the text up to it and keeps
+        the rest.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.pty.open(shell="sh") as term:
+                term.send("echo hel''lo wor''ld; echo sec''ond\n")
+                with self.assertRaises(RequestTimeout) as raised:
+                    term.expect("never", timeout=2)
+                self.assertIn("'never' not seen within 2", raised.exception.message)
+                self.assertIn("hello world", raised.exception.message)
+                head = term.expect("hello")
+                self.assertTrue(head.endswith("hello"), head)
+                self.assertIn(" world", term.expect("world"))
+                self.assertIn("second", term.expect("second"))
+
+        return self.in_thread(body)
+
     def test_send_after_the_shell_ended(self) -> Any:
         """
         ``send``, ``resize`` and ``signal`` on a terminal whose shell has
