@@ -1500,7 +1500,20 @@ def _run_cell(
     out: TextIO,
     err: TextIO,
 ) -> bool:
-    """One execution, its output as it comes; whether it ended ``ok``."""
+    """
+    One execution, its output as it comes; whether it ended ``ok``.  With
+    ``--json``, its result document once it ended (``stdout``, ``results``
+    with every MIME bundle, ``error``): one indented document for ``-c``,
+    one line per cell in the loop.
+    """
+    if args.json:
+        doc = sb.code.execute(cid, source, timeout=args.timeout)
+        if args.source is not None:
+            _print_json(doc, out)
+        else:
+            out.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
+            out.flush()
+        return doc.get("state") == "ok"
     body: dict[str, Any] = {"code": source, "stream": True}
     if args.timeout is not None:
         body["timeout"] = args.timeout

@@ -5,6 +5,7 @@ daemon and a real ipykernel.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,6 +125,28 @@ class CodeCommandTests(KernelClientCase):
         self.assertIn(b"ZeroDivisionError", failed.stderr)
         listed = yield self.request("GET", "/code/contexts")
         self.assertEqual(listed.json()["contexts"], [])
+
+    @inlineCallbacks
+    def test_json(self) -> Any:
+        """
+        ``--json`` prints the execution's result document (was: the same
+        text as without it): output, the value's MIME bundle, the error;
+        in the loop, one document per line.
+        """
+        done = yield self.cli("code", "--json", "-c", "print('hi')\n6 * 7")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        doc = json.loads(done.stdout)
+        self.assertEqual((doc["state"], doc["stdout"]), ("ok", "hi\n"))
+        self.assertEqual(doc["results"][-1]["data"]["text/plain"], "42")
+        failed = yield self.cli("code", "--json", "-c", "1/0")
+        self.assertEqual(failed.returncode, 1)
+        self.assertEqual(
+            json.loads(failed.stdout)["error"]["ename"], "ZeroDivisionError"
+        )
+        loop = yield self.cli("code", "--json", input=b"x = 5\nx + 1\n")
+        docs = [json.loads(line) for line in loop.stdout.splitlines()]
+        self.assertEqual([d["state"] for d in docs], ["ok", "ok"])
+        self.assertEqual(docs[1]["results"][-1]["data"]["text/plain"], "6")
 
     @inlineCallbacks
     def test_repl_keeps_state(self) -> Any:
