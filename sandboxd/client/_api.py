@@ -638,6 +638,9 @@ class Process(Part[F]):
             {"follow": "true"},
             after=start,
             deadline=deadline,
+            # A stream that ends without it was cut (the daemon stopped):
+            # resumed, or ConnectionFailed, never taken for the end.
+            final="exit",
         )
         async with aclosing(events):
             async for event in events:

@@ -188,6 +188,7 @@ class Http:
         what = f"{method} {path}"
         while not control.closed:
             ended = final is None
+            answered = False
             read = read_timeout
             if deadline is not None:
                 left = _left(deadline, what)
@@ -216,6 +217,7 @@ class Http:
                     if opened.response.status_code >= 400:
                         await io.read_all(opened)
                         raise error_from(opened.response)
+                    answered = True
                     if announce:
                         announce = False
                         yield None  # connected: the caller may go on
@@ -260,7 +262,13 @@ class Http:
             if deadline is not None:
                 _left(deadline, what)
             if not resumable or failures >= s.retries:
-                raise transport_error(cut, what) from None
+                error = transport_error(cut, what)
+                if answered:
+                    # The daemon was reached and began to answer: the
+                    # answer is incomplete (a caller says so, not "cannot
+                    # reach the daemon").
+                    error.body["cut"] = True
+                raise error from None
             failures += 1
             await io.sleep(backoff(failures))
 
@@ -273,10 +281,11 @@ class Http:
         after: int | None = None,
         resumable: bool = True,
         deadline: float | None = None,
+        final: str | None = None,
     ) -> AsyncGenerator[SSEEvent, None]:
         """An SSE stream's events (as :meth:`stream`, without the announcement)."""
         source = self.stream(
-            method, path, params, json, after, resumable, deadline=deadline
+            method, path, params, json, after, resumable, final=final, deadline=deadline
         )
         try:
             async for event in source:

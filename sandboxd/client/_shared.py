@@ -50,6 +50,8 @@ class RangeState:
         self.etag = etag
         self.total: int | None = None
         self.on_etag = on_etag
+        #: The daemon answered at least once (a failure is then a cut).
+        self.answered = False
 
     def request_headers(self) -> dict[str, str]:
         """``Range`` from the offset, with ``If-Range`` so a changed file starts over."""
@@ -72,6 +74,7 @@ class RangeState:
         :raises ConnectionFailed: the file shrank under a resume (asked again
             from the start).
         """
+        self.answered = True
         if status == 416:
             found = _UNSATISFIED.match(headers.get("content-range", ""))
             size = int(found.group(1)) if found else -1
@@ -112,6 +115,9 @@ class RangeState:
         """The error to raise once retries ran out."""
         if isinstance(error, SandboxError):
             return error
+        if not self.answered and not self.offset:
+            # Never reached: said as any other call says it, not as a cut.
+            return transport_error(error, "GET /files/raw")
         return transport_error(
             error, f"download cut at {self.offset} of {self.total or '?'} bytes"
         )

@@ -277,6 +277,8 @@ def _explain(error: SandboxError, url: str) -> str:
             f"cannot reach the terminal port ({error.message}), though the daemon "
             f"at {url} answered: give its PTY port as --pty-url or SANDBOXD_PTY_URL"
         )
+    if isinstance(error, ConnectionFailed) and error.body.get("cut"):
+        return f"the connection to the daemon at {url} was lost mid-answer: {error.message}"
     if isinstance(error, ConnectionFailed):
         return f"cannot reach the daemon at {url}: {error.message}"
     return str(error)
@@ -381,6 +383,15 @@ def _run_exec(
     except DeadlineExceeded as e:
         err.write(f"sandboxd exec: {e.message}\n")
         return TIMED_OUT
+    except ConnectionFailed as e:
+        if not e.body.get("cut"):
+            raise
+        err.write(
+            f"sandboxd exec: the connection to the daemon at {sb.url} was lost "
+            f"({e.message}): the output above is incomplete, and the daemon ends "
+            "a command whose client is gone\n"
+        )
+        return 1
     except SandboxError as e:
         status = _cannot_run(e)
         if status is None:
@@ -666,8 +677,8 @@ def cmd_cp(
         if remote_src and e.type == "IsADirectoryError":
             err.write(f"sandboxd cp: {src}: is a directory (copy it with -r)\n")
             return 1
-        if remote_src and isinstance(e, ConnectionFailed):
-            part = (local if remote_src else "") + ".part"
+        part = (local if remote_src else "") + ".part"
+        if remote_src and isinstance(e, ConnectionFailed) and os.path.exists(part):
             err.write(
                 f"sandboxd cp: {e.message}; the partial file {part} is kept: run the same cp again to resume\n"
             )
@@ -1111,7 +1122,11 @@ def cmd_logs(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         elif event.event == "gap":
             err.write(f"[output {data.get('from')}..{data.get('to')} no longer kept]\n")
         if event.event == "exit":
-            break
+            # How it ended, as exec reports it: 143 for SIGTERM, not -15.
+            status = exit_status(data.get("exit_code"))
+            if not args.json:
+                err.write(f"[process {args.pid} exited, status {status}]\n")
+            return status
     return 0
 
 
@@ -1483,9 +1498,20 @@ def run_terminal(
             f"\r\n[session {terminal.session_id} ended, exit code {terminal.exit_code}]\r\n"
         )
         return exit_status(terminal.exit_code)
-    err.write(
-        f"\r\n[connection to session {terminal.session_id} lost; reattach with: sandboxd term {terminal.session_id}]\r\n"
-    )
+    sid = terminal.session_id
+    try:
+        terminal._pty.get(sid)
+    except NotFoundError:
+        err.write(f"\r\n[session {sid} is gone: the daemon ended it]\r\n")
+    except SandboxError:
+        err.write(
+            f"\r\n[connection to the daemon lost; session {sid} ended with it if the "
+            f"daemon stopped; once it is back, try: sandboxd term {sid}]\r\n"
+        )
+    else:
+        err.write(
+            f"\r\n[connection to session {sid} lost; reattach with: sandboxd term {sid}]\r\n"
+        )
     return 1
 
 

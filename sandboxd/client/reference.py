@@ -207,7 +207,9 @@ for ever: with no client attached and no output for the daemon's terminal idle
 timeout (`endpoints.pty_create_session.limits.idle_timeout_seconds`, 30
 minutes by default) it is closed, and what runs in it ends, a quiet job
 (`sleep`, a build that prints nothing) included; the detach message says so.
-In `code`'s read-eval-print loop, Ctrl-C interrupts the running cell and the
+`logs -f` follows a process to its end, then says how it ended and exits
+with its status as `exec` would (143 for `SIGTERM`); a daemon that stops
+meanwhile is a connection error (status 1), not an end. In `code`'s read-eval-print loop, Ctrl-C interrupts the running cell and the
 loop goes on with the context's state kept; a second Ctrl-C within a second
 leaves (status 130).
 

@@ -129,6 +129,33 @@ class ExecTests(ClientCase):
         self.assertFalse(os.path.exists(self.path("ran")))
 
     @inlineCallbacks
+    def test_messages_say_what_went_wrong(self) -> Any:
+        """
+        A download from a daemon that cannot be reached says so (was: "download
+        cut at 0 of ? bytes" and a .part file that is not there); an exec
+        whose connection is cut mid-output says its output is incomplete
+        and the command ended (was: "cannot reach the daemon").
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        target = os.path.join(local, "x")
+        gone = yield self.cli("cp", ":f.txt", target, "--url", "http://127.0.0.1:9")
+        self.assertEqual(gone.returncode, 1)
+        self.assertIn(b"cannot reach the daemon at http://127.0.0.1:9", gone.stderr)
+        self.assertNotIn(b"cut", gone.stderr)
+        self.assertNotIn(b".part", gone.stderr)
+        self.assertEqual(os.listdir(local), [])
+
+        _, url = listen_proxy(self, lambda index, data: len(data) > 20_000)
+        cut = yield self.cli(
+            "exec", "--url", url, "--", "sh", "-c", "seq -f line-%g 100000; sleep 30"
+        )
+        self.assertEqual(cut.returncode, 1)
+        self.assertIn(b"was lost", cut.stderr)
+        self.assertIn(b"the output above is incomplete", cut.stderr)
+        self.assertIn(b"line-1\n", cut.stdout)
+
+    @inlineCallbacks
     def test_token_and_url_mistakes(self) -> Any:
         """
         A token with a trailing newline (read from a file or a secret)
@@ -712,6 +739,9 @@ class ListingTests(ClientCase):
         self.assertEqual(killed.returncode, 0, killed.stderr)
         followed = yield self.cli("logs", "-f", str(p.pid))
         self.assertEqual(followed.stdout, b"hello\n")
+        # How it ended, as exec says it (was: 0 and nothing).
+        self.assertEqual(followed.returncode, 143)
+        self.assertIn(f"[process {p.pid} exited, status 143]".encode(), followed.stderr)
         info = yield self.in_thread(sb.commands.get, p.pid)
         self.assertEqual(info["exit_code"], -15)
         missing = yield self.cli("logs", "999999")
