@@ -123,7 +123,11 @@ class Blocking(BlockingFace):
 
     def ws_open(self, url: str, headers: Any, timeout: float) -> ClientConnection:
         options = {"additional_headers": headers, "open_timeout": timeout}
-        ws: ClientConnection = ws_connect(url, **options, **WS_OPTIONS)
+        # Entered as a context manager: the one form of connect() that no
+        # websockets release from 13 on deprecates (a bare call warns from
+        # 17.1, and is to return a reconnecting iterator later). Its exit
+        # only closes the connection, which ws_close does.
+        ws: ClientConnection = ws_connect(url, **options, **WS_OPTIONS).__enter__()
         return ws
 
     def ws_recv(self, ws: ClientConnection, timeout: float | None) -> str | bytes:

@@ -762,6 +762,34 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_no_deprecated_websockets_call(self) -> Any:
+        """
+        Opening, using and closing a terminal of the blocking client warns
+        of nothing (was: websockets' DeprecationWarning that connect() must
+        be used as a context manager, from a call a later release drops).
+        """
+        import warnings
+
+        def body() -> list[str]:
+            sb = self.sandbox()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with sb.pty.open(shell="sh") as term:
+                    term.send("echo ok$((1+1))\n")
+                    term.expect("ok2")
+                    term.reconnect()
+                    term.send("echo ok$((2+2))\n")
+                    term.expect("ok4")
+            return [
+                str(w.message)
+                for w in caught
+                if issubclass(w.category, DeprecationWarning)
+            ]
+
+        d = self.in_thread(body)
+        d.addCallback(self.assertEqual, [])
+        return d
+
     def test_send_after_the_shell_ended(self) -> Any:
         """
         ``send``, ``resize`` and ``signal`` on a terminal whose shell has
