@@ -13,6 +13,7 @@ sandboxd.client.cli`` runs them directly.
 from __future__ import annotations
 
 import argparse
+import base64
 import codecs
 import contextlib
 import io
@@ -351,6 +352,7 @@ def _run_exec(
     """``exec`` once its command line and stdin are known."""
     if args.json:
         got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        timed_out: DeadlineExceeded | None = None
         try:
             result = sb.commands.run_bytes(
                 command,
@@ -359,19 +361,23 @@ def _run_exec(
                 on_stderr=got["stderr"].append,
                 **options,
             )
+            exit_code, truncated = result.exit_code, result.truncated
         except DeadlineExceeded as e:
-            _print_json({"error": e.message, "code": e.code, **e.body}, out)
-            return TIMED_OUT
-        _print_json(
-            {
-                "stdout": b"".join(got["stdout"]).decode("utf-8", "replace"),
-                "stderr": b"".join(got["stderr"]).decode("utf-8", "replace"),
-                "exit_code": result.exit_code,
-                "truncated": result.truncated,
-            },
-            out,
-        )
-        return exit_status(result.exit_code)
+            timed_out = e
+            exit_code = e.body.get("exit_code")
+            truncated = bool(e.body.get("truncated"))
+        # One shape whether or not it timed out: the output so far, then
+        # what ended it.
+        doc: dict[str, Any] = {
+            **_json_output("stdout", got["stdout"]),
+            **_json_output("stderr", got["stderr"]),
+            "exit_code": exit_code,
+            "truncated": truncated,
+        }
+        if timed_out is not None:
+            doc.update(error=timed_out.message, code=timed_out.code)
+        _print_json(doc, out)
+        return TIMED_OUT if timed_out is not None else exit_status(exit_code)
     try:
         result = sb.commands.run_bytes(
             command,
@@ -405,6 +411,22 @@ def _run_exec(
         )
         return exit_status(result.exit_code) or 1
     return exit_status(result.exit_code)
+
+
+def _json_output(name: str, chunks: list[bytes]) -> dict[str, str]:
+    """
+    ``exec --json``'s ``stdout`` (or ``stderr``) as text; output that is
+    not UTF-8 also as ``NAME_base64``, its exact bytes, since the text then
+    holds U+FFFD where they were.
+    """
+    data = b"".join(chunks)
+    try:
+        return {name: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            name: data.decode("utf-8", "replace"),
+            f"{name}_base64": base64.b64encode(data).decode("ascii"),
+        }
 
 
 #: Exit statuses of a command that could not be run, as a shell gives them.

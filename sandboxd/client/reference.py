@@ -188,7 +188,10 @@ the file's bytes goes to stdout.
 `sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and
 exits with its exit code (128 + N when signal N ended it, 124 when the
 daemon killed it at `--timeout`, 1 with a message when the output went
-over the daemon's `max_output_bytes`). When local stdin is not a terminal
+over the daemon's `max_output_bytes`). With `--json` it prints one object:
+`stdout`, `stderr` (with `stdout_base64`/`stderr_base64`, the exact bytes, when
+the output is not UTF-8), `exit_code` and `truncated`, plus `error` and `code`
+when the command ran past its timeout. When local stdin is not a terminal
 it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`;
 read before the command starts). It goes base64-encoded in the request, so
 the daemon's `endpoints.shell_stream.limits.max_request_bytes` bounds it:

@@ -7,6 +7,7 @@ a separate process talking to a real daemon on loopback.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -199,6 +200,32 @@ class ExecBytesTests(ClientCase):
         self.assertEqual(done.stdout, bytes(range(256)) * 3907 + b"\xff\xfe")
         err = yield self.cli("exec", "--", "sh", "-c", "printf '\\377ok' >&2")
         self.assertEqual(err.stderr, b"\xffok")
+
+    @inlineCallbacks
+    def test_json_output_not_utf8_and_timed_out(self) -> Any:
+        """
+        ``exec --json`` gives output that is not UTF-8 also as
+        ``stdout_base64``, its exact bytes (was: U+FFFD in their place and
+        no word of it); a run past ``--timeout`` has the same shape, with
+        the output so far, plus ``error`` and ``code`` (status 124).
+        """
+        done = yield self.cli("exec", "--json", "--", "printf", "a\\377b\\n")
+        doc = json.loads(done.stdout)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(doc["stdout"], "a\ufffdb\n")
+        self.assertEqual(base64.b64decode(doc["stdout_base64"]), b"a\xffb\n")
+        self.assertNotIn("stderr_base64", doc)
+        late = yield self.cli(
+            "exec", "--json", "--timeout", "1", "--", "sh", "-c", "echo hi; sleep 30"
+        )
+        self.assertEqual(late.returncode, 124)
+        doc = json.loads(late.stdout)
+        self.assertEqual(
+            {k: doc[k] for k in ("stdout", "stderr", "truncated", "code")},
+            {"stdout": "hi\n", "stderr": "", "truncated": False, "code": "timeout"},
+        )
+        self.assertIn("exit_code", doc)
+        self.assertIn("error", doc)
 
     @inlineCallbacks
     def test_archive_through_a_pipe(self) -> Any:
