@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import json
 import os
 import time
@@ -45,7 +46,7 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._execution import EventSplitter, ExecutionEvents
-from sandboxd.client._http import EventStream, Http
+from sandboxd.client._http import EventStream, Http, StreamControl
 from sandboxd.client._plan import (
     AsyncFace,
     BlockingFace,
@@ -71,7 +72,6 @@ from sandboxd.client._shared import (
     handshake_error,
     progress_chunks,
     session_info,
-    shell_timeout,
     stream_error,
 )
 from sandboxd.client.errors import (
@@ -146,10 +146,17 @@ class _Namespace(Part[F]):
         A GET stream, connected (its refusal raised here); ``final`` as
         :meth:`~sandboxd.client._http.Http.stream` takes it.
         """
+        control = StreamControl()
         source = self._http.stream(
-            "GET", path, params, after=after, announce=True, final=final
+            "GET",
+            path,
+            params,
+            after=after,
+            announce=True,
+            final=final,
+            control=control,
         )
-        stream = EventStream(self._face, source)
+        stream = EventStream(self._face, source, control)
         await stream._connect()
         return stream
 
@@ -616,9 +623,24 @@ class Process(Part[F]):
         (``stdout``/``stderr`` with ``data["data"]``, ``gap``, ``error``,
         then ``exit``), resumed across reconnects.
         """
+        async with aclosing(self._follow(after, None)) as events:
+            async for event in events:
+                yield event
+
+    async def _follow(
+        self, after: int | None, deadline: float | None
+    ) -> AsyncGenerator[SSEEvent, None]:
+        """:meth:`stream`, given up at ``deadline`` (``Http.stream``'s)."""
         start = self.cursor if after is None else after
         events = self._http.events(
-            "GET", f"/process/{self.pid}/output", {"follow": "true"}, after=start
+            "GET",
+            f"/process/{self.pid}/output",
+            {"follow": "true"},
+            after=start,
+            deadline=deadline,
+            # A stream that ends without it was cut (the daemon stopped):
+            # resumed, or ConnectionFailed, never taken for the end.
+            final="exit",
         )
         async with aclosing(events):
             async for event in events:
@@ -645,7 +667,9 @@ class Process(Part[F]):
             raises for a command.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        events = Process.stream.fn(self)
+        # The deadline bounds each read too: a process that prints nothing
+        # sends no event to compare the time after.
+        events = self._follow(None, deadline)
         error: dict[str, Any] | None = None
         try:
             async for event in events:
@@ -662,6 +686,9 @@ class Process(Part[F]):
                     return self.exit_code
                 if deadline is not None and time.monotonic() > deadline:
                     break
+        except RequestTimeout:
+            if deadline is None or time.monotonic() < deadline:
+                raise
         finally:
             await events.aclose()
         if deadline is not None and time.monotonic() > deadline:
@@ -734,7 +761,7 @@ class Commands(_Namespace[F]):
                 "POST",
                 "/shell",
                 json=launch,
-                timeout=shell_timeout(timeout, self._http.settings.timeout),
+                timeouts=await self._http.run_timeouts("shell", timeout),
             )
             return command_result(await self._http.call(req))
         out: builtins.list[str] = []
@@ -888,6 +915,9 @@ class Terminal(Part[F]):
         self.ended = False
         self.pid: int | None = None
         self._ws: Any = None
+        #: Output :meth:`expect` read past its match, or before it gave
+        #: up: the next ``expect`` (or ``recv``) starts with it.
+        self._pending = ""
 
     async def _open(self, offset: int | None) -> None:
         url = pty_ws_url(self._base, self.session_id, offset)
@@ -898,7 +928,9 @@ class Terminal(Part[F]):
                 e.response.status_code, bytes(e.response.body or b"")
             ) from None
         except (OSError, WebSocketException, TimeoutError) as e:
-            raise transport_error(e, f"connect {url}") from None
+            error = transport_error(e, f"connect {url}")
+            error.body["ws_url"] = url  # the PTY port, not the HTTP one
+            raise error from None
         try:
             first = await ws_recv(ws, self._settings.timeout)
         except ConnectionClosed as e:
@@ -917,7 +949,16 @@ class Terminal(Part[F]):
     async def _send(self, message: dict[str, Any]) -> None:
         if self._ws is None:
             raise ConnectionFailed("the terminal is not attached")
-        await ws_send(self._ws, json.dumps(message))
+        try:
+            await ws_send(self._ws, json.dumps(message))
+        except ConnectionClosed as e:
+            # The shell ended (the daemon closes with "Session ended"), or
+            # the connection went: a SandboxError, as recv reports it.
+            reason = (e.rcvd.reason if e.rcvd else "") or "closed"
+            raise ConnectionFailed(
+                f"the terminal's connection is closed ({reason})",
+                body={"session_id": self.session_id},
+            ) from None
 
     async def _leave(self) -> None:
         """The end of a ``with`` block: detach; end the session if owned."""
@@ -970,6 +1011,9 @@ class Terminal(Part[F]):
 
         :raises RequestTimeout: nothing within ``timeout`` seconds.
         """
+        if self._pending:
+            pending, self._pending = self._pending, ""
+            return PtyEvent("output", data=pending)
         if self._ws is None:
             raise ConnectionFailed("the terminal is not attached")
         while True:
@@ -1003,25 +1047,35 @@ class Terminal(Part[F]):
     @api
     async def expect(self, text: str, timeout: float = 10.0) -> str:
         """
-        Read output until it contains ``text``; everything read.
+        Read output until it contains ``text``; what was read up to the
+        end of ``text``.  What followed it, and all that was read when it
+        is not seen, is kept for the next ``expect`` (as pexpect does).
 
-        :raises RequestTimeout: not seen within ``timeout`` seconds.
+        :raises RequestTimeout: not seen within ``timeout`` seconds (the
+            message shows the end of what was read).
         """
         deadline = time.monotonic() + timeout
-        seen = ""
+        seen, self._pending = self._pending, ""
         while text not in seen:
             left = deadline - time.monotonic()
             if left <= 0:
+                self._pending = seen
                 raise RequestTimeout(
                     f"{text!r} not seen within {timeout} s; got {seen[-200:]!r}"
                 )
-            event = await Terminal.recv.fn(self, timeout=left)
+            try:
+                event = await Terminal.recv.fn(self, timeout=left)
+            except RequestTimeout:
+                continue  # said above, with what was read
             if event is None:
+                self._pending = seen
                 raise ConnectionFailed(
                     f"the terminal closed before {text!r}; got {seen[-200:]!r}"
                 )
             seen += event.data
-        return seen
+        end = seen.index(text) + len(text)
+        self._pending = seen[end:]
+        return seen[:end]
 
     @api
     async def reconnect(self) -> None:
@@ -1067,7 +1121,9 @@ class Pty(_Namespace[F]):
         :meth:`create`, then :meth:`attach` to it.  Used as a context
         manager, the session ends with the block (a loop of ``with
         sb.pty.open()`` does not pile up sessions to the daemon's cap);
-        ``keep=True`` only detaches, for a later :meth:`attach`.
+        ``keep=True`` only detaches, for a later :meth:`attach`.  A session
+        whose terminal cannot be attached (the PTY port unreachable or
+        refusing) is ended before the error is raised.
 
         The WebSocket is ``pty_url`` when it is set (as for :meth:`attach`),
         else the ``ws_url`` the daemon answered: that names the daemon's own
@@ -1077,7 +1133,15 @@ class Pty(_Namespace[F]):
         created = await Pty.create.fn(self, **options)
         base = self._client.settings.pty_url or created["ws_url"]
         terminal = Terminal(self, created["session_id"], base, None, owned=not keep)
-        await terminal._open(None)
+        try:
+            await terminal._open(None)
+        except BaseException:
+            # Nobody else knows the session: left, its shell would run on
+            # and count against the identity's session cap until the idle
+            # timeout (a wrong pty_url, tried a few times, locks it out).
+            with contextlib.suppress(SandboxError):
+                await Terminal.end.fn(terminal)
+            raise
         return terminal
 
     @api
@@ -1605,13 +1669,15 @@ class Code(_Namespace[F]):
         env: Mapping[str, str] | None = None,
         user: str | int | None = None,
     ) -> CodeResult:
-        """Run a snippet: ``stdout``, ``stderr``, ``exit_code``, ``execution_time_ms``."""
-        return cast(
-            CodeResult,
-            await self._http.call(
-                calls.code_run(code, language, timeout, cwd, env, user)
-            ),
-        )
+        """
+        Run a snippet: ``stdout``, ``stderr``, ``exit_code``,
+        ``execution_time_ms``.  The call waits for the snippet's ``timeout``
+        (else the daemon's limit for it, from ``capabilities``) plus a
+        margin, so a run past its limit raises the daemon's ``Timeout``.
+        """
+        req = calls.code_run(code, language, timeout, cwd, env, user)
+        req.timeouts = await self._http.run_timeouts("code_run", timeout)
+        return cast(CodeResult, await self._http.call(req))
 
     # -- code contexts (stateful kernels, the opt-in ``code`` group) ----------
 

@@ -18,7 +18,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings, SSELines
+from sandboxd.client._core import Settings, SSELines, open_client
 from sandboxd.client._plan import (
     WS_OPTIONS,
     AsyncFace,
@@ -54,8 +54,16 @@ async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
 class Async(AsyncFace):
     """Runs the shared calls on the running loop, each op awaited."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        settings: Settings | None = None,
+        owned: bool = True,
+    ) -> None:
         self.client = client
+        self.settings = settings
+        #: Made by the sandbox (closed with it), not given by the caller.
+        self.owned = owned
 
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Step the call, awaiting each op as it asks, until it returns."""
@@ -99,12 +107,14 @@ class Async(AsyncFace):
         await asyncio.sleep(seconds)
 
     async def request(self, outgoing: Outgoing) -> httpx.Response:
+        open_client(self.client)
         content = outgoing.content
         body = _chunks(content) if isinstance(content, Chunks) else content
-        return await self.client.send(outgoing.build(self.client, body))
+        return await self.client.send(outgoing.build(self.client, body, self.settings))
 
     async def open_stream(self, outgoing: Outgoing) -> Opened:
-        sent = outgoing.build(self.client, None)
+        open_client(self.client)
+        sent = outgoing.build(self.client, None, self.settings)
         return Opened(await self.client.send(sent, stream=True))
 
     async def read_all(self, opened: Opened) -> None:
@@ -156,7 +166,9 @@ class AsyncSandbox(Client[Async, httpx.AsyncClient]):
     def _connect(
         self, settings: Settings, http_client: httpx.AsyncClient | None
     ) -> Async:
-        return Async(http_client or httpx.AsyncClient(**settings.client_options()))
+        if http_client is not None:
+            return Async(http_client, settings, owned=False)
+        return Async(httpx.AsyncClient(**settings.client_options()), settings)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -165,5 +177,6 @@ class AsyncSandbox(Client[Async, httpx.AsyncClient]):
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self._face.client.aclose()
+        """Close the connection pool (not that of a given ``http_client``)."""
+        if self._face.owned:
+            await self._face.client.aclose()

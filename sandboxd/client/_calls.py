@@ -408,9 +408,7 @@ def code_run(
     fields = body(
         code=code, language=language, timeout=timeout, **_child(cwd, env, user)
     )
-    # The daemon's own limit ends it; the client waits a little longer.
-    wait = None if timeout is None else timeout + 10
-    return Req("POST", "/code/run", json=fields, timeout=wait)
+    return Req("POST", "/code/run", json=fields)
 
 
 def git_status(path: str) -> Req:

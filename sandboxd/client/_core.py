@@ -30,6 +30,13 @@ DEFAULT_TIMEOUT = 30.0
 #: Seconds between two bytes of an SSE stream before it counts as cut
 #: (the daemon sends a heartbeat after 4 s of silence).
 STREAM_READ_TIMEOUT = 30.0
+#: Seconds a call answered when its child ends (``commands.run``,
+#: ``code.run``) waits past the child's own time limit: the daemon ends the
+#: child at its limit and answers 408 with the output so far.
+RUN_MARGIN = 15.0
+#: Seconds of silence after which the daemon sends an SSE heartbeat (a
+#: ``:`` comment line), with a little slack.
+HEARTBEAT_SECONDS = 5.0
 #: Retries of an idempotent call, or a resumable stream, after a lost connection.
 DEFAULT_RETRIES = 3
 #: The longest ``Retry-After`` a 429 is waited out for (when asked to).
@@ -175,6 +182,9 @@ class Req:
     idempotent: bool | None = None
     timeout: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: The whole httpx timeout, when connecting and reading differ (a call
+    #: answered when its child ends); over :attr:`timeout`.
+    timeouts: httpx.Timeout | None = None
 
     @property
     def retry_safe(self) -> bool:
@@ -302,6 +312,16 @@ def transport_error(error: Exception, what: str) -> SandboxError:
             "plain HTTP, use http:// rather than https://"
         )
     return ConnectionFailed(f"{what}: {error or type(error).__name__}")
+
+
+def open_client(client: httpx.Client | httpx.AsyncClient) -> None:
+    """
+    :raises ConnectionFailed: ``client`` was closed (``close()`` on the
+        sandbox, from another thread while a stream still read): said as
+        the client's failure, not httpx's ``RuntimeError``.
+    """
+    if client.is_closed:
+        raise ConnectionFailed("the client was closed")
 
 
 def _tls_failure(error: BaseException) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import socket
 import sys
 from collections.abc import (
     AsyncGenerator,
@@ -29,9 +30,21 @@ from collections.abc import (
     Mapping,
 )
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import httpx
+
+if TYPE_CHECKING:
+    from sandboxd.client._core import Settings
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -264,6 +277,22 @@ class Chunks:
     sent: Callable[[int], None] | None = None
 
 
+def abort(opened: Opened) -> None:
+    """
+    Cut a streamed answer's connection under a read blocked on it in
+    another thread or task (not an op: it never waits).  Its socket is
+    shut down, which ends a blocked read at once; closing the response
+    from another thread would not wake a read in progress.
+    """
+    network = opened.response.extensions.get("network_stream")
+    sock = network.get_extra_info("socket") if network is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed already
+
+
 async def sleep(seconds: float) -> None:
     """Wait ``seconds``."""
     await Op("sleep", (seconds,))
@@ -282,16 +311,30 @@ class Outgoing:
     content: bytes | Chunks | None = None
 
     def build(
-        self, client: httpx.Client | httpx.AsyncClient, body: Any
+        self,
+        client: httpx.Client | httpx.AsyncClient,
+        body: Any,
+        settings: Settings | None = None,
     ) -> httpx.Request:
-        """The request for ``client``, with ``body`` (the face's reading of :attr:`content`)."""
+        """
+        The request for ``client``, with ``body`` (the face's reading of
+        :attr:`content`).  With ``settings``, the daemon's URL and token go
+        on the request itself, so a caller's own httpx client (made with no
+        ``base_url`` or ``Authorization``, for its proxies, TLS or hooks)
+        reaches the daemon as the given identity.
+        """
+        url = self.path
+        headers = with_trace_context(self.headers)
+        if settings is not None:
+            url = settings.url + self.path
+            headers = {**settings.headers(), **headers}
         return client.build_request(
             self.method,
-            self.path,
+            url,
             params=self.params,
             json=self.json,
             content=body,
-            headers=with_trace_context(self.headers),
+            headers=headers,
             timeout=self.timeout,
         )
 

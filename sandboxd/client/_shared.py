@@ -50,6 +50,8 @@ class RangeState:
         self.etag = etag
         self.total: int | None = None
         self.on_etag = on_etag
+        #: The daemon answered at least once (a failure is then a cut).
+        self.answered = False
 
     def request_headers(self) -> dict[str, str]:
         """``Range`` from the offset, with ``If-Range`` so a changed file starts over."""
@@ -72,6 +74,7 @@ class RangeState:
         :raises ConnectionFailed: the file shrank under a resume (asked again
             from the start).
         """
+        self.answered = True
         if status == 416:
             found = _UNSATISFIED.match(headers.get("content-range", ""))
             size = int(found.group(1)) if found else -1
@@ -112,6 +115,9 @@ class RangeState:
         """The error to raise once retries ran out."""
         if isinstance(error, SandboxError):
             return error
+        if not self.answered and not self.offset:
+            # Never reached: said as any other call says it, not as a cut.
+            return transport_error(error, "GET /files/raw")
         return transport_error(
             error, f"download cut at {self.offset} of {self.total or '?'} bytes"
         )
@@ -403,13 +409,6 @@ def command_result(answer: Mapping[str, Any]) -> CommandResult:
         int(answer.get("dropped_bytes", 0) or 0),
         {k: v for k, v in answer.items() if k not in known},
     )
-
-
-def shell_timeout(timeout: float | None, default: float) -> float:
-    """How long the client waits for ``/shell``: the child's limit plus a margin."""
-    if timeout is not None:
-        return timeout + 15.0
-    return max(default, 315.0)
 
 
 def stream_error(error: Mapping[str, Any], result: CommandResult) -> SandboxError:

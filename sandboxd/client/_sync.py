@@ -15,7 +15,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings, SSELines
+from sandboxd.client._core import Settings, SSELines, open_client
 from sandboxd.client._plan import (
     WS_OPTIONS,
     BlockingFace,
@@ -42,8 +42,13 @@ def _chunks(body: Chunks) -> Iterator[bytes]:
 class Blocking(BlockingFace):
     """Runs the shared calls in the caller's thread, each op blocking."""
 
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(
+        self, client: httpx.Client, settings: Settings | None = None, owned: bool = True
+    ) -> None:
         self.client = client
+        self.settings = settings
+        #: Made by the sandbox (closed with it), not given by the caller.
+        self.owned = owned
 
     def run(self, awaitable: Awaitable[T]) -> T:
         """Step the call, performing each op as it asks, until it returns."""
@@ -87,12 +92,14 @@ class Blocking(BlockingFace):
         time.sleep(seconds)
 
     def request(self, outgoing: Outgoing) -> httpx.Response:
+        open_client(self.client)
         content = outgoing.content
         body = _chunks(content) if isinstance(content, Chunks) else content
-        return self.client.send(outgoing.build(self.client, body))
+        return self.client.send(outgoing.build(self.client, body, self.settings))
 
     def open_stream(self, outgoing: Outgoing) -> Opened:
-        sent = outgoing.build(self.client, None)
+        open_client(self.client)
+        sent = outgoing.build(self.client, None, self.settings)
         return Opened(self.client.send(sent, stream=True))
 
     def read_all(self, opened: Opened) -> None:
@@ -116,7 +123,11 @@ class Blocking(BlockingFace):
 
     def ws_open(self, url: str, headers: Any, timeout: float) -> ClientConnection:
         options = {"additional_headers": headers, "open_timeout": timeout}
-        ws: ClientConnection = ws_connect(url, **options, **WS_OPTIONS)
+        # Entered as a context manager: the one form of connect() that no
+        # websockets release from 13 on deprecates (a bare call warns from
+        # 17.1, and is to return a reconnecting iterator later). Its exit
+        # only closes the connection, which ws_close does.
+        ws: ClientConnection = ws_connect(url, **options, **WS_OPTIONS).__enter__()
         return ws
 
     def ws_recv(self, ws: ClientConnection, timeout: float | None) -> str | bytes:
@@ -155,13 +166,18 @@ class Sandbox(Client[Blocking, httpx.Client]):
         after a lost connection.
     :param wait_on_rate_limit: on a 429, wait ``retry_after`` and retry.
     :param pty_url: the PTY WebSocket base (``ws://host:9001``).
-    :param http_client: an ``httpx.Client`` to use instead of a new one.
+    :param http_client: an ``httpx.Client`` to use instead of a new one
+        (its proxies, TLS settings, hooks): ``url``, ``token`` and
+        ``timeout`` still decide where, as whom and how long; the caller
+        closes it.
     """
 
     def _connect(
         self, settings: Settings, http_client: httpx.Client | None
     ) -> Blocking:
-        return Blocking(http_client or httpx.Client(**settings.client_options()))
+        if http_client is not None:
+            return Blocking(http_client, settings, owned=False)
+        return Blocking(httpx.Client(**settings.client_options()), settings)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -170,5 +186,6 @@ class Sandbox(Client[Blocking, httpx.Client]):
         self.close()
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._face.client.close()
+        """Close the connection pool (not that of a given ``http_client``)."""
+        if self._face.owned:
+            self._face.client.close()

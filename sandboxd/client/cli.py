@@ -13,10 +13,12 @@ sandboxd.client.cli`` runs them directly.
 from __future__ import annotations
 
 import argparse
+import base64
 import codecs
 import contextlib
 import io
 import json
+import math
 import os
 import posixpath
 import select
@@ -61,6 +63,23 @@ TIMED_OUT = 124
 DETACH_KEYS = "ctrl-p,ctrl-q"
 
 
+def _seconds(text: str) -> float:
+    """
+    A number of seconds from the command line: finite and above 0 (float()
+    alone takes ``nan``, ``inf`` and negatives, which fail later with a
+    traceback, or as a network error for 0).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -73,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--request-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         metavar="SECONDS",
         help="seconds to wait for each answer (default 30)",
@@ -99,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         dest="limit",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="seconds before the daemon kills it",
     )
@@ -168,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--server", help="a language server id (default: by file type)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="wait this long for the server's report (default: the daemon's)",
     )
@@ -220,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", help="a kernelspec (default: the daemon's default)")
     p.add_argument("--context", help="use this context (kept at exit)")
     p.add_argument("--keep", action="store_true", help="keep a new context at exit")
-    p.add_argument("--timeout", type=float, help="seconds per execution")
+    p.add_argument("--timeout", type=_seconds, help="seconds per execution")
     p = sub.add_parser("ui", parents=[common], help=CLIENT_COMMANDS["ui"])
     p.add_argument(
         "--ttl",
@@ -254,6 +273,13 @@ def _print_json(data: Any, out: TextIO) -> None:
 def _explain(error: SandboxError, url: str) -> str:
     if isinstance(error, Unauthorized):
         return f"token rejected: {url} refused it ({error.message}): pass --token or set SANDBOXD_TOKEN"
+    if isinstance(error, ConnectionFailed) and "ws_url" in error.body:
+        return (
+            f"cannot reach the terminal port ({error.message}), though the daemon "
+            f"at {url} answered: give its PTY port as --pty-url or SANDBOXD_PTY_URL"
+        )
+    if isinstance(error, ConnectionFailed) and error.body.get("cut"):
+        return f"the connection to the daemon at {url} was lost mid-answer: {error.message}"
     if isinstance(error, ConnectionFailed):
         return f"cannot reach the daemon at {url}: {error.message}"
     return str(error)
@@ -326,6 +352,7 @@ def _run_exec(
     """``exec`` once its command line and stdin are known."""
     if args.json:
         got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        timed_out: DeadlineExceeded | None = None
         try:
             result = sb.commands.run_bytes(
                 command,
@@ -334,19 +361,23 @@ def _run_exec(
                 on_stderr=got["stderr"].append,
                 **options,
             )
+            exit_code, truncated = result.exit_code, result.truncated
         except DeadlineExceeded as e:
-            _print_json({"error": e.message, "code": e.code, **e.body}, out)
-            return TIMED_OUT
-        _print_json(
-            {
-                "stdout": b"".join(got["stdout"]).decode("utf-8", "replace"),
-                "stderr": b"".join(got["stderr"]).decode("utf-8", "replace"),
-                "exit_code": result.exit_code,
-                "truncated": result.truncated,
-            },
-            out,
-        )
-        return exit_status(result.exit_code)
+            timed_out = e
+            exit_code = e.body.get("exit_code")
+            truncated = bool(e.body.get("truncated"))
+        # One shape whether or not it timed out: the output so far, then
+        # what ended it.
+        doc: dict[str, Any] = {
+            **_json_output("stdout", got["stdout"]),
+            **_json_output("stderr", got["stderr"]),
+            "exit_code": exit_code,
+            "truncated": truncated,
+        }
+        if timed_out is not None:
+            doc.update(error=timed_out.message, code=timed_out.code)
+        _print_json(doc, out)
+        return TIMED_OUT if timed_out is not None else exit_status(exit_code)
     try:
         result = sb.commands.run_bytes(
             command,
@@ -358,6 +389,15 @@ def _run_exec(
     except DeadlineExceeded as e:
         err.write(f"sandboxd exec: {e.message}\n")
         return TIMED_OUT
+    except ConnectionFailed as e:
+        if not e.body.get("cut"):
+            raise
+        err.write(
+            f"sandboxd exec: the connection to the daemon at {sb.url} was lost "
+            f"({e.message}): the output above is incomplete, and the daemon ends "
+            "a command whose client is gone\n"
+        )
+        return 1
     except SandboxError as e:
         status = _cannot_run(e)
         if status is None:
@@ -371,6 +411,22 @@ def _run_exec(
         )
         return exit_status(result.exit_code) or 1
     return exit_status(result.exit_code)
+
+
+def _json_output(name: str, chunks: list[bytes]) -> dict[str, str]:
+    """
+    ``exec --json``'s ``stdout`` (or ``stderr``) as text; output that is
+    not UTF-8 also as ``NAME_base64``, its exact bytes, since the text then
+    holds U+FFFD where they were.
+    """
+    data = b"".join(chunks)
+    try:
+        return {name: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            name: data.decode("utf-8", "replace"),
+            f"{name}_base64": base64.b64encode(data).decode("ascii"),
+        }
 
 
 #: Exit statuses of a command that could not be run, as a shell gives them.
@@ -643,8 +699,8 @@ def cmd_cp(
         if remote_src and e.type == "IsADirectoryError":
             err.write(f"sandboxd cp: {src}: is a directory (copy it with -r)\n")
             return 1
-        if remote_src and isinstance(e, ConnectionFailed):
-            part = (local if remote_src else "") + ".part"
+        part = (local if remote_src else "") + ".part"
+        if remote_src and isinstance(e, ConnectionFailed) and os.path.exists(part):
             err.write(
                 f"sandboxd cp: {e.message}; the partial file {part} is kept: run the same cp again to resume\n"
             )
@@ -979,7 +1035,7 @@ def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
 #: Commands whose status 1 is an answer (errors found, no definition), so
 #: a refusal or an unreachable daemon exits 2, as compilers and grep report
 #: trouble.
-ANSWERS_WITH_ONE = frozenset({"diagnostics", "definition"})
+ANSWERS_WITH_ONE = frozenset({"grep", "diagnostics", "definition"})
 
 
 def _position(spec: str) -> tuple[str, int, int]:
@@ -1094,7 +1150,11 @@ def cmd_logs(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         elif event.event == "gap":
             err.write(f"[output {data.get('from')}..{data.get('to')} no longer kept]\n")
         if event.event == "exit":
-            break
+            # How it ended, as exec reports it: 143 for SIGTERM, not -15.
+            status = exit_status(data.get("exit_code"))
+            if not args.json:
+                err.write(f"[process {args.pid} exited, status {status}]\n")
+            return status
     return 0
 
 
@@ -1297,20 +1357,79 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         )
         return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
-    with _raw_mode(stdin):
-        if args.session:
-            terminal = sb.pty.attach(args.session)
-            terminal.resize(*size)
-        else:
-            # Detaching leaves the session for `sandboxd term SESSION`.
-            terminal = sb.pty.open(
-                keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+    terminal: Terminal[Blocking] | None = None
+    try:
+        with _signals_raise(signal.SIGTERM, signal.SIGHUP), _raw_mode(stdin):
+            if args.session:
+                terminal = sb.pty.attach(args.session)
+                # A session whose shell has just ended closes the connection
+                # after its scrollback: the loop below reads and says so.
+                with contextlib.suppress(ConnectionFailed):
+                    terminal.resize(*size)
+            else:
+                # Detaching leaves the session for `sandboxd term SESSION`.
+                terminal = sb.pty.open(
+                    keep=True,
+                    cols=size[0],
+                    rows=size[1],
+                    shell=args.shell,
+                    cwd=args.cwd,
+                )
+            err.write(
+                f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
             )
-        err.write(
-            f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n"
-        )
-        err.flush()
-        return run_terminal(terminal, keys, stdin, stdout, err)
+            err.flush()
+            return run_terminal(terminal, keys, stdin, stdout, err)
+    except (Signalled, KeyboardInterrupt) as e:
+        # Killed (a supervisor's SIGTERM, a closed window's SIGHUP): the
+        # terminal is restored by now, and the session lives on as after
+        # a detach, so the user is told how to get back to it.
+        signum = e.signum if isinstance(e, Signalled) else signal.SIGINT
+        if terminal is not None:
+            with contextlib.suppress(OSError, ValueError):
+                err.write(_detached(terminal.session_id, signal.Signals(signum).name))
+                err.flush()
+        return 128 + signum
+
+
+class Signalled(BaseException):
+    """A signal that ends ``term`` (SIGTERM, SIGHUP), raised where the program is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise(*signums: int) -> Iterator[None]:
+    """
+    ``signums`` raise :class:`Signalled` for the block (their default
+    ends the interpreter without running ``finally`` clauses, which would
+    leave the local terminal raw); after the first, all are ignored so
+    the cleanup runs to its end.
+    """
+
+    def handler(signum: int, frame: Any) -> None:
+        for each in signums:
+            signal.signal(each, signal.SIG_IGN)
+        raise Signalled(signum)
+
+    saved = {each: signal.signal(each, handler) for each in signums}
+    try:
+        yield
+    finally:
+        for each, previous in saved.items():
+            signal.signal(each, previous)
+
+
+def _detached(session_id: str, why: str | None = None) -> str:
+    """The line that says a session runs on, and how to get back to it."""
+    cause = f" ({why})" if why else ""
+    return (
+        f"\r\n[detached from session {session_id}{cause}; reattach with: sandboxd term {session_id}"
+        "\r\n with no client and no output the daemon closes it after its idle"
+        " timeout (30 min by default), ending what runs in it]\r\n"
+    )
 
 
 @contextlib.contextmanager
@@ -1398,11 +1517,7 @@ def run_terminal(
     if detached:
         # The daemon closes a session with no client and no output after
         # its idle timeout: a quiet job left running here would end with it.
-        err.write(
-            f"\r\n[detached from session {terminal.session_id}; reattach with: sandboxd term {terminal.session_id}"
-            "\r\n with no client and no output the daemon closes it after its idle"
-            " timeout (30 min by default), ending what runs in it]\r\n"
-        )
+        err.write(_detached(terminal.session_id))
         return 0
     if failure and not isinstance(failure[0], ConnectionFailed):
         raise failure[0]
@@ -1411,9 +1526,20 @@ def run_terminal(
             f"\r\n[session {terminal.session_id} ended, exit code {terminal.exit_code}]\r\n"
         )
         return exit_status(terminal.exit_code)
-    err.write(
-        f"\r\n[connection to session {terminal.session_id} lost; reattach with: sandboxd term {terminal.session_id}]\r\n"
-    )
+    sid = terminal.session_id
+    try:
+        terminal._pty.get(sid)
+    except NotFoundError:
+        err.write(f"\r\n[session {sid} is gone: the daemon ended it]\r\n")
+    except SandboxError:
+        err.write(
+            f"\r\n[connection to the daemon lost; session {sid} ended with it if the "
+            f"daemon stopped; once it is back, try: sandboxd term {sid}]\r\n"
+        )
+    else:
+        err.write(
+            f"\r\n[connection to session {sid} lost; reattach with: sandboxd term {sid}]\r\n"
+        )
     return 1
 
 
@@ -1428,7 +1554,20 @@ def _run_cell(
     out: TextIO,
     err: TextIO,
 ) -> bool:
-    """One execution, its output as it comes; whether it ended ``ok``."""
+    """
+    One execution, its output as it comes; whether it ended ``ok``.  With
+    ``--json``, its result document once it ended (``stdout``, ``results``
+    with every MIME bundle, ``error``): one indented document for ``-c``,
+    one line per cell in the loop.
+    """
+    if args.json:
+        doc = sb.code.execute(cid, source, timeout=args.timeout)
+        if args.source is not None:
+            _print_json(doc, out)
+        else:
+            out.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
+            out.flush()
+        return doc.get("state") == "ok"
     body: dict[str, Any] = {"code": source, "stream": True}
     if args.timeout is not None:
         body["timeout"] = args.timeout
@@ -1495,11 +1634,17 @@ def _cells(lines: Any, prompt: Callable[[str], None]) -> Any:
         yield "\n".join(block)
 
 
+#: Two Ctrl-C within this many seconds leave the ``code`` loop (one
+#: interrupts the running cell).
+DOUBLE_INTERRUPT_SECONDS = 1.0
+
+
 def cmd_code(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """
     ``sandboxd code``: a context (new unless ``--context``), then ``-c``'s
     code or a read-eval-print loop on stdin; a new context is deleted at
-    exit unless ``--keep``.
+    exit unless ``--keep``.  In the loop, Ctrl-C interrupts the running
+    cell and the loop goes on; a second within a second leaves (130).
     """
     created = args.context is None
     if created:
@@ -1519,11 +1664,24 @@ def cmd_code(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
                     err.write(text)
                     err.flush()
 
+            last_interrupt = -DOUBLE_INTERRUPT_SECONDS
             for cell in _cells(sys.stdin, prompt):
-                ok = _run_cell(sb, cid, cell, args, out, err) and ok
+                try:
+                    ok = _run_cell(sb, cid, cell, args, out, err) and ok
+                except KeyboardInterrupt:
+                    # As python's own prompt: Ctrl-C interrupts the cell and
+                    # the state stays; twice in a row leaves.
+                    now = time.monotonic()
+                    if now - last_interrupt < DOUBLE_INTERRUPT_SECONDS:
+                        raise
+                    last_interrupt = now
+                    sb.code.interrupt(cid)
+                    err.write("KeyboardInterrupt (twice to leave)\n")
+                    err.flush()
+                    ok = False
     except KeyboardInterrupt:
         sb.code.interrupt(cid)
-        ok = False
+        return 130
     finally:
         if created and not args.keep:
             sb.code.delete_context(cid)
@@ -1558,7 +1716,7 @@ def main(
     """
     Run one client command; its exit status (``exec``: the child's;
     1 for a refusal or an unreachable daemon, 2 for bad usage or, from
-    ``diagnostics`` and ``definition``, a refusal; 141, as a
+    ``grep``, ``diagnostics`` and ``definition``, a refusal; 141, as a
     shell reports SIGPIPE, when the reader of our output went away).
 
     :param inp: the local stdin ``exec`` forwards when it is not a

@@ -58,8 +58,8 @@ with Sandbox("http://127.0.0.1:9000", token="...") as sb:
     job.kill()
 
     with sb.pty.open(shell="bash") as term:
-        term.send("ls\\n")
-        print(term.expect("$ "))
+        term.send("ls; echo END-$((6*7))\\n")
+        print(term.expect("END-42"))      # the output, not the echoed command line
 
     try:
         sb.files.read_text("/etc/shadow")
@@ -90,11 +90,18 @@ base to `SANDBOXD_PTY_URL`, else the session's `ws_url` as the daemon gives it
 (when it is created, and from `GET /pty/sessions/{id}` to attach to one), else
 the HTTP port + 1 (the daemon's defaults are 9000 and 9001).
 The token is sent as `Authorization: Bearer`, on the PTY handshake too.
+`http_client` is an `httpx.Client` (`httpx.AsyncClient`) of your own, for its
+proxies, TLS settings or event hooks: the URL, token and timeout above still
+decide where each call goes, as whom and for how long, and closing the sandbox
+leaves it open for you to close.
 
 ## What happens when things go wrong
 
 - **Every call has a timeout** (`timeout`, seconds to connect and between
-  bytes). `commands.run` waits for the command's own `timeout` plus a margin;
+  bytes). `commands.run` and `code.run` wait for the command's own `timeout`
+  (without one, the daemon's limit for it, read once from `/capabilities`)
+  plus a margin, so that a command past its limit ends with the daemon's
+  `Timeout`, whose `body` holds the output so far where the daemon sends it;
   streams allow 30 s between bytes (the daemon sends a heartbeat after 4 s of
   silence). A call that gets no answer in time raises `RequestTimeout`.
 - **Reads are retried** (`retries` times, with a short backoff) when the
@@ -144,9 +151,9 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
 The `sandboxd` command drives a daemon as well as running one. It reads
 `--url`/`--token` or `SANDBOXD_URL`/`SANDBOXD_TOKEN`, prints for humans by
 default and JSON with `--json`, and exits 1 with one line (naming the code
-and rule) when the daemon refuses, 2 on bad usage. `diagnostics` and
-`definition` answer with 1 (an error found, no definition), so they exit 2
-when the daemon refuses, as compilers do.
+and rule) when the daemon refuses, 2 on bad usage. `grep`, `diagnostics` and
+`definition` answer with 1 (no match, an error found, no definition), so they
+exit 2 when the daemon refuses or cannot be reached, as grep and compilers do.
 
 ```sh
 export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...
@@ -181,7 +188,10 @@ the file's bytes goes to stdout.
 `sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and
 exits with its exit code (128 + N when signal N ended it, 124 when the
 daemon killed it at `--timeout`, 1 with a message when the output went
-over the daemon's `max_output_bytes`). When local stdin is not a terminal
+over the daemon's `max_output_bytes`). With `--json` it prints one object:
+`stdout`, `stderr` (with `stdout_base64`/`stderr_base64`, the exact bytes, when
+the output is not UTF-8), `exit_code` and `truncated`, plus `error` and `code`
+when the command ran past its timeout. When local stdin is not a terminal
 it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`;
 read before the command starts). It goes base64-encoded in the request, so
 the daemon's `endpoints.shell_stream.limits.max_request_bytes` bounds it:
@@ -192,11 +202,19 @@ nor its end within a quarter of a second (a supervisor's idle stdin) is not
 waited for; `-n` sends nothing. Piped into
 `head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window
 size on every `SIGWINCH`, and restores the terminal when it detaches or the
-shell exits (then with the shell's exit code). A detached session is not kept
+shell exits (then with the shell's exit code). Ended by a signal (`SIGTERM`
+from `timeout` or a supervisor, `SIGHUP`, `SIGINT`) it restores the terminal
+too, leaves the session running as a detach does, says how to reattach, and
+exits with 128 + the signal's number. A detached session is not kept
 for ever: with no client attached and no output for the daemon's terminal idle
 timeout (`endpoints.pty_create_session.limits.idle_timeout_seconds`, 30
 minutes by default) it is closed, and what runs in it ends, a quiet job
 (`sleep`, a build that prints nothing) included; the detach message says so.
+`logs -f` follows a process to its end, then says how it ended and exits
+with its status as `exec` would (143 for `SIGTERM`); a daemon that stops
+meanwhile is a connection error (status 1), not an end. In `code`'s read-eval-print loop, Ctrl-C interrupts the running cell and the
+loop goes on with the context's state kept; a second Ctrl-C within a second
+leaves (status 130).
 
 """
 

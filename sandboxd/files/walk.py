@@ -262,10 +262,20 @@ def search(
 
 
 def stat_path(guard: PathGuard, path: str) -> dict[str, Any]:
-    """``files_stat``: the entry itself (a link is reported as a link)."""
-    with guard.locate(path, "read", follow=False) as loc:
-        st = loc.lstat()
-        resolved = loc.path
+    """
+    ``files_stat``: the entry itself (a link is reported as a link); a
+    missing path inside the boundary is ``exists: false``, also when a
+    parent is missing or is a file (as ``os.path.exists`` answers), so that
+    "does the build's output exist yet" needs no "does its folder" first.
+    """
+    try:
+        with guard.locate(path, "read", follow=False) as loc:
+            st = loc.lstat()
+            resolved = loc.path
+    except ApiError as e:
+        if e.type not in ("FileNotFoundError", "NotADirectoryError"):
+            raise
+        st, resolved = None, guard.decide(path).target
     name = posixpath.basename(resolved) or resolved
     if st is None:
         return {

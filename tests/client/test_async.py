@@ -24,6 +24,34 @@ from tests.client.base import ClientCase, listen_proxy
 class AsyncClientTests(ClientCase):
     """Each namespace, awaited."""
 
+    def test_aclose_a_watch_another_task_reads(self) -> Any:
+        """
+        ``aclose()`` from one task ends a watch another task is awaiting:
+        its ``async for`` ends quietly (was: RuntimeError, the reader left
+        waiting); ``close()``, the blocking client's, is refused with a
+        pointer to ``aclose()`` rather than doing nothing.
+        """
+        os.makedirs(self.path("w"))
+
+        async def body() -> None:
+            async with self.async_sandbox() as sb:
+                events = await sb.files.watch("w")
+
+                async def read() -> str:
+                    async for _event in events:
+                        pass
+                    return "end"
+
+                reader = asyncio.create_task(read())
+                await asyncio.sleep(0.5)
+                with self.assertRaises(TypeError) as raised:
+                    events.close()  # type: ignore[misc]
+                self.assertIn("aclose", str(raised.exception))
+                await events.aclose()
+                self.assertEqual(await asyncio.wait_for(reader, 2), "end")
+
+        return self.in_loop(body)
+
     def test_files(self) -> Any:
         """Text, bytes, tree operations, upload and download, watch."""
         local = os.path.realpath(self.mktemp())

@@ -7,6 +7,7 @@ a separate process talking to a real daemon on loopback.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -108,6 +109,54 @@ class ExecTests(ClientCase):
         self.assertIn(b"invalid daemon URL", malformed.stderr)
 
     @inlineCallbacks
+    def test_bad_numbers_of_seconds(self) -> Any:
+        """
+        A timeout that is not a number of seconds above 0 (``-1``, ``0``,
+        ``nan``, ``inf``) is bad usage: exit 2 with a line naming it, no
+        traceback, nothing run (was: a traceback, or a network error for 0).
+        """
+        for args in (
+            ("ls", "--request-timeout", "-1"),
+            ("ls", "--request-timeout", "0"),
+            ("ls", "--request-timeout", "nan"),
+            ("exec", "--timeout", "nan", "--", "touch", "ran"),
+            ("exec", "--timeout", "inf", "--", "touch", "ran"),
+            ("code", "--timeout", "-5", "-c", "1"),
+        ):
+            done = yield self.cli(*args)
+            self.assertEqual(done.returncode, 2, (args, done.stderr))
+            self.assertIn(b"number of seconds", done.stderr, args)
+            self.assertNotIn(b"Traceback", done.stderr, args)
+        self.assertFalse(os.path.exists(self.path("ran")))
+
+    @inlineCallbacks
+    def test_messages_say_what_went_wrong(self) -> Any:
+        """
+        A download from a daemon that cannot be reached says so (was: "download
+        cut at 0 of ? bytes" and a .part file that is not there); an exec
+        whose connection is cut mid-output says its output is incomplete
+        and the command ended (was: "cannot reach the daemon").
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        target = os.path.join(local, "x")
+        gone = yield self.cli("cp", ":f.txt", target, "--url", "http://127.0.0.1:9")
+        self.assertEqual(gone.returncode, 1)
+        self.assertIn(b"cannot reach the daemon at http://127.0.0.1:9", gone.stderr)
+        self.assertNotIn(b"cut", gone.stderr)
+        self.assertNotIn(b".part", gone.stderr)
+        self.assertEqual(os.listdir(local), [])
+
+        _, url = listen_proxy(self, lambda index, data: len(data) > 20_000)
+        cut = yield self.cli(
+            "exec", "--url", url, "--", "sh", "-c", "seq -f line-%g 100000; sleep 30"
+        )
+        self.assertEqual(cut.returncode, 1)
+        self.assertIn(b"was lost", cut.stderr)
+        self.assertIn(b"the output above is incomplete", cut.stderr)
+        self.assertIn(b"line-1\n", cut.stdout)
+
+    @inlineCallbacks
     def test_token_and_url_mistakes(self) -> Any:
         """
         A token with a trailing newline (read from a file or a secret)
@@ -151,6 +200,32 @@ class ExecBytesTests(ClientCase):
         self.assertEqual(done.stdout, bytes(range(256)) * 3907 + b"\xff\xfe")
         err = yield self.cli("exec", "--", "sh", "-c", "printf '\\377ok' >&2")
         self.assertEqual(err.stderr, b"\xffok")
+
+    @inlineCallbacks
+    def test_json_output_not_utf8_and_timed_out(self) -> Any:
+        """
+        ``exec --json`` gives output that is not UTF-8 also as
+        ``stdout_base64``, its exact bytes (was: U+FFFD in their place and
+        no word of it); a run past ``--timeout`` has the same shape, with
+        the output so far, plus ``error`` and ``code`` (status 124).
+        """
+        done = yield self.cli("exec", "--json", "--", "printf", "a\\377b\\n")
+        doc = json.loads(done.stdout)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(doc["stdout"], "a\ufffdb\n")
+        self.assertEqual(base64.b64decode(doc["stdout_base64"]), b"a\xffb\n")
+        self.assertNotIn("stderr_base64", doc)
+        late = yield self.cli(
+            "exec", "--json", "--timeout", "1", "--", "sh", "-c", "echo hi; sleep 30"
+        )
+        self.assertEqual(late.returncode, 124)
+        doc = json.loads(late.stdout)
+        self.assertEqual(
+            {k: doc[k] for k in ("stdout", "stderr", "truncated", "code")},
+            {"stdout": "hi\n", "stderr": "", "truncated": False, "code": "timeout"},
+        )
+        self.assertIn("exit_code", doc)
+        self.assertIn("error", doc)
 
     @inlineCallbacks
     def test_archive_through_a_pipe(self) -> Any:
@@ -630,7 +705,8 @@ class ListingTests(ClientCase):
     def test_grep(self) -> Any:
         """
         ``PATH:LINE:TEXT`` per matching line (a line once however many
-        matches it holds), exit 0; no match exits 1; --json the answer.
+        matches it holds), exit 0; no match exits 1, trouble 2; --json the
+        answer.
         """
         os.makedirs(self.path("src"))
         with open(self.path("src", "a.py"), "w") as f:
@@ -649,6 +725,17 @@ class ListingTests(ClientCase):
         )
         none = yield self.cli("grep", "nowhere", "src")
         self.assertEqual((none.returncode, none.stdout), (1, b""))
+        # Trouble is 2, as grep(1) says it: a bad pattern, a refused path,
+        # a wrong token, no daemon.
+        for args, env in (
+            (("grep", "(", "src"), None),
+            (("grep", "x", "/etc"), None),
+            (("grep", "x", "src"), {"SANDBOXD_TOKEN": "wrong"}),
+            (("grep", "x", "src"), {"SANDBOXD_URL": "http://127.0.0.1:9"}),
+        ):
+            trouble = yield self.cli(*args, env=env)
+            self.assertEqual(trouble.returncode, 2, (args, env, trouble.stderr))
+            self.assertIn(b"sandboxd grep: ", trouble.stderr)
         js = yield self.cli("grep", "--json", "-i", "X", "src")
         self.assertEqual(len(json.loads(js.stdout)["matches"]), 5)
 
@@ -679,6 +766,9 @@ class ListingTests(ClientCase):
         self.assertEqual(killed.returncode, 0, killed.stderr)
         followed = yield self.cli("logs", "-f", str(p.pid))
         self.assertEqual(followed.stdout, b"hello\n")
+        # How it ended, as exec says it (was: 0 and nothing).
+        self.assertEqual(followed.returncode, 143)
+        self.assertIn(f"[process {p.pid} exited, status 143]".encode(), followed.stderr)
         info = yield self.in_thread(sb.commands.get, p.pid)
         self.assertEqual(info["exit_code"], -15)
         missing = yield self.cli("logs", "999999")
@@ -917,6 +1007,38 @@ class TermTests(ClientCase):
             again.expect(pexpect_eof())
             again.wait()
             self.assertEqual(again.exitstatus, 3)
+
+        return self.in_thread(body)
+
+    def test_killed_term_restores_the_terminal(self) -> Any:
+        """
+        ``term`` sent SIGTERM or SIGHUP (``timeout``, a supervisor, a
+        closed window) puts the local terminal back as it was (echo, line
+        editing: was left raw) and says the session runs on and how to
+        reattach, as a detach does; its status is 128 + the signal.
+        """
+        import signal
+        import termios
+
+        def body() -> None:
+            sb = self.sandbox()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                child = self._spawn("--shell", "sh")
+                child.expect(r"\[session ([0-9a-f]+); detach with")
+                session = child.match.group(1).decode()
+                child.send("echo $((6*7))x\r")
+                child.expect("42x")
+                child.kill(sig)
+                child.expect(f"detached from session {session} \\({sig.name}\\)")
+                child.expect(f"reattach with: sandboxd term {session}")
+                lflag = termios.tcgetattr(child.child_fd)[3]
+                child.expect(pexpect_eof())
+                child.wait()
+                self.assertEqual(child.exitstatus, 128 + sig, sig.name)
+                self.assertTrue(lflag & termios.ECHO, sig.name)
+                self.assertTrue(lflag & termios.ICANON, sig.name)
+                self.assertIs(sb.pty.get(session)["alive"], True)
+                sb.pty.close(session)
 
         return self.in_thread(body)
 

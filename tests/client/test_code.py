@@ -5,13 +5,19 @@ daemon and a real ipykernel.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import NotFoundError, RateLimited
-from tests.client.base import ClientCase
+from tests.client.base import ROOT, ClientCase
 from tests.kernels.test_contexts import (
     KERNEL_CALL_SECONDS,
     KERNEL_CASE_SECONDS,
@@ -121,12 +127,95 @@ class CodeCommandTests(KernelClientCase):
         self.assertEqual(listed.json()["contexts"], [])
 
     @inlineCallbacks
+    def test_json(self) -> Any:
+        """
+        ``--json`` prints the execution's result document (was: the same
+        text as without it): output, the value's MIME bundle, the error;
+        in the loop, one document per line.
+        """
+        done = yield self.cli("code", "--json", "-c", "print('hi')\n6 * 7")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        doc = json.loads(done.stdout)
+        self.assertEqual((doc["state"], doc["stdout"]), ("ok", "hi\n"))
+        self.assertEqual(doc["results"][-1]["data"]["text/plain"], "42")
+        failed = yield self.cli("code", "--json", "-c", "1/0")
+        self.assertEqual(failed.returncode, 1)
+        self.assertEqual(
+            json.loads(failed.stdout)["error"]["ename"], "ZeroDivisionError"
+        )
+        loop = yield self.cli("code", "--json", input=b"x = 5\nx + 1\n")
+        docs = [json.loads(line) for line in loop.stdout.splitlines()]
+        self.assertEqual([d["state"] for d in docs], ["ok", "ok"])
+        self.assertEqual(docs[1]["results"][-1]["data"]["text/plain"], "6")
+
+    @inlineCallbacks
     def test_repl_keeps_state(self) -> Any:
         """Lines on stdin are cells of one context; a block ends at an empty line."""
         script = b"x = 5\nfor i in range(2):\n    x += 1\n\nprint(x)\n"
         done = yield self.cli("code", input=script)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout, b"7\n")
+
+    @inlineCallbacks
+    def test_repl_ctrl_c_interrupts_the_cell(self) -> Any:
+        """
+        Ctrl-C (SIGINT) during a cell of the loop interrupts that cell and
+        the loop goes on with the context's state kept (was: the loop
+        ended and deleted the context); two within a second leave it.
+        """
+
+        def body() -> tuple[bytes, bytes, int, bytes, int]:
+            env = {
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONPATH": ROOT,
+                "SANDBOXD_URL": self.daemon.url,
+                "SANDBOXD_TOKEN": self.daemon.token or "",
+            }
+            command = [sys.executable, "-m", "sandboxd.client.cli", "code"]
+            command += ["--request-timeout", str(self.call_seconds)]
+            child = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(
+                b"import time\nx = 41\nprint('sleeping', flush=True); time.sleep(60)\n"
+            )
+            child.stdin.flush()
+            line = child.stdout.readline()
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(b"print(x + 1)\n", timeout=60)
+            first = (line + out, err, child.returncode)
+
+            again = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert again.stdin is not None and again.stdout is not None
+            again.stdin.write(
+                b"import time; print('sleeping', flush=True); time.sleep(60)\n"
+            )
+            again.stdin.flush()
+            again.stdout.readline()
+            again.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            again.send_signal(signal.SIGINT)
+            _, err2 = again.communicate(timeout=60)
+            return (*first, err2, again.returncode)
+
+        out, err, status, err2, status2 = yield self.in_thread(body)
+        self.assertIn(b"KeyboardInterrupt", err)
+        self.assertEqual(out, b"sleeping\n42\n", err)
+        self.assertEqual(status, 1)
+        self.assertEqual(status2, 130, err2)
+        listed = yield self.request("GET", "/code/contexts")
+        self.assertEqual(listed.json()["contexts"], [])
 
 
 #: Cells whose result documents the streamed ``execute`` must reproduce:

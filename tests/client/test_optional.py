@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from typing import Any
 
-from sandboxd.client.errors import InvalidRequest, NotFound
+import httpx
+
+from sandboxd.client.errors import InvalidRequest, NotFound, Timeout
 from tests.agents.test_agents import CATALOG
 from tests.browser.test_browser import SKIP_REASON as BROWSER_SKIP
 from tests.browser.test_browser import browser_start_room, serve_pages
@@ -75,6 +78,73 @@ class DevToolsTests(ClientCase):
             os.makedirs(self.path("not-a-repo"))
             with self.assertRaises(InvalidRequest):
                 sb.git.status("not-a-repo")
+
+        return self.in_thread(body)
+
+
+class RunTimeoutTests(ClientCase):
+    """
+    How long ``code.run`` and ``commands.run`` wait: the daemon's limit for
+    the child (the call's ``timeout``, else the policy's) plus a margin,
+    whatever the client's own ``timeout``.
+    """
+
+    policy = {
+        "groups": {"dev_tools": True},
+        "endpoints": {
+            "code_run": {"limits": {"timeout_seconds": 6}},
+            "shell": {"limits": {"timeout_seconds": 1800}},
+        },
+    }
+
+    def test_code_run_waits_for_the_daemon(self) -> Any:
+        """
+        With a client ``timeout`` of 1 s, a 2 s snippet succeeds, and one
+        past the policy's 6 s raises the daemon's ``Timeout`` (not a
+        client-side ``RequestTimeout`` with nothing) at about 6 s.
+        """
+
+        def body() -> None:
+            sb = self.sandbox(timeout=1)
+            done = sb.code.run("import time; time.sleep(2); print('slept')")
+            self.assertEqual(done["stdout"], "slept\n")
+            started = time.monotonic()
+            with self.assertRaises(Timeout) as raised:
+                sb.code.run("print('partial', flush=True)\nimport time; time.sleep(30)")
+            self.assertEqual(raised.exception.status, 408)
+            self.assertLess(time.monotonic() - started, 15)
+            with self.assertRaises(Timeout):
+                sb.code.run("import time; time.sleep(30)", timeout=2)
+
+        return self.in_thread(body)
+
+    def test_commands_run_waits_the_policy_limit(self) -> Any:
+        """
+        ``commands.run`` without ``timeout`` waits the policy's 1800 s
+        (plus a margin) for the answer, read from ``capabilities`` once (was
+        315 s, after which the daemon killed a longer command); with
+        ``timeout`` it waits that, plus the margin; a timed-out command's
+        error carries the output so far.
+        """
+
+        def body() -> None:
+            reads: list[Any] = []
+            urls: list[str] = []
+
+            def seen(request: httpx.Request) -> None:
+                urls.append(request.url.path)
+                reads.append(request.extensions["timeout"]["read"])
+
+            own = httpx.Client(event_hooks={"request": [seen]})
+            self.addCleanup(own.close)
+            sb = self.sandbox(timeout=2, http_client=own)
+            self.assertEqual(sb.commands.run("sleep 3").exit_code, 0)
+            self.assertEqual(sb.commands.run("true").exit_code, 0)
+            with self.assertRaises(Timeout) as raised:
+                sb.commands.run("sh -c 'echo partial; sleep 30'", timeout=1)
+            self.assertEqual(raised.exception.body["stdout"], "partial\n")
+            self.assertEqual(urls, ["/capabilities", "/shell", "/shell", "/shell"])
+            self.assertEqual(reads[1:], [1815.0, 1815.0, 16.0])
 
         return self.in_thread(body)
 

@@ -23,7 +23,9 @@ from sandboxd.client import (
     AsyncSandbox,
     InvalidParam,
     NotFound,
+    PathNotAllowed,
     PreconditionFailed,
+    RequestTimeout,
     Sandbox,
     Timeout,
 )
@@ -296,6 +298,81 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_exists_with_a_missing_parent(self) -> Any:
+        """
+        ``exists`` answers False for a path whose parent directory is
+        missing, or is a file (was: NotFound and InvalidPath raised), as
+        ``os.path.exists`` does; ``stat`` says ``exists: false`` with the
+        path it looked at.  Outside the boundary is still refused.
+        """
+        os.makedirs(self.path("a"))
+        with open(self.path("a", "f.txt"), "w") as f:
+            f.write("x")
+
+        def body() -> None:
+            sb = self.sandbox()
+            self.assertTrue(sb.files.exists("a/f.txt"))
+            for path in ("nope.txt", "nodir/x.txt", "a/nodir/x.txt", "a/f.txt/x"):
+                self.assertIs(sb.files.exists(path), False, path)
+            found = sb.files.stat("nodir/x.txt")
+            self.assertEqual(
+                (found["exists"], found["type"], found["path"], found["name"]),
+                (False, "unknown", self.path("nodir", "x.txt"), "x.txt"),
+            )
+            with self.assertRaises(PathNotAllowed):
+                sb.files.exists("/etc/nodir/x")
+
+        return self.in_thread(body)
+
+    def test_close_a_watch_another_thread_reads(self) -> Any:
+        """
+        ``close()`` from one thread ends a watch another thread is blocked
+        reading: the reader's loop ends quietly at once (was: ``close()``
+        raised RuntimeError and the reader stayed blocked); closing the
+        whole client under a reader ends it with a ``SandboxError``.
+        """
+        import threading
+
+        from sandboxd.client import ConnectionFailed
+
+        os.makedirs(self.path("w"))
+
+        def read(events: Any, ended: dict[str, Any]) -> None:
+            try:
+                for _event in events:
+                    pass
+                ended["how"] = "end"
+            except BaseException as e:
+                ended["how"] = e
+
+        def body() -> None:
+            sb = self.sandbox()
+            events = sb.files.watch("w")
+            ended: dict[str, Any] = {}
+            reader = threading.Thread(target=read, args=(events, ended))
+            reader.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            events.close()
+            reader.join(10)
+            self.assertFalse(reader.is_alive())
+            self.assertLess(time.monotonic() - started, 2)
+            self.assertEqual(ended, {"how": "end"})
+            self.assertEqual(list(events), [])
+
+            other = self.sandbox()
+            events = other.files.watch("w")
+            ended = {}
+            reader = threading.Thread(target=read, args=(events, ended))
+            reader.start()
+            time.sleep(0.5)
+            other.close()
+            reader.join(10)
+            self.assertFalse(reader.is_alive())
+            self.assertIsInstance(ended["how"], ConnectionFailed)
+
+        return self.in_thread(body)
+
     def test_break_out_of_watch(self) -> Any:
         """
         A ``break`` out of ``for event in stream`` with no ``with`` or
@@ -471,6 +548,34 @@ class CommandsTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_wait_timeout_on_a_silent_process(self) -> Any:
+        """
+        ``wait(timeout=N)`` raises ``RequestTimeout`` about N seconds in
+        when the process prints nothing (the daemon sends only heartbeats),
+        also for an N longer than the heartbeat's interval, and after some
+        output; the process runs on.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            for timeout, command in (
+                (1.0, "sleep 30"),
+                (6.0, "sleep 30"),
+                (1.0, "sh -c 'echo one; sleep 30'"),
+            ):
+                p = sb.commands.start(command)
+                started = time.monotonic()
+                with self.assertRaises(RequestTimeout) as raised:
+                    p.wait(timeout=timeout)
+                took = time.monotonic() - started
+                self.assertGreaterEqual(took, timeout)
+                self.assertLess(took, timeout + 1.5, command)
+                self.assertIn("still runs", raised.exception.message)
+                self.assertEqual(p.info()["state"], "running")
+                p.kill()
+
+        return self.in_thread(body)
+
     def test_output_cursor(self) -> Any:
         """
         ``output`` pages from the handle's cursor: a second read returns
@@ -634,6 +739,116 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_expect_keeps_what_it_read(self) -> Any:
+        """
+        ``expect`` that times out says so with what it read (was: "no
+        terminal output" although output came) and keeps that output for
+        the next ``expect``; a match returns the text up to it and keeps
+        the rest.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.pty.open(shell="sh") as term:
+                term.send("echo hel''lo wor''ld; echo sec''ond\n")
+                with self.assertRaises(RequestTimeout) as raised:
+                    term.expect("never", timeout=2)
+                self.assertIn("'never' not seen within 2", raised.exception.message)
+                self.assertIn("hello world", raised.exception.message)
+                head = term.expect("hello")
+                self.assertTrue(head.endswith("hello"), head)
+                self.assertIn(" world", term.expect("world"))
+                self.assertIn("second", term.expect("second"))
+
+        return self.in_thread(body)
+
+    def test_no_deprecated_websockets_call(self) -> Any:
+        """
+        Opening, using and closing a terminal of the blocking client warns
+        of nothing (was: websockets' DeprecationWarning that connect() must
+        be used as a context manager, from a call a later release drops).
+        """
+        import warnings
+
+        def body() -> list[str]:
+            sb = self.sandbox()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with sb.pty.open(shell="sh") as term:
+                    term.send("echo ok$((1+1))\n")
+                    term.expect("ok2")
+                    term.reconnect()
+                    term.send("echo ok$((2+2))\n")
+                    term.expect("ok4")
+            return [
+                str(w.message)
+                for w in caught
+                if issubclass(w.category, DeprecationWarning)
+            ]
+
+        d = self.in_thread(body)
+        d.addCallback(self.assertEqual, [])
+        return d
+
+    def test_send_after_the_shell_ended(self) -> Any:
+        """
+        ``send``, ``resize`` and ``signal`` on a terminal whose shell has
+        ended raise ``ConnectionFailed`` (a ``SandboxError``), not
+        websockets' own ``ConnectionClosedOK``.
+        """
+        from sandboxd.client import ConnectionFailed, SandboxError
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.pty.open(shell="sh") as term:
+                term.send("exit 3\n")
+                while term.recv(timeout=10) is not None:
+                    pass
+                self.assertEqual(term.exit_code, 3)
+                for call in (
+                    lambda: term.send("x"),
+                    lambda: term.resize(80, 24),
+                    lambda: term.signal("SIGINT"),
+                ):
+                    with self.assertRaises(ConnectionFailed) as raised:
+                        call()
+                    self.assertIsInstance(raised.exception, SandboxError)
+
+        return self.in_thread(body)
+
+    def test_open_that_cannot_attach_ends_its_session(self) -> Any:
+        """
+        ``pty.open`` whose WebSocket cannot connect (a ``pty_url`` where
+        nothing listens) raises ``ConnectionFailed`` naming that URL and
+        ends the session it created: six such failures leave no session
+        and do not lock the identity out of terminals (was: each left a
+        running shell, the sixth open got ``TooManySessions``).
+        """
+        import socket
+
+        from sandboxd.client import ConnectionFailed
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]
+
+        def body() -> None:
+            wrong = self.sandbox(pty_url=f"ws://127.0.0.1:{closed}")
+            for _ in range(6):
+                with self.assertRaises(ConnectionFailed) as raised:
+                    wrong.pty.open(shell="sh")
+                self.assertEqual(
+                    raised.exception.body["ws_url"].split("/pty")[0],
+                    f"ws://127.0.0.1:{closed}",
+                )
+            sb = self.sandbox()
+            self.assertEqual(sb.pty.list(), [])
+            with sb.pty.open(shell="sh") as term:
+                term.send("echo ok$((1+1))\n")
+                term.expect("ok2")
+
+        return self.in_thread(body)
+
     def test_attach_scrollback(self) -> Any:
         """``attach`` without an offset replays the session's scrollback."""
 
@@ -732,3 +947,55 @@ class ConfigTests(ClientCase):
         sb.close()
         self.assertEqual((sb.url, sb.settings.token), ("http://127.0.0.1:1234", "t0k"))
         self.assertEqual(sb.pty_base(), "ws://127.0.0.1:1235")
+
+
+class OwnHttpClientTests(ClientCase):
+    """``http_client=``: the caller's own httpx client carries the calls."""
+
+    def test_url_and_token_still_decide(self) -> Any:
+        """
+        Given an ``httpx.Client`` with no ``base_url`` (or one elsewhere) and
+        no token, the calls still go to the sandbox's URL with its token,
+        through that client (its hooks see them: was ``ConnectionFailed``,
+        or 401, or the other host); closing the sandbox leaves the caller's
+        client open.
+        """
+        import httpx
+
+        def body() -> None:
+            seen: list[str] = []
+            for own in (
+                httpx.Client(
+                    event_hooks={"request": [lambda r: seen.append(str(r.url))]}
+                ),
+                httpx.Client(base_url="http://127.0.0.1:9"),
+            ):
+                sb = self.sandbox(http_client=own)
+                sb.files.write_text("a.txt", "hi")
+                self.assertEqual(sb.files.read_text("a.txt"), "hi")
+                with sb.pty.open(shell="sh") as term:
+                    term.send("echo ok$((1+1))\n")
+                    term.expect("ok2")
+                sb.close()
+                self.assertEqual(own.get(self.daemon.url + "/health").status_code, 200)
+                own.close()
+            self.assertTrue(seen)
+            self.assertTrue(
+                all(u.startswith(self.daemon.url + "/") for u in seen), seen
+            )
+
+        return self.in_thread(body)
+
+    def test_async_url_and_token_still_decide(self) -> Any:
+        """The same for ``AsyncSandbox(http_client=httpx.AsyncClient())``."""
+        import httpx
+
+        async def body() -> None:
+            async with httpx.AsyncClient() as own:
+                async with self.async_sandbox(http_client=own) as sb:
+                    await sb.files.write_text("b.txt", "yo")
+                    self.assertEqual(await sb.files.read_text("b.txt"), "yo")
+                reply = await own.get(self.daemon.url + "/health")
+                self.assertEqual(reply.status_code, 200)
+
+        return self.in_loop(body)
