@@ -29,6 +29,7 @@ from collections.abc import Callable
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.processes.tree import (
     ProcInfo,
+    as_its_owner,
     command_line,
     environ_block,
     marked_by,
@@ -40,11 +41,8 @@ from sandboxd.processes.tree import (
 _POLL_SECONDS = 0.05
 
 
-def _pid_namespace(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
+def _pid_namespace(pid: int) -> str | None:
+    return as_its_owner(pid, lambda: os.readlink(f"/proc/{pid}/ns/pid"))
 
 
 def strays(scope: str, table: dict[int, ProcInfo] | None = None) -> dict[int, int]:
@@ -60,7 +58,7 @@ def strays(scope: str, table: dict[int, ProcInfo] | None = None) -> dict[int, in
     """
     table = proc_table() if table is None else table
     me = os.getpid()
-    namespace = _pid_namespace("self")
+    namespace = _pid_namespace(me)
     found: set[int] = set()
     for p in table.values():
         if p.pid == me or p.state == "Z":

@@ -20,8 +20,8 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from twisted.internet import process as _twisted_process
 from twisted.internet.defer import Deferred, succeed
@@ -39,6 +39,8 @@ log = Logger(namespace="sandboxd.processes.tree")
 #: tree inherits it, so a double-forked daemon adopted by the daemon (as
 #: subreaper) is still recognised as part of the tree when it is killed.
 TREE_MARKER = "SANDBOXD_PROCESS_TREE"
+
+_T = TypeVar("_T")
 
 #: Between a marker's instance and its own random part.
 _MARKER_SEPARATOR = "."
@@ -266,11 +268,49 @@ def tree_table(leader: int, *others: int) -> dict[int, ProcInfo]:
 
 def environ_block(pid: int) -> bytes | None:
     """A process's environment block (empty while it execs), or None."""
-    try:
+
+    def read() -> bytes:
         with open(f"/proc/{pid}/environ", "rb") as f:
             return f.read()
+
+    return as_its_owner(pid, read)
+
+
+def as_its_owner(pid: int, read: Callable[[], _T]) -> _T | None:
+    """
+    ``read()`` of what the kernel shows of process ``pid`` only to whom may
+    trace it (its environment, its namespaces), or None where it cannot.
+
+    A root daemon that lacks ``CAP_SYS_PTRACE`` (Docker's default
+    capabilities, most Kubernetes security contexts) is refused these for
+    a child running as another user; the kernel lets a reader whose
+    file-system uid and gid are the process's have them, and switching
+    those takes only ``CAP_SETUID``/``CAP_SETGID``, which a daemon that runs
+    children as another user holds anyway.  They are this thread's own and
+    put back at once.
+    """
+    try:
+        return read()
+    except PermissionError:
+        pass
     except OSError:
         return None
+    lib = libc()
+    if lib is None or os.geteuid() != 0:
+        return None
+    try:
+        owner = os.stat(f"/proc/{pid}")
+    except OSError:
+        return None
+    old_gid = lib.setfsgid(owner.st_gid)
+    old_uid = lib.setfsuid(owner.st_uid)
+    try:
+        return read()
+    except OSError:
+        return None
+    finally:
+        lib.setfsuid(old_uid)
+        lib.setfsgid(old_gid)
 
 
 def _has_marker(pid: int, marker: bytes) -> bool:

@@ -214,3 +214,57 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+class WithoutPtraceTests(SynchronousTestCase):
+    """
+    A root daemon without ``CAP_SYS_PTRACE`` (Docker's default set, the
+    shipped Kubernetes manifests) still reads the marker of a child that
+    runs as another user: the kernel lets a reader whose file-system ids
+    are the child's read its environment.
+    """
+
+    def test_marker_of_another_users_child(self) -> None:
+        """Its marker is read, and it is found a stray when its daemon is gone."""
+        if os.geteuid() != 0 or shutil.which("setpriv") is None:
+            raise SkipTest("needs root and setpriv(1) to drop CAP_SYS_PTRACE")
+        scope = marker_scope(os.path.abspath(self.mktemp()))
+        # A daemon that no longer runs: the child is a stray of ``scope``.
+        marker = f"999999999-1-{scope}.0123456789abcdef"
+        child = subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sleep",
+                "300",
+            ],
+            env={**os.environ, TREE_MARKER: marker},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.addCleanup(lambda: (child.kill(), child.wait()))
+        deadline = time.monotonic() + 10
+        while _argv0(child.pid) != b"sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        read = subprocess.run(
+            [
+                "setpriv",
+                # What the shipped Kubernetes manifests give (no SYS_PTRACE).
+                "--bounding-set=-all,+setuid,+setgid,+kill,+chown,+dac_override,+fowner",
+                sys.executable,
+                "-c",
+                "from sandboxd.processes.tree import environ_block, marked_by;"
+                "from sandboxd.processes.strays import strays;"
+                f" print(marked_by(environ_block({child.pid}) or b''));"
+                f" print({child.pid} in strays({scope!r}))",
+            ],
+            capture_output=True,
+            timeout=30,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        )
+        self.assertEqual(read.returncode, 0, read.stderr)
+        marked, stray = read.stdout.decode().splitlines()
+        self.assertIn(f"scope='{scope}'", marked, read.stderr)
+        self.assertEqual(stray, "True", read.stderr)
