@@ -239,7 +239,7 @@ class StreamGaugeTests(SynchronousTestCase):
         def active(context: Any) -> float:
             return next(
                 value
-                for name, _, value, _ in _gauges(context)
+                for name, _, value, _ in _gauges(context, 0)
                 if name == "sandboxd_streams_active"
             )
 

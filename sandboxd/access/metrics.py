@@ -96,14 +96,19 @@ class Metrics:
         self.refused[door] = self.refused.get(door, 0) + 1
 
 
-def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
-    """(name, help, value, labels) of what is open now."""
-    from sandboxd.access.held import streams_held
+def _gauges(
+    context: Any, held_streams: int
+) -> Iterator[tuple[str, str, float, dict[str, str]]]:
+    """
+    (name, help, value, labels) of what is open now.
 
+    :param held_streams: the other doors' streams open now
+        (:func:`sandboxd.access.held.streams_held`, which imports the gate).
+    """
     yield (
         "sandboxd_streams_active",
         "Open event streams (SSE, and the other doors' streams).",
-        len(context.streams) + streams_held(context),
+        len(context.streams) + held_streams,
         {},
     )
     terminals = context.terminals
@@ -145,8 +150,9 @@ def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
 class _Collector:
     """Hands prometheus_client this daemon's numbers at scrape time."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, held_streams: int) -> None:
         self.context = context
+        self.held_streams = held_streams
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (
@@ -223,7 +229,7 @@ class _Collector:
         yield info
         yield _build_info()
         families: dict[str, Any] = {}
-        for name, help_text, value, where in _gauges(self.context):
+        for name, help_text, value, where in _gauges(self.context, self.held_streams):
             family = families.get(name)
             if family is None:
                 family = families[name] = GaugeMetricFamily(
@@ -250,7 +256,7 @@ def _build_info() -> Any:
     return family
 
 
-def render(context: Any) -> tuple[bytes, str]:
+def render(context: Any, held_streams: int = 0) -> tuple[bytes, str]:
     """
     The exposition text and its content type (imports prometheus_client):
     this daemon's numbers, and the process's own (``process_*``: resident
@@ -265,6 +271,6 @@ def render(context: Any) -> tuple[bytes, str]:
     )
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(context))
+    registry.register(_Collector(context, held_streams))
     ProcessCollector(registry=registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -64,6 +64,15 @@ class OwnPorts:
         return self._numbers
 
 
+def parsed_endpoint(reactor: Any, description: str) -> Any:
+    """
+    Twisted's endpoint for ``description`` (parsed, not listening): the one
+    place that calls ``serverFromString``, so every listener goes through
+    :class:`OwnEndpoint`.
+    """
+    return serverFromString(reactor, description)
+
+
 @implementer(IStreamServerEndpoint)
 class OwnEndpoint:
     """
@@ -75,7 +84,7 @@ class OwnEndpoint:
 
     def __init__(self, context: Any, description: str) -> None:
         self.context = context
-        self.endpoint = serverFromString(context.reactor, description)
+        self.endpoint = parsed_endpoint(context.reactor, description)
 
     def listen(self, protocolFactory: Any) -> Deferred[Any]:
         """Listen, and count the port as the daemon's own."""

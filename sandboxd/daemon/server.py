@@ -52,6 +52,7 @@ from sandboxd.daemon.startup import (
     default_host,
     exposed,
     groups_on,
+    import_commands,
     interface_of,
     load_everyday,
     startup_line,
@@ -124,40 +125,6 @@ def default_pty_port(http: str) -> str:
     if number is None:
         return str(DEFAULT_PTY_PORT)
     return "0" if number == 0 else str(number + 1)
-
-
-def import_commands(spec: str) -> None:
-    """
-    Import a template's commands: a ``.py`` file path or a module name.
-
-    Its import registers commands and routes; it runs before the policy is
-    validated so that the policy may name the routes it adds.  A template
-    written for the seed's server imports ``agent_sandbox.server``: during
-    the import that name is sandboxd's face of it
-    (:mod:`sandboxd.seedface`), whatever else is installed.
-    """
-    from sandboxd.seedface.finder import seed_face
-
-    with seed_face():
-        _import_template(spec)
-
-
-def _import_template(spec: str) -> None:
-    if spec.endswith(".py") or os.sep in spec:
-        path = os.path.abspath(spec)
-        if not os.path.exists(path):
-            raise PolicyError(f"--commands: no such file {spec!r}")
-        name = "sandboxd_commands_" + os.path.splitext(os.path.basename(path))[0]
-        if name in sys.modules:
-            return
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise PolicyError(f"--commands: cannot import {spec!r}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        importlib.import_module(spec)
 
 
 def code_files(specs: Iterable[str]) -> list[str]:

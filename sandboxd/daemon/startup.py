@@ -11,7 +11,10 @@ runs and serves nothing (or serves everyone).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 import sysconfig
 import tempfile
 import traceback
@@ -56,11 +59,11 @@ def check_endpoint(description: str) -> str:
 
     :raises PolicyError: naming the string and what is wrong with it.
     """
-    from twisted.internet.endpoints import serverFromString
+    from sandboxd.daemon.listener import parsed_endpoint
 
     try:
         # Parsing builds the endpoint and keeps the reactor for later.
-        endpoint = serverFromString(None, description)
+        endpoint = parsed_endpoint(None, description)
     except (ValueError, TypeError, KeyError, IndexError, OSError) as e:
         raise PolicyError(f"cannot listen on {description!r}: {e}") from None
     port = getattr(endpoint, "_port", None)
@@ -118,6 +121,40 @@ def check_base_dir(path: str) -> None:
         raise PolicyError(f"the base dir {path!r} {what}")
 
 
+def import_commands(spec: str) -> None:
+    """
+    Import a template's commands: a ``.py`` file path or a module name.
+
+    Its import registers commands and routes; it runs before the policy is
+    validated so that the policy may name the routes it adds.  A template
+    written for the seed's server imports ``agent_sandbox.server``: during
+    the import that name is sandboxd's face of it
+    (:mod:`sandboxd.seedface`), whatever else is installed.
+    """
+    from sandboxd.seedface.finder import seed_face
+
+    with seed_face():
+        _import_template(spec)
+
+
+def _import_template(spec: str) -> None:
+    if spec.endswith(".py") or os.sep in spec:
+        path = os.path.abspath(spec)
+        if not os.path.exists(path):
+            raise PolicyError(f"--commands: no such file {spec!r}")
+        name = "sandboxd_commands_" + os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise PolicyError(f"--commands: cannot import {spec!r}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
 def import_templates(specs: Iterable[str]) -> None:
     """
     Import each ``--commands`` template, as the start would.
@@ -129,8 +166,6 @@ def import_templates(specs: Iterable[str]) -> None:
 
     :raises PolicyError: for the first template that cannot be imported.
     """
-    from sandboxd.daemon.server import import_commands
-
     for spec in specs:
         try:
             import_commands(spec)

@@ -480,9 +480,11 @@ def metrics(request: ServerRequest) -> ServerResponse:
     ``GET /metrics``: the daemon's counters in the Prometheus text format
     (SPEC §20); prometheus_client is loaded on the first scrape.
     """
+    from sandboxd.access.held import streams_held
     from sandboxd.access.metrics import render
 
-    text, content_type = render(request.context)
+    context = request.context
+    text, content_type = render(context, streams_held(context))
     return ServerResponse(200, raw=text, headers={"content-type": content_type})
 
 
