@@ -15,7 +15,11 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from sandboxd.daemon.log_observer import log_format_of, use_for_twistd
+from sandboxd.daemon.log_observer import (
+    log_format_of,
+    twistd_log_file,
+    use_for_twistd,
+)
 from sandboxd.daemon.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -190,6 +194,9 @@ class Options(usage.Options):
         self["commands"] = []
         #: The policy as ``postOptions`` compiled it (None before).
         self.policy: Policy | None = None
+        #: twistd's ``--logfile``, absolute (set by ``postOptions``): one of
+        #: the daemon's own files.
+        self.log_file: str | None = None
 
     def opt_commands(self, spec: str) -> None:
         """Import a commands file or module (repeatable)."""
@@ -204,6 +211,7 @@ class Options(usage.Options):
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
         self["log-format"] = log_format_of(self["log-format"])
+        self.log_file = twistd_log_file(self)
         if self["e2b-code-port"] and not self["e2b-port"]:
             raise usage.UsageError("--e2b-code-port needs --e2b-port")
         if self["kep-grpc-port"] and not self["kep-rest-port"]:
@@ -260,6 +268,7 @@ class Options(usage.Options):
             base_dir=self["base-dir"],
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
+            log_file=self.log_file,
             state_dir=self["state-dir"],
             chdir=True,
             root_children_check=True,
