@@ -246,7 +246,16 @@ def trace_problems() -> list[str]:
     """What the OpenTelemetry variables ask for that the daemon cannot do."""
     from sandboxd.access.tracing import TraceSettings
 
-    return [f"traces: {p}" for p in TraceSettings.from_environ(os.environ).problems]
+    settings = TraceSettings.from_environ(os.environ)
+    problems = list(settings.problems)
+    if settings.endpoint is not None and (
+        settings.certificate or settings.client_certificate
+    ):
+        # The files are opened at start, where an unreadable one only warns.
+        from sandboxd.access.otlp import certificate_problem
+
+        problems.append(certificate_problem(settings) or "")
+    return [f"traces: {p}" for p in problems if p]
 
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:

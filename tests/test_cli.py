@@ -848,6 +848,31 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("error (--strict): traces: OTLP protocol 'grpc'", out)
 
+    def test_trace_certificate_files(self) -> None:
+        """
+        A CA bundle, client certificate or key the daemon could not read
+        (the start would only warn and send nothing) is a warning here, an
+        error with --strict, naming the file.
+        """
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "https://collector:4318"
+        self.addCleanup(os.environ.pop, "OTEL_EXPORTER_OTLP_ENDPOINT")
+        missing = os.path.abspath(self.mktemp())
+        for names in (
+            ["OTEL_EXPORTER_OTLP_CERTIFICATE"],
+            ["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY"],
+        ):
+            for name in names:
+                os.environ[name] = missing
+            code, out = self.run_check({})
+            self.assertEqual(code, 0)
+            self.assertIn("traces: the OTLP certificate files cannot be read", out)
+            self.assertIn(missing, out)
+            code, out = self.run_check({}, "--strict")
+            self.assertEqual(code, 1)
+            self.assertIn("error (--strict): traces: the OTLP certificate", out)
+            for name in names:
+                os.environ.pop(name)
+
     def test_version_and_h(self) -> None:
         """--version prints sandboxd's version (not Twisted's); -h is help."""
         for argv, expect in ((["--version"], __version__), (["-h"], "Usage:")):
