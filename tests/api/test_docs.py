@@ -254,6 +254,28 @@ class DocsTests(SynchronousTestCase):
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
             self.assertIsNone(internal.search(f.read()))
 
+    def test_query_token_routes_listed(self) -> None:
+        """
+        security.md's list of the routes that take a token in the URL is
+        every route that does (operators decide from it which URLs may
+        carry tokens into access logs), and names no other.
+        """
+        from sandboxd.web.query_token import QUERY_TOKEN_ENDPOINTS
+
+        text = read_doc("security.md")
+        start = text.index("**A token in a URL")
+        paragraph = " ".join(text[start : text.index("\n- ", start)].split())
+        shape = re.compile(r"\{[^}]*\}")
+        listed = {
+            shape.sub("{}", p) for p in re.findall(r"`GET\s+(/[^`?]+)", paragraph)
+        }
+        routes = {
+            shape.sub("{}", e.path)
+            for e in builtin_table()
+            if e.id in QUERY_TOKEN_ENDPOINTS
+        }
+        self.assertEqual(listed, routes)
+
     def test_relative_links_resolve(self) -> None:
         """Every relative Markdown link in docs/ and examples/ points at a file."""
         link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
