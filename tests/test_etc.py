@@ -337,6 +337,17 @@ class KubernetesTests(SynchronousTestCase):
 class ContainerContextTests(SynchronousTestCase):
     """What a `docker build` of the checkout takes, and the image's variants."""
 
+    def test_syntax_for_newer_flags(self) -> None:
+        """
+        The Dockerfile uses ``HEALTHCHECK --start-interval``, which
+        Dockerfile frontends before 1.6 refuse: its first line asks
+        BuildKit for a current frontend.
+        """
+        with open(os.path.join(ETC, "container", "Dockerfile")) as f:
+            text = f.read()
+        self.assertIn("--start-interval", text)
+        self.assertEqual(text.splitlines()[0], "# syntax=docker/dockerfile:1")
+
     def test_dockerignore(self) -> None:
         """The build context leaves out .venv, workspace/, test output and .git (both ignore files, equal)."""
         with open(os.path.join(ROOT, ".dockerignore")) as f:
