@@ -42,7 +42,16 @@ def serve_options() -> ServeOptions:
     return Options()
 
 
-class HealthcheckOptions(usage.Options):
+class _CommandOptions(usage.Options):
+    """A command's options: ``--version`` is sandboxd's, not Twisted's."""
+
+    def opt_version(self) -> None:
+        """Print sandboxd's version and exit."""
+        print(__version__)
+        raise SystemExit(0)
+
+
+class HealthcheckOptions(_CommandOptions):
     """``sandboxd healthcheck``."""
 
     optParameters = [
@@ -52,7 +61,7 @@ class HealthcheckOptions(usage.Options):
     ]
 
 
-class CheckConfigOptions(usage.Options):
+class CheckConfigOptions(_CommandOptions):
     """``sandboxd check-config``."""
 
     optFlags = [
@@ -78,7 +87,7 @@ class CheckConfigOptions(usage.Options):
         self["commands"].append(spec)
 
 
-class ReloadOptions(usage.Options):
+class ReloadOptions(_CommandOptions):
     """``sandboxd reload``."""
 
     optParameters = [

@@ -874,8 +874,19 @@ class CheckConfigTests(SynchronousTestCase):
                 os.environ.pop(name)
 
     def test_version_and_h(self) -> None:
-        """--version prints sandboxd's version (not Twisted's); -h is help."""
-        for argv, expect in ((["--version"], __version__), (["-h"], "Usage:")):
+        """
+        --version prints sandboxd's version (not Twisted's), after a
+        command too; -h is help, and serve's says where the PTY port is
+        by default.
+        """
+        for argv, expect in (
+            (["--version"], __version__),
+            (["serve", "--version"], __version__),
+            (["check-config", "--version"], __version__),
+            (["reload", "--version"], __version__),
+            (["-h"], "Usage:"),
+            (["serve", "--help"], "else the HTTP port + 1"),
+        ):
             done = subprocess.run(
                 [os.path.join(BIN, "sandboxd"), *argv],
                 capture_output=True,

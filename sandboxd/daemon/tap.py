@@ -58,7 +58,8 @@ class Options(usage.Options):
             "pty-port",
             None,
             None,
-            "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001).",
+            "PTY WebSocket port or endpoint (default $ABX_PTY_PORT, else the "
+            "HTTP port + 1; 9001 when that has no number).",
         ],
         [
             "e2b-port",
@@ -197,6 +198,13 @@ class Options(usage.Options):
         #: twistd's ``--logfile``, absolute (set by ``postOptions``): one of
         #: the daemon's own files.
         self.log_file: str | None = None
+
+    def opt_version(self) -> None:
+        """Print sandboxd's version and exit (not Twisted's, as usage's would)."""
+        from sandboxd._version import __version__
+
+        print(__version__)
+        raise SystemExit(0)
 
     def opt_commands(self, spec: str) -> None:
         """Import a commands file or module (repeatable)."""
