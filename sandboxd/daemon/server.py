@@ -18,7 +18,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -523,12 +523,16 @@ class DaemonService(MultiService):
             return
         os.environ.update(added)
         BOOT_ENVIRON.update(added)
-        log.info(
-            "sandboxd: {names} not set in the daemon's environment; "
-            "children get {values}",
-            names=", ".join(sorted(added)),
-            values=", ".join(f"{k}={v}" for k, v in sorted(added.items())),
+        users = sorted(
+            {
+                rule.params.default_user
+                for rule in self.context.policy.rules.values()
+                if rule.params.default_user
+            }
+            if os.geteuid() == 0
+            else set()
         )
+        log.info("{note}", note=login_environ_note(added, users))
 
     def _hide_secrets(self) -> None:
         """
@@ -999,6 +1003,24 @@ def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
         or environ.get("ABX_AGENTS_STATE_DIR")
     )
     return os.path.abspath(found) if found else None
+
+
+def login_environ_note(added: Mapping[str, str], default_users: Sequence[str]) -> str:
+    """
+    The start's line about the login variables it filled in for children:
+    which ones, and who gets them.  A root daemon's children that run as
+    ``params.default_user`` get that user's instead, so the line must not
+    say every child gets root's.
+    """
+    values = ", ".join(f"{k}={v}" for k, v in sorted(added.items()))
+    line = f"sandboxd: {', '.join(sorted(added))} not set in the daemon's environment;"
+    if not default_users:
+        return f"{line} children get {values}"
+    who = ", ".join(repr(u) for u in default_users)
+    return (
+        f"{line} children run as the daemon's user get {values}; those run as"
+        f" another user (params.default_user {who}) get that user's"
+    )
 
 
 def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
