@@ -832,6 +832,29 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("does not exist", out)
 
+    def test_unknown_user_names_endpoints_once(self) -> None:
+        """
+        A user that does not exist is named with the endpoints that would
+        act as it, each once (it is both ``default_user`` and in ``users``),
+        and not ``health`` or ``capabilities``, which run nothing.
+        """
+        policy = {
+            "defaults": {
+                "params": {
+                    "default_user": "no-such-user-zz",
+                    "users": ["no-such-user-zz"],
+                }
+            }
+        }
+        code, out = self.run_check(policy)
+        self.assertEqual(code, 0)
+        [line] = [x for x in out.splitlines() if "no-such-user-zz" in x]
+        named = line.split(" of ", 1)[1].split(")", 1)[0]
+        ids = named.replace(" and more", "").split(", ")
+        self.assertEqual(len(ids), len(set(ids)), line)
+        self.assertNotIn("health", ids)
+        self.assertNotIn("capabilities", ids)
+
     def test_trace_variables(self) -> None:
         """
         What the OpenTelemetry variables ask for that cannot be done is a
