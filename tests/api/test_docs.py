@@ -143,6 +143,22 @@ class ReferenceTests(SynchronousTestCase):
             "docs/api.md is stale: run `python -m sandboxd.api.apidoc > docs/api.md`",
         )
 
+    def test_no_error_row_repeats_another(self) -> None:
+        """
+        No endpoint's error table lists a status and code twice where one
+        row says what the other already does (a shared block's generic row
+        beside the endpoint's own, fuller one).
+        """
+        for endpoint_id, entry in schema.SCHEMAS.items():
+            rows = [(e.status, e.code, e.when) for e in entry.errors]
+            for i, (status, code, when) in enumerate(rows):
+                for other in rows[i + 1 :]:
+                    if other[:2] == (status, code):
+                        self.assertFalse(
+                            when in other[2] or other[2] in when,
+                            f"{endpoint_id}: {status} {code} twice",
+                        )
+
     def test_every_endpoint_documented(self) -> None:
         """Every endpoint id has a schema and a section (with an example) in api.md."""
         text = read_doc("api.md")
