@@ -42,7 +42,16 @@ def serve_options() -> ServeOptions:
     return Options()
 
 
-class HealthcheckOptions(usage.Options):
+class _CommandOptions(usage.Options):
+    """A command's options: ``--version`` is sandboxd's, not Twisted's."""
+
+    def opt_version(self) -> None:
+        """Print sandboxd's version and exit."""
+        print(__version__)
+        raise SystemExit(0)
+
+
+class HealthcheckOptions(_CommandOptions):
     """``sandboxd healthcheck``."""
 
     optParameters = [
@@ -52,7 +61,7 @@ class HealthcheckOptions(usage.Options):
     ]
 
 
-class CheckConfigOptions(usage.Options):
+class CheckConfigOptions(_CommandOptions):
     """``sandboxd check-config``."""
 
     optFlags = [
@@ -78,7 +87,7 @@ class CheckConfigOptions(usage.Options):
         self["commands"].append(spec)
 
 
-class ReloadOptions(usage.Options):
+class ReloadOptions(_CommandOptions):
     """``sandboxd reload``."""
 
     optParameters = [
@@ -221,23 +230,34 @@ def unknown_users(policy: Policy, table: Any) -> list[str]:
     """
     import pwd
 
+    from sandboxd.daemon.startup import CHILD_GROUPS, READS_CHILDREN_ONLY
+    from sandboxd.endpoints import CapabilityGroup as G
+
+    # The groups whose calls act as the user: they start children, or
+    # give what they write to the user (``health`` and the like do neither).
+    acting = CHILD_GROUPS | {G.FILE_OPS, G.COMMANDS, G.SYSTEM, G.MCP, G.E2B, G.KEP}
     missing: dict[str, list[str]] = {}
     for endpoint in table:
         rule = policy.rules[endpoint.id]
-        if not rule.enabled:
+        if (
+            not rule.enabled
+            or endpoint.group not in acting
+            or endpoint.id in READS_CHILDREN_ONLY
+        ):
             continue
-        names = [rule.params.default_user, *(rule.params.users or ())]
-        for name in names:
-            if name is None or str(name).isdigit():
+        names = {rule.params.default_user, *(rule.params.users or ())}
+        for name in sorted(str(n) for n in names if n is not None):
+            if name.isdigit():
                 continue
             try:
-                pwd.getpwnam(str(name))
+                pwd.getpwnam(name)
             except KeyError:
-                missing.setdefault(str(name), []).append(endpoint.id)
+                missing.setdefault(name, []).append(endpoint.id)
     return [
         f"the user {name!r} (params.default_user or params.users of "
         f"{', '.join(ids[:3])}{' and more' if len(ids) > 3 else ''}) does not "
-        "exist on this machine: those endpoints' commands would be refused"
+        "exist on this machine: those endpoints' commands and file writes"
+        " would be refused"
         for name, ids in missing.items()
     ]
 
@@ -246,7 +266,16 @@ def trace_problems() -> list[str]:
     """What the OpenTelemetry variables ask for that the daemon cannot do."""
     from sandboxd.access.tracing import TraceSettings
 
-    return [f"traces: {p}" for p in TraceSettings.from_environ(os.environ).problems]
+    settings = TraceSettings.from_environ(os.environ)
+    problems = list(settings.problems)
+    if settings.endpoint is not None and (
+        settings.certificate or settings.client_certificate
+    ):
+        # The files are opened at start, where an unreadable one only warns.
+        from sandboxd.access.otlp import certificate_problem
+
+        problems.append(certificate_problem(settings) or "")
+    return [f"traces: {p}" for p in problems if p]
 
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:

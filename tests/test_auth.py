@@ -63,6 +63,28 @@ class FailClosedTests(SynchronousTestCase):
         self.assertIsNone(store.identify(b"s3cret"))
         self.assertIn("ABX_SERVER_TOKEN", store.warnings[0])
 
+    def test_unnamed_legacy_file_advice(self) -> None:
+        """
+        An unnamed token from ABX_SERVER_TOKEN_FILE is warned about by that
+        variable, and the advice is the entry that would name it (its
+        ``token_file``), not a ``token_env`` that is unset and would stop
+        the start.
+        """
+        path = self.token_file("s3cret\n")
+        other = TokenSpec(id="ops", scopes=("*",), token_sha256="00" * 32)
+        store = TokenStore.build([other], {"ABX_SERVER_TOKEN_FILE": path})
+        self.assertIsNone(store.identify(b"s3cret"))
+        [warning] = store.warnings
+        self.assertTrue(warning.startswith("ABX_SERVER_TOKEN_FILE is set"), warning)
+        self.assertIn(f'"token_file": "{path}"', warning)
+        self.assertNotIn("token_env", warning)
+        advised = TokenSpec(id="operator", scopes=("*",), token_file=path)
+        store = TokenStore.build([other, advised], {"ABX_SERVER_TOKEN_FILE": path})
+        self.assertEqual(store.warnings, [])
+        identity = store.identify(b"s3cret")
+        assert identity is not None
+        self.assertEqual(identity.id, "operator")
+
     def test_unset_token_env_refused(self) -> None:
         """A policy token whose token_env is unset or blank stops the start, naming it."""
         spec = TokenSpec(id="ci", scopes=("*",), token_env="CI_LOGIN_T")

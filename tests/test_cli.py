@@ -832,6 +832,29 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("does not exist", out)
 
+    def test_unknown_user_names_endpoints_once(self) -> None:
+        """
+        A user that does not exist is named with the endpoints that would
+        act as it, each once (it is both ``default_user`` and in ``users``),
+        and not ``health`` or ``capabilities``, which run nothing.
+        """
+        policy = {
+            "defaults": {
+                "params": {
+                    "default_user": "no-such-user-zz",
+                    "users": ["no-such-user-zz"],
+                }
+            }
+        }
+        code, out = self.run_check(policy)
+        self.assertEqual(code, 0)
+        [line] = [x for x in out.splitlines() if "no-such-user-zz" in x]
+        named = line.split(" of ", 1)[1].split(")", 1)[0]
+        ids = named.replace(" and more", "").split(", ")
+        self.assertEqual(len(ids), len(set(ids)), line)
+        self.assertNotIn("health", ids)
+        self.assertNotIn("capabilities", ids)
+
     def test_trace_variables(self) -> None:
         """
         What the OpenTelemetry variables ask for that cannot be done is a
@@ -848,9 +871,45 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("error (--strict): traces: OTLP protocol 'grpc'", out)
 
+    def test_trace_certificate_files(self) -> None:
+        """
+        A CA bundle, client certificate or key the daemon could not read
+        (the start would only warn and send nothing) is a warning here, an
+        error with --strict, naming the file.
+        """
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "https://collector:4318"
+        self.addCleanup(os.environ.pop, "OTEL_EXPORTER_OTLP_ENDPOINT")
+        missing = os.path.abspath(self.mktemp())
+        for names in (
+            ["OTEL_EXPORTER_OTLP_CERTIFICATE"],
+            ["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY"],
+        ):
+            for name in names:
+                os.environ[name] = missing
+            code, out = self.run_check({})
+            self.assertEqual(code, 0)
+            self.assertIn("traces: the OTLP certificate files cannot be read", out)
+            self.assertIn(missing, out)
+            code, out = self.run_check({}, "--strict")
+            self.assertEqual(code, 1)
+            self.assertIn("error (--strict): traces: the OTLP certificate", out)
+            for name in names:
+                os.environ.pop(name)
+
     def test_version_and_h(self) -> None:
-        """--version prints sandboxd's version (not Twisted's); -h is help."""
-        for argv, expect in ((["--version"], __version__), (["-h"], "Usage:")):
+        """
+        --version prints sandboxd's version (not Twisted's), after a
+        command too; -h is help, and serve's says where the PTY port is
+        by default.
+        """
+        for argv, expect in (
+            (["--version"], __version__),
+            (["serve", "--version"], __version__),
+            (["check-config", "--version"], __version__),
+            (["reload", "--version"], __version__),
+            (["-h"], "Usage:"),
+            (["serve", "--help"], "else the HTTP port + 1"),
+        ):
             done = subprocess.run(
                 [os.path.join(BIN, "sandboxd"), *argv],
                 capture_output=True,

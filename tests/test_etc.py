@@ -11,6 +11,7 @@ import glob
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 
@@ -336,6 +337,17 @@ class KubernetesTests(SynchronousTestCase):
 class ContainerContextTests(SynchronousTestCase):
     """What a `docker build` of the checkout takes, and the image's variants."""
 
+    def test_syntax_for_newer_flags(self) -> None:
+        """
+        The Dockerfile uses ``HEALTHCHECK --start-interval``, which
+        Dockerfile frontends before 1.6 refuse: its first line asks
+        BuildKit for a current frontend.
+        """
+        with open(os.path.join(ETC, "container", "Dockerfile")) as f:
+            text = f.read()
+        self.assertIn("--start-interval", text)
+        self.assertEqual(text.splitlines()[0], "# syntax=docker/dockerfile:1")
+
     def test_dockerignore(self) -> None:
         """The build context leaves out .venv, workspace/, test output and .git (both ignore files, equal)."""
         with open(os.path.join(ROOT, ".dockerignore")) as f:
@@ -358,7 +370,7 @@ class ContainerContextTests(SynchronousTestCase):
         self.assertIn(("ARG", "WITH_BROWSER=0"), instructions)
         runs = " ".join(rest for word, rest in instructions if word == "RUN")
         self.assertIn("chromium", runs)
-        self.assertIn("[browser]", runs)
+        self.assertIn(",browser]", runs)
         self.assertIn("--build-arg WITH_BROWSER=1", text)
         examples = [
             line for line in text.splitlines() if line.startswith("#") and "-p " in line
@@ -468,11 +480,34 @@ class AgentSandboxTemplateTests(SynchronousTestCase):
             self.template["metadata"]["name"],
         )
 
+    def secrets_here(self) -> tuple[str, dict[str, str]]:
+        """
+        The template's policy, as a file, and the container's environment,
+        with the Secret's mount point moved to a directory here holding a
+        file per key (the Secret's keys: ``token``, ``sdk-token``).
+        """
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        secrets = os.path.abspath(self.mktemp())
+        os.makedirs(secrets)
+        for key in ("token", "sdk-token"):
+            with open(os.path.join(secrets, key), "w") as f:
+                f.write(f"{key}-value\n")
+        text = self.config["data"]["policy.json"].replace(mounts["tokens"], secrets)
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            f.write(text)
+        environ = {
+            e["name"]: e["value"].replace(mounts["tokens"], secrets)
+            for e in self.container["env"]
+        }
+        return path, environ
+
     def test_policy_passes_strict_with_the_sdk_token(self) -> None:
         """
-        The policy passes ``check-config --strict`` with its SDK token (a
-        file, as mounted), the kep group on and calls without a credential
-        standing for that token.
+        The policy passes ``check-config --strict`` in the container's
+        environment (``ABX_SERVER_TOKEN_FILE``) with the Secret's files as
+        mounted, the kep group on and calls without a credential standing
+        for the SDK's token.
         """
         import pwd
 
@@ -480,23 +515,59 @@ class AgentSandboxTemplateTests(SynchronousTestCase):
         self.patch(
             pwd, "getpwnam", lambda name: real("root") if name == "user" else real(name)
         )
-        doc = json.loads(self.config["data"]["policy.json"])
-        [token] = doc["auth"]["tokens"]
-        token_file = self.mktemp()
-        with open(token_file, "w") as f:
-            f.write("sdk-token-value")
-        token["token_file"] = token_file
-        path = self.mktemp() + ".json"
-        with open(path, "w") as f:
-            json.dump(doc, f)
+        path, environ = self.secrets_here()
+        for name, value in environ.items():
+            self.addCleanup(os.environ.pop, name, None)
+            os.environ[name] = value
         options = cli.CheckConfigOptions()
         options.parseOptions(["--policy", path, "--base-dir", "/tmp", "--strict"])
         out = io.StringIO()
         self.assertEqual(cli.check_config(options, out), 0, out.getvalue())
+        doc = json.loads(self.config["data"]["policy.json"])
         self.assertEqual(doc["groups"], {"kep": True})
-        self.assertEqual(
-            doc["endpoints"]["kep"]["params"]["unauthenticated_as"], token["id"]
+        self.assertEqual(doc["endpoints"]["kep"]["params"]["unauthenticated_as"], "sdk")
+
+    def test_operator_token_logs_in(self) -> None:
+        """
+        The operators' token (the Secret's ``token``, the container's
+        ``ABX_SERVER_TOKEN_FILE``) logs in with every scope; the SDK's
+        token with the SDK's scopes only.
+        """
+        from sandboxd.policy import load_policy
+        from sandboxd.routes import default_table
+
+        path, environ = self.secrets_here()
+        policy = load_policy(
+            default_table(), path=path, base_dir="/tmp", environ=environ
         )
+        operator = policy.tokens.identify(b"token-value")
+        assert operator is not None, policy.warnings
+        self.assertEqual(operator.scopes, frozenset({"*"}))
+        sdk = policy.tokens.identify(b"sdk-token-value")
+        assert sdk is not None
+        self.assertEqual(sdk.id, "sdk")
+        self.assertNotIn("*", sdk.scopes)
+        self.assertEqual(
+            [w for w in policy.warnings if "ABX_SERVER_TOKEN" in w], [], policy.warnings
+        )
+
+    def test_image_installs_the_grpc_library(self) -> None:
+        """
+        The image the template runs (etc/container/Dockerfile) installs the
+        ``kep`` extra in every variant, since ``--kep-grpc-port`` refuses to
+        start without it.
+        """
+        with open(os.path.join(ETC, "container", "Dockerfile")) as f:
+            text = f.read()
+        self.assertIn("--kep-grpc-port", self.container["args"])
+        [install] = [line for line in text.splitlines() if line.startswith("RUN if [ ")]
+        extras = re.findall(r'extra="\[([^\]]*)\]"', install)
+        self.assertEqual(len(extras), 2, install)
+        for chosen in extras:
+            self.assertIn("kep", chosen.split(","), install)
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(os.path.join(ROOT, "setup.cfg"))
+        self.assertIn("h2", parser["options.extras_require"]["kep"])
 
     def test_container(self) -> None:
         """
@@ -521,8 +592,11 @@ class AgentSandboxTemplateTests(SynchronousTestCase):
             get = self.container[probe]["httpGet"]
             self.assertEqual((get["path"], get["port"]), ("/v1/health", "kep-rest"))
         policy = json.loads(self.config["data"]["policy.json"])
-        [token] = policy["auth"]["tokens"]
-        self.assertEqual(os.path.dirname(token["token_file"]), mounts["tokens"])
+        for token in policy["auth"]["tokens"]:
+            self.assertEqual(os.path.dirname(token["token_file"]), mounts["tokens"])
+        env = self.container["env"][0]
+        self.assertEqual(env["name"], "ABX_SERVER_TOKEN_FILE")
+        self.assertEqual(os.path.dirname(env["value"]), mounts["tokens"])
         volumes = {v["name"]: v for v in self.spec["volumes"]}
         self.assertEqual(volumes["tokens"]["secret"]["defaultMode"], 0o400)
         # The argv parses as the daemon's own options (paths made real here).
@@ -532,24 +606,13 @@ class AgentSandboxTemplateTests(SynchronousTestCase):
         self.patch(
             pwd, "getpwnam", lambda name: real("root") if name == "user" else real(name)
         )
-        sdk_token = self.mktemp()
-        with open(sdk_token, "w") as f:
-            f.write("sdk-token-value")
-        token["token_file"] = sdk_token
-        policy_path = self.mktemp() + ".json"
-        with open(policy_path, "w") as f:
-            json.dump(policy, f)
+        policy_path, environ = self.secrets_here()
         argv = [*args[2:]]
         argv[argv.index("--policy") + 1] = policy_path
         argv[argv.index("--base-dir") + 1] = "/tmp"
-        token = self.mktemp()
-        with open(token, "w") as f:
-            f.write("operator-token")
-        env = self.container["env"][0]
-        self.assertEqual(env["name"], "ABX_SERVER_TOKEN_FILE")
-        self.assertEqual(os.path.dirname(env["value"]), mounts["tokens"])
-        os.environ["ABX_SERVER_TOKEN_FILE"] = token
-        self.addCleanup(os.environ.pop, "ABX_SERVER_TOKEN_FILE", None)
+        for name, value in environ.items():
+            self.addCleanup(os.environ.pop, name, None)
+            os.environ[name] = value
         Options().parseOptions(argv)
 
     def test_schema(self) -> None:

@@ -559,6 +559,63 @@ class CollectorTroubleTests(TracedDaemon):
         self.assertEqual(len(self.collector.requests), 1)
 
 
+class CaBundleTests(TracedDaemon):
+    """
+    ``OTEL_EXPORTER_OTLP_CERTIFICATE`` names a bundle of CAs, as cluster,
+    company and system bundles are: the collector's CA is trusted wherever
+    it is in the file, not only first.
+    """
+
+    def setUp(self) -> Any:
+        from twisted.internet import ssl
+
+        from tests.git.remote import make_ca
+
+        DaemonTestCase.setUp(self)
+        self.collector = Collector()
+        pems = []
+        for name in ("other CA", "collector CA"):
+            directory = os.path.realpath(self.mktemp())
+            os.makedirs(directory)
+            ca, cert, key = make_ca(directory, name)
+            with open(ca, "rb") as f:
+                pems.append(f.read())
+        with open(cert, "rb") as f, open(key, "rb") as k:
+            server = ssl.PrivateCertificate.loadPEM(f.read() + k.read())
+        port = reactor.listenSSL(
+            0, Site(self.collector), server.options(), interface="127.0.0.1"
+        )
+        self.addCleanup(port.stopListening)
+        self.endpoint = f"https://127.0.0.1:{port.getHost().port}"
+        self.bundle = os.path.abspath(self.mktemp())
+        with open(self.bundle, "wb") as f:
+            f.write(b"".join(pems))
+        return self.start_traced(OTEL_EXPORTER_OTLP_CERTIFICATE=self.bundle)
+
+    @inlineCallbacks
+    def test_second_ca_of_the_bundle_trusted(self) -> Any:
+        """The collector's CA, second in the bundle, is trusted: the span arrives over TLS."""
+        yield self.request("GET", "/health")
+        spans = yield self.spans(1)
+        self.assertEqual(spans[0].name, "health")
+        self.assertEqual(self.daemon.context.tracer.counts["failed"], 0)
+
+    def test_file_without_certificate(self) -> None:
+        """A file with no certificate in it is named as unusable, as the start warns."""
+        empty = self.mktemp()
+        with open(empty, "w") as f:
+            f.write("not a bundle\n")
+        settings = TraceSettings.from_environ(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": empty,
+            }
+        )
+        problem = otlp.certificate_problem(settings)
+        assert problem is not None
+        self.assertIn(empty, problem)
+
+
 class StalledCollectorTests(TracedDaemon):
     """A collector that sends its answer's head and then stalls is timed out and tried again."""
 

@@ -54,6 +54,27 @@ class RunningDaemonsTests(SynchronousTestCase):
         )
         self.assertEqual(running.running_daemons(proc), [11, 13])
 
+    def test_wrapper_is_not_a_daemon(self) -> None:
+        """
+        The container's PID 1, ``tini -- sandboxd serve ...``, is the
+        daemon's parent, not a second daemon: the daemon alone is found.
+        An unrelated second daemon still counts.
+        """
+        serve = ["sandboxd", "serve", "--port", "tcp:9000:interface=0.0.0.0"]
+        proc = self.fake_proc(
+            {
+                1: ["/usr/bin/tini", "--", *serve],
+                7: ["/usr/local/bin/python", "/usr/local/bin/sandboxd", *serve[1:]],
+                9: ["/usr/local/bin/python", "/usr/local/bin/sandboxd", *serve[1:]],
+            }
+        )
+        for pid, parent, name in ((1, 0, "tini"), (7, 1, "sandboxd"), (9, 0, "x y)")):
+            with open(os.path.join(proc, str(pid), "stat"), "w") as f:
+                f.write(f"{pid} ({name}) S {parent} {pid} {pid} 0 -1\n")
+        self.assertEqual(running.running_daemons(proc), [7, 9])
+        os.remove(os.path.join(proc, "9", "cmdline"))
+        self.assertEqual(running.running_daemons(proc), [7])
+
 
 class ReloadTests(SynchronousTestCase):
     """cli.reload: which pid it signals, and which it refuses."""

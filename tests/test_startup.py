@@ -23,7 +23,12 @@ from twisted.python import usage
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd._version import __version__
-from sandboxd.daemon.server import Settings, build, validate_settings
+from sandboxd.daemon.server import (
+    Settings,
+    build,
+    login_environ_note,
+    validate_settings,
+)
 from sandboxd.daemon.startup import StartRefused
 from sandboxd.daemon.tap import Options
 from sandboxd.libc import QuietTrim, free_heap_bytes, libc, trim_when_free
@@ -147,6 +152,27 @@ class BadSettingTests(SynchronousTestCase):
         line = self.refused("--pty-port", "tcp:99999:interface=127.0.0.1")
         self.assertIn("cannot listen on 'tcp:99999:interface=127.0.0.1'", line)
         self.assertIn("0 to 65535", line)
+
+
+class LoginEnvironNoteTests(SynchronousTestCase):
+    """The start's line about the login variables it fills in says who gets them."""
+
+    def test_default_user_gets_its_own(self) -> None:
+        """
+        A root daemon whose children run as ``params.default_user`` does
+        not say that its children get ``USER=root``: only those run as the
+        daemon's user do, the others get their user's.
+        """
+        added = {"LOGNAME": "root", "USER": "root"}
+        line = login_environ_note(added, ["cloudsdk"])
+        self.assertIn("children run as the daemon's user get LOGNAME=root", line)
+        self.assertIn("params.default_user 'cloudsdk'", line)
+        self.assertNotIn("children get", line)
+        self.assertEqual(
+            login_environ_note(added, []),
+            "sandboxd: LOGNAME, USER not set in the daemon's environment;"
+            " children get LOGNAME=root, USER=root",
+        )
 
 
 class BaseDirTests(SynchronousTestCase):

@@ -239,10 +239,15 @@ class TokenStore:
             or (legacy_file and s.token_file == legacy_file)
             for s in specs
         ):
+            # The advice must be one that starts: a token read from the
+            # file is named by the file, ABX_SERVER_TOKEN being unset.
+            if env.get("ABX_SERVER_TOKEN", ""):
+                named, entry = "ABX_SERVER_TOKEN", '"token_env": "ABX_SERVER_TOKEN"'
+            else:
+                named, entry = "ABX_SERVER_TOKEN_FILE", f'"token_file": "{legacy_file}"'
             store.warnings.append(
-                "ABX_SERVER_TOKEN is set but auth.tokens does not name it, so it logs"
-                ' nobody in; add an entry with "token_env": "ABX_SERVER_TOKEN"'
-                " and its scopes to keep it"
+                f"{named} is set but auth.tokens does not name it, so it logs"
+                f" nobody in; add an entry with {entry} and its scopes to keep it"
             )
         if empty and fail_closed:
             raise PolicyError(f"{empty[0]}; refused rather than run without that token")

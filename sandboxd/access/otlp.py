@@ -20,6 +20,7 @@ import functools
 import gzip
 import io
 import json
+import re
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -297,19 +298,37 @@ class _Pool(HTTPConnectionPool):
         super().__init__(reactor, persistent=True)  # type: ignore[no-untyped-call]
 
 
+#: One PEM certificate of a bundle.
+_PEM_CERTIFICATE = re.compile(
+    rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.DOTALL
+)
+
+
 @implementer(IPolicyForHTTPS)
 class _Trust:
     """TLS to the collector with the configured trust roots and client certificate."""
 
     def __init__(self, settings: TraceSettings) -> None:
-        from twisted.internet.ssl import Certificate, PrivateCertificate
+        from twisted.internet.ssl import (
+            Certificate,
+            PrivateCertificate,
+            trustRootFromCertificates,
+        )
 
         self.roots = None
         self.client = None
         try:
             if settings.certificate:
                 with open(settings.certificate, "rb") as f:
-                    self.roots = Certificate.loadPEM(f.read())
+                    bundle = f.read()
+                # A bundle holds several CAs (a cluster's, a company's, the
+                # system's): every one is trusted, not only the first.
+                blocks = _PEM_CERTIFICATE.findall(bundle)
+                if not blocks:
+                    raise ValueError(f"no certificate in {settings.certificate}")
+                self.roots = trustRootFromCertificates(
+                    [Certificate.loadPEM(block) for block in blocks]
+                )
             if settings.client_certificate and settings.client_key:
                 with open(settings.client_certificate, "rb") as f:
                     pem = f.read()
@@ -332,6 +351,23 @@ class _Trust:
         if self.client is not None:
             kwargs["clientCertificate"] = self.client
         return optionsForClientTLS(hostname.decode("ascii"), **kwargs)
+
+
+def certificate_problem(settings: TraceSettings) -> str | None:
+    """
+    Why the CA bundle or client certificate the settings name cannot be
+    used, as the start says it (no spans are then sent); None when they
+    can or none is named.  ``check-config`` asks, so a build catches it.
+    """
+    if settings.endpoint is None or not (
+        settings.certificate or settings.client_certificate
+    ):
+        return None
+    try:
+        _Trust(settings)
+    except ValueError as e:
+        return f"{e}; no spans are sent"
+    return None
 
 
 class Exporter:

@@ -199,6 +199,21 @@ def use_for_twistd(options: usage.Options) -> None:
     parent["logger"] = f"{__name__}.twistd_observer"
 
 
+def twistd_log_file(options: usage.Options) -> str | None:
+    """
+    The file twistd will log to, absolute (twistd may chdir later), as
+    :func:`twistd_observer` chooses it; None for stdout, syslog or a
+    logger of the operator's.  Call it before :func:`use_for_twistd`.
+    """
+    parent: Any = getattr(options, "parent", None)
+    if parent is None or parent.get("logger") or parent.get("syslog"):
+        return None
+    name = parent.get("logfile") or ""
+    if name == "-" or (parent.get("nodaemon") and not name):
+        return None
+    return os.path.abspath(name or "twistd.log")
+
+
 def twistd_observer() -> ILogObserver:
     """
     The observer twistd would make from ``--logfile`` (stdout for ``-``

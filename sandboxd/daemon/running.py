@@ -39,8 +39,26 @@ def is_daemon(pid: int, proc: str = "/proc") -> bool:
     return argv is not None and _is_daemon(argv)
 
 
+def parent_of(pid: int, proc: str = "/proc") -> int | None:
+    """The parent of ``pid``; None when it does not run."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name, in parentheses, may hold spaces and parentheses.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
 def running_daemons(proc: str = "/proc") -> list[int]:
-    """The pids of sandboxd daemons on this machine (not this process)."""
+    """
+    The pids of sandboxd daemons on this machine (not this process).
+
+    A match that is the parent of another is a wrapper whose own argv
+    names the daemon's (the container's ``tini -- sandboxd serve``), not
+    a second daemon: it is left out.
+    """
     found = []
     me = os.getpid()
     for name in os.listdir(proc):
@@ -48,4 +66,5 @@ def running_daemons(proc: str = "/proc") -> list[int]:
             continue
         if is_daemon(int(name), proc):
             found.append(int(name))
-    return sorted(found)
+    wrappers = {parent_of(pid, proc) for pid in found}
+    return sorted(pid for pid in found if pid not in wrappers)

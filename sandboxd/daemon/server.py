@@ -18,7 +18,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -196,6 +196,8 @@ class Settings:
     base_dir: str | None = None
     commands: tuple[str, ...] = ()
     audit_log: str | None = None
+    #: The file twistd logs to (``--logfile``), absolute; None: no file.
+    log_file: str | None = None
     #: Where the daemon keeps what must outlive it (capability links' counts
     #: and revocations, the ``/v1`` door's sessions, files and webhook
     #: endpoints); None: see :func:`state_dir`.
@@ -488,12 +490,16 @@ class DaemonService(MultiService):
             return
         os.environ.update(added)
         BOOT_ENVIRON.update(added)
-        log.info(
-            "sandboxd: {names} not set in the daemon's environment; "
-            "children get {values}",
-            names=", ".join(sorted(added)),
-            values=", ".join(f"{k}={v}" for k, v in sorted(added.items())),
+        users = sorted(
+            {
+                rule.params.default_user
+                for rule in self.context.policy.rules.values()
+                if rule.params.default_user
+            }
+            if os.geteuid() == 0
+            else set()
         )
+        log.info("{note}", note=login_environ_note(added, users))
 
     def _hide_secrets(self) -> None:
         """
@@ -914,8 +920,42 @@ def preview_listen(settings: Settings, http: str) -> str | None:
     return listen_string(settings.preview_port, interface_of(http))
 
 
-#: Endpoint-string options that name a TLS file.
-_TLS_FILE_OPTIONS = ("privateKey", "certKey", "extraCertChain")
+#: Endpoint-string options that name a TLS file (``ssl:``), the directory
+#: of keys and certificates (``tls:``'s ``path``) or the listener's socket
+#: (``unix:``'s ``path``).
+_TLS_FILE_OPTIONS = (
+    "privateKey",
+    "certKey",
+    "extraCertChain",
+    "dhParameters",
+    "caCertsDir",
+    "path",
+)
+
+#: The OpenTelemetry variables that name the trace exporter's CA bundle,
+#: client certificate and client key.
+_OTLP_FILE_VARIABLES = tuple(
+    f"OTEL_EXPORTER_OTLP_{scope}{name}"
+    for scope in ("", "TRACES_")
+    for name in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
+)
+
+
+def tls_files(description: str) -> list[str]:
+    """
+    The files and directories of keys and certificates an endpoint string
+    names: ``ssl:``'s options, and ``tls:``'s directory, its first
+    positional argument, which the listener re-reads for a new name.
+    """
+    parts = [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", description)]
+    found = []
+    for part in parts[1:]:
+        name, equals, value = part.partition("=")
+        if equals and name in _TLS_FILE_OPTIONS and value:
+            found.append(value)
+    if parts[0] == "tls" and len(parts) > 1 and "=" not in parts[1] and parts[1]:
+        found.append(parts[1])
+    return found
 
 
 def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
@@ -932,13 +972,36 @@ def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
     return os.path.abspath(found) if found else None
 
 
+def login_environ_note(added: Mapping[str, str], default_users: Sequence[str]) -> str:
+    """
+    The start's line about the login variables it filled in for children:
+    which ones, and who gets them.  A root daemon's children that run as
+    ``params.default_user`` get that user's instead, so the line must not
+    say every child gets root's.
+    """
+    values = ", ".join(f"{k}={v}" for k, v in sorted(added.items()))
+    line = f"sandboxd: {', '.join(sorted(added))} not set in the daemon's environment;"
+    if not default_users:
+        return f"{line} children get {values}"
+    who = ", ".join(repr(u) for u in default_users)
+    return (
+        f"{line} children run as the daemon's user get {values}; those run as"
+        f" another user (params.default_user {who}) get that user's"
+    )
+
+
 def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """
     Files of the daemon's that the policy does not name: the audit log,
-    the TLS key and certificates of its listeners, and the code it runs
-    (:func:`code_files`).
+    twistd's log (the audit's home without one), the TLS keys and
+    certificates of its listeners and of the trace exporter, and the code
+    it runs (:func:`code_files`).  A key read through the file API lets
+    anyone on the path impersonate the daemon; a log deleted erases the
+    trail.
     """
     files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
+    files.append(settings.log_file or "")
+    files += [environ.get(name, "").strip() for name in _OTLP_FILE_VARIABLES]
     files += code_files(settings.commands)
     files.append(state_dir(settings, environ) or "")
     for listener in (
@@ -950,10 +1013,7 @@ def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         settings.kep_rest_port,
         settings.kep_grpc_port,
     ):
-        for part in re.split(r"(?<!\\):", listener or ""):
-            name, _, value = part.partition("=")
-            if name in _TLS_FILE_OPTIONS and value:
-                files.append(value.replace("\\:", ":"))
+        files += tls_files(listener or "")
     return [f for f in files if f]
 
 

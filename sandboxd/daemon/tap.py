@@ -15,7 +15,11 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from sandboxd.daemon.log_observer import log_format_of, use_for_twistd
+from sandboxd.daemon.log_observer import (
+    log_format_of,
+    twistd_log_file,
+    use_for_twistd,
+)
 from sandboxd.daemon.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -54,7 +58,8 @@ class Options(usage.Options):
             "pty-port",
             None,
             None,
-            "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001).",
+            "PTY WebSocket port or endpoint (default $ABX_PTY_PORT, else the "
+            "HTTP port + 1; 9001 when that has no number).",
         ],
         [
             "e2b-port",
@@ -190,6 +195,16 @@ class Options(usage.Options):
         self["commands"] = []
         #: The policy as ``postOptions`` compiled it (None before).
         self.policy: Policy | None = None
+        #: twistd's ``--logfile``, absolute (set by ``postOptions``): one of
+        #: the daemon's own files.
+        self.log_file: str | None = None
+
+    def opt_version(self) -> None:
+        """Print sandboxd's version and exit (not Twisted's, as usage's would)."""
+        from sandboxd._version import __version__
+
+        print(__version__)
+        raise SystemExit(0)
 
     def opt_commands(self, spec: str) -> None:
         """Import a commands file or module (repeatable)."""
@@ -204,6 +219,7 @@ class Options(usage.Options):
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
         self["log-format"] = log_format_of(self["log-format"])
+        self.log_file = twistd_log_file(self)
         if self["e2b-code-port"] and not self["e2b-port"]:
             raise usage.UsageError("--e2b-code-port needs --e2b-port")
         if self["kep-grpc-port"] and not self["kep-rest-port"]:
@@ -260,6 +276,7 @@ class Options(usage.Options):
             base_dir=self["base-dir"],
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
+            log_file=self.log_file,
             state_dir=self["state-dir"],
             chdir=True,
             root_children_check=True,

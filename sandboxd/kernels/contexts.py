@@ -24,7 +24,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import sys
 import time
 from collections import OrderedDict, deque
 from typing import Any, Protocol
@@ -52,11 +51,11 @@ from sandboxd.kernels.jsontext import (
     JsonParts,
     document,
 )
-from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
+from sandboxd.kernels.kernelspecs import KernelSpec, builtin_python, kernel_argv
 from sandboxd.policy import defaults
 from sandboxd.policy.confinement import Confinement
 from sandboxd.processes.child import Child, HeadTail, signal_child
-from sandboxd.processes.command import RunAs, find_executable
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 from sandboxd.sysinfo import ports_of
 from sandboxd.waiters import Waiters
@@ -606,16 +605,19 @@ class CodeContext:
             else:
                 self.kernel_stderr.write(data)
 
+        try:
+            # The Python of the kernel's own PATH (the sandbox's), one its
+            # user can run: else the kernel dies at once (126), unexplained.
+            python = builtin_python(self.env, self.run_as)
+        except ValueError as e:
+            self._start_failed(unavailable(str(e)))
+            return
         child = Child(self.reactor, output)
         try:
             spawn(
                 self.reactor,
                 child,
-                # The Python of the kernel's own PATH (the sandbox's).
-                [
-                    find_executable("python3", self.env) or sys.executable,
-                    *kernel_argv(self.spec, "")[1:],
-                ],
+                [python, *kernel_argv(self.spec, "")[1:]],
                 children=self.service.children,
                 env=dict(self.env),
                 cwd=self.cwd,

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from sandboxd.processes.command import RunAs
 
 #: The kernel a context gets when the request names none.
 DEFAULT_KERNEL = "python3"
@@ -135,6 +139,93 @@ def builtin_bash_spec(environ: Mapping[str, str]) -> KernelSpec | None:
         interrupt_mode="signal",
         resource_dir=os.path.dirname(REPL_SCRIPT),
         source="builtin",
+    )
+
+
+def _permits(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+    """Whether the mode bits of ``st`` give ``bit`` (4 read, 1 search/run) to the user."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in gids:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def usable_by(path: str, uid: int, gids: set[int], bit: int) -> bool:
+    """
+    Whether the user of ``uid`` and ``gids`` may read (``bit`` 4) or run
+    (1) the file ``path``: every directory on the way to the file it
+    resolves to searchable, and the file's own bit.  A ``#!`` script is
+    read by its interpreter, as the user, by the name it was run by: that
+    path's directories count too, and its read bit.  Asked by the root
+    daemon on the user's behalf, so :func:`os.access` (which answers for
+    root) cannot.
+    """
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            script = f.read(2) == b"#!"
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    ways = [os.path.realpath(path)]
+    if bit == 4 or script:
+        ways.append(os.path.abspath(path))
+    for where in dict.fromkeys(ways):
+        directory = os.path.dirname(where)
+        while True:
+            try:
+                if not _permits(os.stat(directory), uid, gids, 1):
+                    return False
+            except OSError:
+                return False
+            if directory == "/":
+                break
+            directory = os.path.dirname(directory)
+    if bit == 1 and script and not _permits(st, uid, gids, 4):
+        return False
+    return _permits(st, uid, gids, bit)
+
+
+def builtin_python(environ: Mapping[str, str], run_as: RunAs | None) -> str:
+    """
+    The interpreter of the built-in kernels: the first ``python3`` on the
+    kernel's ``PATH`` that its user may run (a root daemon's ``PATH`` may
+    start with a directory only root enters, such as a ``pyenv`` shim
+    under ``/root``), else the daemon's own Python if the user may run it.
+
+    :raises ValueError: the user can run none, or cannot read the kernel's
+        script; the message says which and what to do.
+    """
+    from sandboxd.processes.command import find_executable
+
+    if run_as is None:
+        return find_executable("python3", environ) or sys.executable
+    gids = set(os.getgrouplist(run_as.name, run_as.gid))
+    if not usable_by(REPL_SCRIPT, run_as.uid, gids, 4):
+        raise ValueError(
+            f"the built-in kernel's script {REPL_SCRIPT} cannot be read by"
+            f" {run_as.name!r}: install sandboxd where that user can read it"
+            " (not under a directory only root enters)"
+        )
+    first = None
+    for directory in environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", "python3")
+        if not os.path.isfile(candidate):
+            continue
+        first = first or candidate
+        if usable_by(candidate, run_as.uid, gids, 1):
+            return candidate
+    if usable_by(sys.executable, run_as.uid, gids, 1):
+        return sys.executable
+    tried = f" ({first} is not)" if first else ""
+    raise ValueError(
+        f"no python3 on the kernel's PATH that {run_as.name!r} can run{tried}:"
+        " install one that user may run, or give the context a PATH"
+        " (env.PATH) that leads to one"
     )
 
 

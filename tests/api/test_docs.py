@@ -143,6 +143,22 @@ class ReferenceTests(SynchronousTestCase):
             "docs/api.md is stale: run `python -m sandboxd.api.apidoc > docs/api.md`",
         )
 
+    def test_no_error_row_repeats_another(self) -> None:
+        """
+        No endpoint's error table lists a status and code twice where one
+        row says what the other already does (a shared block's generic row
+        beside the endpoint's own, fuller one).
+        """
+        for endpoint_id, entry in schema.SCHEMAS.items():
+            rows = [(e.status, e.code, e.when) for e in entry.errors]
+            for i, (status, code, when) in enumerate(rows):
+                for other in rows[i + 1 :]:
+                    if other[:2] == (status, code):
+                        self.assertFalse(
+                            when in other[2] or other[2] in when,
+                            f"{endpoint_id}: {status} {code} twice",
+                        )
+
     def test_every_endpoint_documented(self) -> None:
         """Every endpoint id has a schema and a section (with an example) in api.md."""
         text = read_doc("api.md")
@@ -253,6 +269,28 @@ class DocsTests(SynchronousTestCase):
                     )
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
             self.assertIsNone(internal.search(f.read()))
+
+    def test_query_token_routes_listed(self) -> None:
+        """
+        security.md's list of the routes that take a token in the URL is
+        every route that does (operators decide from it which URLs may
+        carry tokens into access logs), and names no other.
+        """
+        from sandboxd.web.query_token import QUERY_TOKEN_ENDPOINTS
+
+        text = read_doc("security.md")
+        start = text.index("**A token in a URL")
+        paragraph = " ".join(text[start : text.index("\n- ", start)].split())
+        shape = re.compile(r"\{[^}]*\}")
+        listed = {
+            shape.sub("{}", p) for p in re.findall(r"`GET\s+(/[^`?]+)", paragraph)
+        }
+        routes = {
+            shape.sub("{}", e.path)
+            for e in builtin_table()
+            if e.id in QUERY_TOKEN_ENDPOINTS
+        }
+        self.assertEqual(listed, routes)
 
     def test_relative_links_resolve(self) -> None:
         """Every relative Markdown link in docs/ and examples/ points at a file."""

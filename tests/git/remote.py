@@ -38,8 +38,11 @@ def missing() -> str | None:
     return None
 
 
-def make_ca(directory: str) -> tuple[str, str, str]:
-    """A CA and a certificate for 127.0.0.1 and localhost: ``(ca, cert, key)`` paths."""
+def make_ca(directory: str, name: str = "sandboxd test CA") -> tuple[str, str, str]:
+    """
+    A CA (its common name ``name``) and a certificate for 127.0.0.1 and
+    localhost: ``(ca, cert, key)`` paths.
+    """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -47,7 +50,7 @@ def make_ca(directory: str) -> tuple[str, str, str]:
 
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandboxd test CA")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)

@@ -1256,6 +1256,67 @@ class UserTests(CodeTestCase):
             str(pwd.getpwnam("nobody").pw_uid),
         )
 
+    def locked_python(self) -> str:
+        """
+        A directory only root may enter holding a ``python3`` that is a
+        script (as a ``pyenv`` shim under ``/root`` is).
+        """
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise SkipTest("no /usr/bin/python3 for the user nobody to run")
+        locked = os.path.realpath(self.mktemp())
+        os.makedirs(locked)
+        os.chmod(locked, 0o700)
+        shim = os.path.join(locked, "python3")
+        with open(shim, "w") as f:
+            f.write('#!/bin/sh\nexec /usr/bin/python3 "$@"\n')
+        os.chmod(shim, 0o755)
+        return locked
+
+    @inlineCallbacks
+    def test_python_the_user_can_run(self) -> Any:
+        """
+        The built-in kernel runs the first ``python3`` on its ``PATH`` that
+        its user can run: one in a directory only root enters (a root
+        daemon's ``pyenv`` shims) is passed over, not run to fail.
+        """
+        import pwd
+
+        locked = self.locked_python()
+        ctx = yield self.context(
+            kernel="sandboxd-python",
+            user="nobody",
+            env={"PATH": f"{locked}:/usr/bin:/bin"},
+        )
+        result = yield self.execute(
+            ctx["id"], "import os, sys\n(os.getuid(), sys.executable)"
+        )
+        self.assertEqual(
+            result["results"][0]["data"]["text/plain"],
+            repr((pwd.getpwnam("nobody").pw_uid, "/usr/bin/python3")),
+        )
+
+    @inlineCallbacks
+    def test_no_python_the_user_can_run(self) -> Any:
+        """
+        With none on its ``PATH`` (nor the daemon's own) the user can run,
+        the start is 503 ``unavailable`` naming the interpreter and the
+        user, not a 500 about an exit code.
+        """
+        from sandboxd.kernels import kernelspecs
+
+        locked = self.locked_python()
+        self.patch(kernelspecs.sys, "executable", os.path.join(locked, "python3"))
+        reply = yield self.request(
+            "POST",
+            "/code/contexts",
+            {"kernel": "sandboxd-python", "user": "nobody", "env": {"PATH": locked}},
+        )
+        self.assertEqual(reply.status, 503, reply.body)
+        body = reply.json()
+        self.assertEqual(body["code"], "unavailable")
+        self.assertIn(os.path.join(locked, "python3"), body["error"])
+        self.assertIn("'nobody'", body["error"])
+
     def fake_hubs(self) -> None:
         """
         Kernels of a kernelspec ``sleepy`` (a sleeping stdlib Python) spoken to

@@ -27,7 +27,7 @@ _CHILD_ERRORS = (
         "cwd outside base_dir or paths.allow, or a link leading out; a program "
         "named by a path below /proc, /sys or /dev, or a link there",
     ),
-    *GUARD[2:],
+    *GUARD[3:],
     E(503, "unavailable", "the daemon is shutting down"),
 )
 
