@@ -39,6 +39,7 @@ from sandboxd.errors import (
     unexpected,
     unsupported,
 )
+from sandboxd.files.lines import count_lines
 from sandboxd.files.walk import display_name
 from sandboxd.mcp.collecting import CollectingChannel, Progress, command_text
 from sandboxd.mcp.fitting import fitted, result_size
@@ -138,6 +139,10 @@ def value_result(
     except ArgumentError as e:
         raise bad_request(str(e)) from None
     structured = shown(value if isinstance(value, dict) else {"result": value})
+    if tool.name in FILE_READS:
+        read = _text_read(tool, structured)
+        if read is not None:
+            return read
     if tool.name in _BROWSER_FITS:
         result = _rendered(tool, structured, False)
         if result_size(result) > MCP_RESULT_JSON_BYTES or _too_tall(structured):
@@ -197,6 +202,107 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
             raise not_json(structured, "the tool's result") from None
     elif nonfinite_at(structured) is not None:
         raise not_json(structured, "the tool's result")
+    return {"content": content, "structuredContent": structured, "isError": False}
+
+
+def _text_read(tool: Tool, structured: dict[str, Any]) -> dict[str, Any] | None:
+    """
+    A ``download`` of UTF-8 text as a model reads it: the text once, as
+    text content (``structuredContent`` says where it lies, without the
+    same bytes again as base64), or None for bytes that are not text.
+
+    Text that does not fit one result (:data:`MCP_RESULT_JSON_BYTES`) is
+    cut at the end of a line, and ``lines``, ``more`` and ``next_offset``
+    count what was given: a model that reads on from ``next_offset``
+    skips nothing.  A note after the text says the same, as does one for
+    an ``offset`` past the file's end (no text at all).
+    """
+    data = structured.get("content_base64")
+    if not isinstance(data, str):
+        return None
+    try:
+        raw = base64.b64decode(data, validate=True)
+        raw.decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    if b"\x00" in raw:
+        return None
+    rest = {k: v for k, v in structured.items() if k != "content_base64"}
+    first = int(rest.get("offset") or 1)
+    note = None
+    if rest.get("lines") == 0 and isinstance(rest.get("total_lines"), int):
+        note = (
+            f"[no lines: offset {first} is past the end of the file, which has "
+            f"{rest['total_lines']} lines]"
+        )
+    elif rest.get("more"):
+        rest["next_offset"] = first + int(rest.get("lines") or 0)
+    result = _text_result(raw.decode("utf-8"), rest, note)
+    size = result_size(result)
+    keep = len(raw)
+    for _ in range(12):
+        if size <= MCP_RESULT_JSON_BYTES:
+            return result
+        keep = min(keep - 1, int(keep * MCP_RESULT_JSON_BYTES / size * 0.97))
+        result = _text_cut(raw, keep, first, rest)
+        size = result_size(result)
+    if size <= MCP_RESULT_JSON_BYTES:
+        return result
+    raise payload_too_large(
+        MCP_RESULT_JSON_BYTES,
+        message="the file's text does not fit one MCP tool result: read it "
+        "with offset and limit (lines)",
+    )
+
+
+def _text_cut(
+    raw: bytes, keep: int, first: int, rest: dict[str, Any]
+) -> dict[str, Any]:
+    """
+    The result of the whole lines among ``raw``'s first ``keep`` bytes
+    (or, when its first line alone is longer, that line's start).
+    """
+    total = rest.get("total_lines")
+    if not isinstance(total, int):
+        total = first - 1 + count_lines(raw)
+    end = raw.rfind(b"\n", 0, max(0, keep)) + 1
+    if end > 0:
+        given = raw[:end].count(b"\n")
+        text = raw[:end].decode("utf-8")
+        next_offset = first + given
+        note = (
+            f"[truncated: lines {first}-{next_offset - 1} of {total} fit one "
+            f"result; read on with offset {next_offset}]"
+        )
+    else:
+        # One line longer than a result: its start, whole characters.
+        head = raw[:keep]
+        head = head[: len(head) - _cut_at_end(head)]
+        given = 0
+        text = head.decode("utf-8")
+        next_offset = first + 1
+        note = (
+            f"[truncated: line {first} alone is longer than one result; its first "
+            f"{len(head)} bytes are shown; the next line is offset {next_offset}]"
+        )
+    cut = {
+        **rest,
+        "offset": first,
+        "lines": given,
+        "total_lines": total,
+        "more": True,
+        "next_offset": next_offset,
+        "truncated": True,
+    }
+    return _text_result(text, cut, note)
+
+
+def _text_result(
+    text: str, structured: dict[str, Any], note: str | None
+) -> dict[str, Any]:
+    content = [{"type": "text", "text": text}]
+    if note is not None:
+        content.append({"type": "text", "text": note})
     return {"content": content, "structuredContent": structured, "isError": False}
 
 
