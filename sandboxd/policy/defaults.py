@@ -629,6 +629,13 @@ GREP_PROGRAM_BYTES = 8 * MIB
 #: binary, and skipped (as grep and ripgrep take it).
 GREP_BINARY_PROBE_BYTES = 8 * KIB
 
+#: files_grep and files_search: the most of one ignore file (``.gitignore``,
+#: ``.ignore``, ``.rgignore``) read; past it its patterns are not.
+IGNORE_FILE_BYTES = 1 * MIB
+
+#: files_grep and files_search: the most globs in ``exclude``.
+MAX_EXCLUDES = 64
+
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10
 

@@ -31,6 +31,34 @@ _WRITE = (
 
 _ETAG = F("etag", doc="the file's version, for If-Match")
 
+
+#: What a search leaves out: files_search's and files_grep's (their
+#: defaults differ: the seed's name search sees every name).
+def _search_skips(everything: bool) -> tuple[F, ...]:
+    return (
+        F(
+            "exclude",
+            "array",
+            "gitignore globs of files and directories left out, relative to "
+            "path (node_modules, dist/**, *.min.js)",
+            items="string",
+            min_length=1,
+        ),
+        F(
+            "no_ignore",
+            "boolean",
+            "search what .gitignore, .ignore and .rgignore files name too",
+            default=everything,
+        ),
+        F(
+            "hidden",
+            "boolean",
+            "search hidden files and directories (a name starting with .) too",
+            default=everything,
+        ),
+    )
+
+
 #: How far a search goes: files_search's and files_grep's.
 _SEARCH_BOUNDS = (
     F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
@@ -371,6 +399,7 @@ SCHEMAS: dict[str, Schema] = {
                 example="*.py",
             ),
             *_SEARCH_BOUNDS,
+            *_search_skips(True),
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),
@@ -382,9 +411,13 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "invalid_param",
-                "a pattern over 1024 characters, or one holding / (past a leading **/)",
+                "a pattern over 1024 characters, or one holding / (past a leading "
+                "**/); an empty exclude glob, or over 64 of them",
             ),
         ),
+        notes="Unlike files_grep, every name is found by default, hidden ones "
+        "and those ignore files name included; no_ignore: false and hidden: false "
+        "leave them out as files_grep does.",
     ),
     "files_grep": Schema(
         body=(
@@ -416,6 +449,7 @@ SCHEMAS: dict[str, Schema] = {
                 maximum=5,
             ),
             *_SEARCH_BOUNDS,
+            *_search_skips(False),
         ),
         response=(
             F(
@@ -451,7 +485,8 @@ SCHEMAS: dict[str, Schema] = {
                 "invalid_param",
                 "a pattern RE2 does not take (bad syntax, a backreference or "
                 "lookaround, a repeat over 1000, a program over 8 MiB), one over "
-                "1024 characters, a field of the wrong type",
+                "1024 characters, a field of the wrong type, an empty exclude "
+                "glob, or over 64 of them",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
@@ -460,7 +495,14 @@ SCHEMAS: dict[str, Schema] = {
         "a newline, ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
         "from a listing is not read; include does not apply to a file named by "
-        "path. An empty match (^) counts once a line.",
+        "path. An empty match (^) counts once a line; in a file with CRLF line "
+        "ends $ matches before the CR. As ripgrep by default, hidden files and "
+        "directories are not searched, nor what .gitignore, .ignore and "
+        ".rgignore files name (those below path, in path, and in its parents up "
+        "to the repository's root, the directory holding .git, or outside a "
+        "repository up to base_dir): a project's node_modules or build output "
+        "is left out when its .gitignore says so. no_ignore and hidden search "
+        "them too (ripgrep's --no-ignore and --hidden); exclude leaves out more.",
     ),
     "files_upload_stream": Schema(
         body=(
