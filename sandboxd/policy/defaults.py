@@ -612,6 +612,11 @@ MAX_PATTERN_CHARS = 1024
 #: file_ops: edits in one ``files_edit`` call (each scans the whole file).
 MAX_EDITS = 100
 
+#: file_ops: how many times a ``files_edit`` without ``if_match`` is
+#: applied when another writer changes the file between its read and its
+#: write (each time to the new text), before it is refused (412).
+EDIT_ATTEMPTS = 3
+
 #: files_grep: a matching line is shown cut at this many characters (marked
 #: ``cut``), so one minified line does not fill the answer once per match.
 GREP_LINE_CHARS = 1024

@@ -384,7 +384,10 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Each edit applies to the text the one before left; if any fails, "
         "none is written. The new text replaces the file atomically and only if "
-        "no one changed it since it was read; the file keeps its mode and owner. "
+        "no one changed it since it was read; without if_match, an edit that "
+        "meets another writer's change is applied again to the new text (its "
+        "old_text looked for there), up to 3 times, before a 412 saying so. The "
+        "file keeps its mode and owner. "
         "A refused edit is named by its index (edit). In a file whose lines all "
         "end in CRLF, an edit's LF line ends match and are written as CRLF.",
     ),
