@@ -476,7 +476,7 @@ class ModelToolsTests(McpTestCase):
     def test_default_list_fits_a_model(self) -> Any:
         """
         The default tools/list (every default group on, an all-scope token)
-        has at most 30 tools and about 6.5k tokens (characters / 4); no
+        has at most 30 tools and about 6.8k tokens (characters / 4); no
         terminal tool, which a model could not type into.
         """
 
@@ -492,8 +492,10 @@ class ModelToolsTests(McpTestCase):
         # left it then); 6500 until process_signal's answer said what an
         # exited command left running; 6550 until a process's answer said
         # whether its timeout ended it and what it left running, and
-        # process_signal that 20 pauses.
-        self.assertLessEqual(size / 4, 6650, size)
+        # process_signal that 20 pauses; 6650 until files_grep and
+        # files_search took exclude, no_ignore and hidden (ripgrep's ignore
+        # rules, and the way past them).
+        self.assertLessEqual(size / 4, 6850, size)
         names = {t["name"] for t in tools}
         self.assertIn("shell", names)
         self.assertFalse(any(n.startswith("pty_") for n in names), names)

@@ -39,21 +39,20 @@ def _search_skips(everything: bool) -> tuple[F, ...]:
         F(
             "exclude",
             "array",
-            "gitignore globs of files and directories left out, relative to "
-            "path (node_modules, dist/**, *.min.js)",
+            "gitignore globs left out, from path (node_modules, dist/**)",
             items="string",
             min_length=1,
         ),
         F(
             "no_ignore",
             "boolean",
-            "search what .gitignore, .ignore and .rgignore files name too",
+            "also what .gitignore files name",
             default=everything,
         ),
         F(
             "hidden",
             "boolean",
-            "search hidden files and directories (a name starting with .) too",
+            "also hidden (dot) files and directories",
             default=everything,
         ),
     )
