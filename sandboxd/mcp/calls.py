@@ -193,6 +193,12 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
                 ),
             }
         )
+    elif tool.name in _TEXTS:
+        rendered = _TEXTS[tool.name](structured)
+        if rendered is not None:
+            if structured.get("truncated"):
+                rendered += "\n[truncated: part of it was left out to fit one result]"
+            content.append({"type": "text", "text": rendered})
     # A result JSON cannot carry (a non-finite number) is the call's
     # failure, answered as a tool error, never a message that is not JSON.
     if not content:
@@ -304,6 +310,109 @@ def _text_result(
     if note is not None:
         content.append({"type": "text", "text": note})
     return {"content": content, "structuredContent": structured, "isError": False}
+
+
+def _diff_text(structured: dict[str, Any]) -> str | None:
+    """``git_diff`` as a model reads it: the patch, then a line of its counts."""
+    diff = structured.get("diff")
+    if not isinstance(diff, str):
+        return None
+    stats = structured.get("stats")
+    counts = ""
+    if isinstance(stats, dict):
+        counts = (
+            f"[{stats.get('files_changed', 0)} files changed, "
+            f"+{stats.get('insertions', 0)} -{stats.get('deletions', 0)}]"
+        )
+    if not diff:
+        return counts or "[no changes]"
+    return diff + ("" if diff.endswith("\n") else "\n") + counts
+
+
+def _person(who: Any) -> str:
+    if not isinstance(who, dict):
+        return ""
+    when = who.get("time")
+    stamp = ""
+    if isinstance(when, int) and when:
+        stamp = "  " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+    return f"{who.get('name', '')} <{who.get('email', '')}>{stamp}"
+
+
+def _show_text(structured: dict[str, Any]) -> str | None:
+    """``git_show`` as ``git show`` prints it: the commit, its message, its patch."""
+    commit = structured.get("commit")
+    if not isinstance(commit, str):
+        return None
+    lines = [f"commit {commit}"]
+    parents = structured.get("parents")
+    if isinstance(parents, list) and len(parents) > 1:
+        lines.append("Merge: " + " ".join(str(p)[:12] for p in parents))
+    lines.append("Author: " + _person(structured.get("author")))
+    lines.append("")
+    message = str(structured.get("subject") or "")
+    body = str(structured.get("body") or "").rstrip("\n")
+    if body:
+        message += "\n\n" + body
+    lines.extend("    " + line for line in message.split("\n"))
+    withheld = structured.get("withheld")
+    if isinstance(withheld, list) and withheld:
+        lines.append("")
+        lines.append(
+            "[withheld by policy: the changes of " + ", ".join(map(str, withheld)) + "]"
+        )
+    text = "\n".join(lines) + "\n"
+    diff = structured.get("diff")
+    if isinstance(diff, str) and diff:
+        text += "\n" + diff
+    return text
+
+
+def _output_text(structured: dict[str, Any]) -> str | None:
+    """
+    A ``process_output`` page as a model reads it: the output as printed
+    (a ``[stderr]`` line where it passes to stderr, ``[stdout]`` back),
+    then the process's state and the ``after`` to read on from.
+    """
+    events = structured.get("events")
+    if not isinstance(events, list):
+        return None
+    out: list[str] = []
+    last = "stdout"
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        stream = str(event.get("stream") or "stdout")
+        if stream != last:
+            joined = out[-1] if out else ""
+            out.append(
+                ("\n" if joined and not joined.endswith("\n") else "") + f"[{stream}]\n"
+            )
+            last = stream
+        out.append(str(event.get("data") or ""))
+    text = "".join(out)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    if structured.get("dropped"):
+        text += f"[dropped: {structured.get('dropped_bytes', 0)} bytes of older output are no longer kept]\n"
+    state = structured.get("state")
+    if structured.get("exit_code") is not None:
+        text += f"[{state}: exit_code {structured['exit_code']}]"
+    else:
+        text += f"[{state}]"
+    if structured.get("next") is not None:
+        text += f"\n[next: {structured['next']}]"
+    return text
+
+
+#: Tools whose answer is mostly text a model reads, and how it is shown:
+#: the text itself rather than one JSON string of escaped newlines
+#: (``structuredContent`` keeps the answer as it is).
+_TEXTS = {
+    "git_diff": _diff_text,
+    "git_show": _show_text,
+    "process_output": _output_text,
+}
 
 
 def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:
