@@ -37,6 +37,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import crossing, walk
+from sandboxd.files.append import append_bytes
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.edit import Edit, edit_file
@@ -239,7 +240,9 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
 # -- base64 transfer --------------------------------------------------------------
 
 
-def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
+def _upload(
+    request: ServerRequest, default_overwrite: bool, append: bool = False
+) -> Any:
     path = required(request.body.get("path"), "path")
     guard = PathGuard.for_request(request)
     guard.decide(path)  # NUL and lexical refusals before decoding anything
@@ -250,6 +253,16 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     overwrite = flag(request.body.get("overwrite"), "overwrite", default_overwrite)
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
+    if append:
+        if mode is not None:
+            raise bad_request("'mode' sets a new file's permissions: not with append")
+        if not overwrite_allowed(request, True):
+            raise _policy_overwrite_refusal(request, path)
+
+        def appended() -> dict[str, Any]:
+            return append_bytes(guard, path, decode_payload(request), if_match)
+
+        return in_thread(request, appended)
     raw = request.body.get("content_base64")
     if request.payload is not None:
         size = len(request.payload)
@@ -268,8 +281,12 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
 
 
 def upload(request: ServerRequest) -> Any:
-    """``POST /upload``: write a file from base64 (parents created)."""
-    return _upload(request, True)
+    """
+    ``POST /upload``: write a file from base64 (parents created); with
+    ``append``, add to the end of an existing one.
+    """
+    append = flag(request.body.get("append", False), "append", False, words=False)
+    return _upload(request, True, append=append)
 
 
 def files_upload_stream(request: ServerRequest) -> Any:

@@ -111,11 +111,26 @@ SCHEMAS: dict[str, Schema] = {
             F("overwrite", "boolean", default=True),
             _MODE,
             _IF_MATCH,
+            F(
+                "append",
+                "boolean",
+                "add to the end of the file (a big one in parts)",
+                default=False,
+            ),
         ),
-        response=(F("path", doc="absolute"), F("bytes", "integer"), _ETAG),
+        response=(
+            F("path", doc="absolute"),
+            F("bytes", "integer", "bytes written"),
+            _ETAG,
+            F("size", "integer", "with append: the file's size after it"),
+        ),
         errors=(*_WRITE_GUARD, *_WRITE),
         notes="Parent directories are created. The file is written to a temporary "
-        "name and renamed, so it lands whole or not at all.",
+        "name and renamed, so it lands whole or not at all. With append the bytes "
+        "are added to the end of an existing file in place (404 when there is "
+        "none: write the first part without append); if_match is then checked "
+        "before appending. A file too big for one request (an MCP message is at "
+        "most 1 MiB) is written in parts this way.",
     ),
     "download": Schema(
         query=(
