@@ -731,7 +731,13 @@ CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 #: browser: shared by every browser_* endpoint, since one worker serves them
 #: all and whichever call comes first starts it: how long the worker may
 #: take to start Playwright and Chromium.
-BROWSER_LIMITS: dict[str, Any] = {"start_timeout_seconds": 30}
+#: browser: ``idle_timeout_seconds``: Chromium (about 1 GB with a page or
+#: two) is closed after this long without a call; the next call starts it
+#: again (a fresh page: no cookies or history carried over).
+BROWSER_LIMITS: dict[str, Any] = {
+    "start_timeout_seconds": 30,
+    "idle_timeout_seconds": 900,
+}
 
 #: browser: the daemon's watchdog on one call, beyond the call's own timeout;
 #: past it the worker is presumed stuck and killed.  The worker answers a
