@@ -56,7 +56,8 @@ _GROUP_NOTES = {
     CapabilityGroup.TERMINAL: "PTY sessions and their WebSocket",
     CapabilityGroup.SYSTEM: "machine facts, environment, ports, packages",
     CapabilityGroup.DEV_TOOLS: "code snippets and git",
-    CapabilityGroup.BROWSER: "one shared headless Chromium page",
+    CapabilityGroup.BROWSER: "one shared headless Chromium page, started by the "
+    "first call and closed after limits.idle_timeout_seconds (900) without one",
     CapabilityGroup.AGENTS: "coding agents over ACP",
     CapabilityGroup.GIT: "git that writes: clone, commit, branch, push (see [git](git.md))",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",

@@ -48,13 +48,20 @@ else:
     _spec.loader.exec_module(sockdiag)
 
 try:
-    from .urlpolicy import Refusal, UrlPolicy, check_addresses, check_host
+    from .urlpolicy import (
+        Refusal,
+        UrlPolicy,
+        check_addresses,
+        check_host,
+        is_loopback_name,
+    )
 except ImportError:  # loaded as a script's sibling (see worker.py)
     from urlpolicy import (  # type: ignore[import-not-found,no-redef]
         Refusal,
         UrlPolicy,
         check_addresses,
         check_host,
+        is_loopback_name,
     )
 
 #: SOCKS5 reply codes (RFC 1928 §6).
@@ -241,6 +248,13 @@ class SocksGate:
             return [str(ipaddress.ip_address(host))]
         except ValueError:
             pass
+        if host.rstrip(".") and is_loopback_name(host):
+            # Chromium maps localhost and *.localhost to loopback itself,
+            # never asking a resolver (glibc without nss-myhostname knows
+            # no *.localhost): the preview's 22050.localhost links open.
+            addresses = ["127.0.0.1", "::1"]
+            check_addresses(policy, url, addresses)
+            return addresses
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
                 host, port, type=socket.SOCK_STREAM

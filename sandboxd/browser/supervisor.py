@@ -155,6 +155,10 @@ class BrowserSupervisor(Service):
         self.next_id = 0
         self.workdir: str | None = None
         self.starts = 0
+        #: Closes the worker once no call came for the idle timeout.
+        self.idle_timer: Any = None
+        #: How many workers were closed for being idle.
+        self.idle_closes = 0
 
     # -- the public call -----------------------------------------------------
 
@@ -165,6 +169,7 @@ class BrowserSupervisor(Service):
         timeout_ms: int,
         run_as: RunAs | None = None,
         start_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> dict[str, Any]:
         """
         Run one operation on the shared page; the worker's result.
@@ -172,6 +177,9 @@ class BrowserSupervisor(Service):
         :param start_timeout: seconds the worker may take to start, when
             this call starts it (the endpoint's ``start_timeout_seconds``;
             None for the built-in default).
+        :param idle_timeout: seconds without a call after this one before
+            the browser is closed (the endpoint's ``idle_timeout_seconds``;
+            None for the built-in default, 0 never).
         :raises ApiError: 503 when Playwright or Chromium is missing or did
             not start within ``start_timeout``, 429 when too many calls
             wait, 408 when the call overruns, the worker's own error
@@ -188,6 +196,7 @@ class BrowserSupervisor(Service):
                 Code.CONCURRENCY_LIMITED,
                 limit=defaults.BROWSER_QUEUE_MAX,
             )
+        self._cancel_idle()
         self.waiting += 1
         try:
             await self.lock.acquire()
@@ -203,6 +212,7 @@ class BrowserSupervisor(Service):
             abandoned = e.answered
             raise CancelledError() from None
         finally:
+            self._arm_idle(idle_timeout)
             if abandoned is None:
                 self.lock.release()
             else:
@@ -212,6 +222,57 @@ class BrowserSupervisor(Service):
                 abandoned.addBoth(lambda _: self.lock.release())
 
     # -- the worker's life ---------------------------------------------------
+
+    def _cancel_idle(self) -> None:
+        if self.idle_timer is not None and self.idle_timer.active():
+            self.idle_timer.cancel()
+        self.idle_timer = None
+
+    def _arm_idle(self, idle_timeout: float | None) -> None:
+        """
+        Close the browser once ``idle_timeout`` seconds pass without a
+        call: Chromium holds about a gigabyte for a page nobody looks at
+        any more (a dev server's page polling a server long gone).
+        """
+        self._cancel_idle()
+        if idle_timeout is None:
+            idle_timeout = defaults.BROWSER_LIMITS.get("idle_timeout_seconds")
+        if idle_timeout and self.running:
+            self.idle_timer = self.reactor.callLater(idle_timeout, self._idle_close)
+
+    def _idle_close(self) -> None:
+        """Close an idle worker as a stop would: stdin closed, then TERM, KILL."""
+        self.idle_timer = None
+        worker = self.worker
+        if worker is None or self.waiting or self.lock.locked or self.pending:
+            return  # a call came meanwhile: it arms the timer again when done
+        self.worker = None
+        self.is_ready = False
+        self.idle_closes += 1
+        log.info(
+            "browser: closed after its idle timeout; the next call starts it again"
+        )
+        try:
+            worker.transport.closeStdin()  # type: ignore[union-attr]
+        except (ProcessExitedAlready, AttributeError):
+            pass
+        self.dying.add(worker)
+        term = self.reactor.callLater(1.0, lambda: self._kill_idle(worker))
+        worker.ended.addBoth(lambda _: term.cancel() if term.active() else None)
+        worker.ended.addBoth(lambda _: self.dying.discard(worker))
+
+    def _kill_idle(self, worker: WorkerProtocol) -> None:
+        """TERM (then KILL) an idle worker that did not end on its stdin closing."""
+        if worker.pid is None or worker.ended.called:
+            return
+        signal_tree(worker.pid, signal.SIGTERM, worker.marker)
+
+        def kill() -> None:
+            if not worker.ended.called and worker.pid is not None:
+                signal_tree(worker.pid, signal.SIGKILL, worker.marker)
+
+        timer = self.reactor.callLater(defaults.KILL_GRACE_SECONDS, kill)
+        worker.ended.addBoth(lambda _: timer.cancel() if timer.active() else None)
 
     async def _ensure_worker(
         self, run_as: RunAs | None, start_timeout: float
@@ -457,6 +518,7 @@ class BrowserSupervisor(Service):
     def stopService(self) -> Deferred[None]:
         """End the worker's whole tree; fires when it is gone (bounded)."""
         super().stopService()  # type: ignore[no-untyped-call]
+        self._cancel_idle()
         worker, self.worker = self.worker, None
         self._settle_start(unavailable("the browser is stopping"))
         self.is_ready = False

@@ -28,9 +28,16 @@ from typing import Any
 import attrs
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.errors import ApiError, bad_request, precondition_failed
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    precondition_failed,
+    unmet_precondition,
+)
 from sandboxd.files.atomic import AtomicWrite, etag_matches
 from sandboxd.files.stream import read_all
+from sandboxd.policy.defaults import EDIT_ATTEMPTS
 
 
 @attrs.frozen
@@ -198,7 +205,45 @@ def edit_file(
     :param too_large: makes the 413 for a file over ``max_bytes``, given
         its size.
     :param dry_run: check and count, write nothing.
+
+    Without ``if_match``, an edit that meets another writer's change
+    between its read and its rename is applied again to the new text
+    (its ``old_text`` is looked for again there), up to
+    :data:`EDIT_ATTEMPTS` times: two agents, or a formatter on save,
+    writing one file is a normal case, and the caller gave no version
+    for the edit to be refused over.  Past that it is a 412 saying
+    another writer changed the file and nothing was written.
     """
+    if if_match is not None:
+        return _edit_once(guard, path, edits, if_match, max_bytes, too_large, dry_run)
+    for _ in range(EDIT_ATTEMPTS - 1):
+        try:
+            return _edit_once(guard, path, edits, None, max_bytes, too_large, dry_run)
+        except ApiError as e:
+            if e.code != Code.PRECONDITION_FAILED:
+                raise
+    try:
+        return _edit_once(guard, path, edits, None, max_bytes, too_large, dry_run)
+    except ApiError as e:
+        if e.code != Code.PRECONDITION_FAILED:
+            raise
+        raise unmet_precondition(
+            f"another writer changed {path} while this edit was applied, "
+            f"{EDIT_ATTEMPTS} times: nothing was written; read the file again "
+            "and retry the edit"
+        ) from None
+
+
+def _edit_once(
+    guard: PathGuard,
+    path: str,
+    edits: Sequence[Edit],
+    if_match: str | None,
+    max_bytes: int,
+    too_large: Callable[[int], ApiError],
+    dry_run: bool,
+) -> dict[str, Any]:
+    """One read, apply and conditional write of :func:`edit_file`."""
     with guard.open_file(path) as f:
         size = f.stat.st_size
         if size > max_bytes:

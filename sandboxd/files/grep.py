@@ -37,6 +37,7 @@ import re2
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request
+from sandboxd.files.ignore import search_filter
 from sandboxd.files.walk import display_name, visible, walk_at
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
@@ -62,12 +63,21 @@ class Query:
         with ``fixed_strings``.
     :ivar include: an fnmatch pattern on file names (``*.py``); files found
         by the walk whose names do not match are not read.
+    :ivar exclude: gitignore globs (relative to the directory searched)
+        of files and directories left out.
+    :ivar no_ignore: search what ignore files name too (ripgrep's
+        ``--no-ignore``): :mod:`sandboxd.files.ignore`.
+    :ivar hidden: search hidden files and directories too (ripgrep's
+        ``--hidden``).
     """
 
     pattern: str
     fixed_strings: bool = False
     ignore_case: bool = False
     include: str | None = None
+    exclude: tuple[str, ...] = ()
+    no_ignore: bool = False
+    hidden: bool = False
 
 
 @attrs.frozen
@@ -187,6 +197,11 @@ class _Search:
         """
         if not data:
             return  # no line at all
+        if b"\r\n" in data:
+            # CRLF line ends are line ends (ripgrep's --crlf): $ matches
+            # before them.  Only the CR at a line's end goes, which the line
+            # shown leaves out anyway, so numbers and columns stay the same.
+            data = data.replace(b"\r\n", b"\n")
         line_start = -1  # the line being gathered (its first byte)
         line_end = 0
         newlines = counted = 0  # the newlines before ``counted``
@@ -346,8 +361,15 @@ def _tree(guard: PathGuard, path: str, query: Query, search: _Search) -> None:
         else None
     )
     with guard.open_dir(path) as (fd, root):
+        skip = search_filter(
+            guard,
+            root,
+            no_ignore=query.no_ignore,
+            hidden=query.hidden,
+            exclude=query.exclude,
+        )
         for dir_fd, parent, name, st in walk_at(
-            fd, root, search.bounds.depth, prune=VCS_DIRS
+            fd, root, search.bounds.depth, prune=VCS_DIRS, skip=skip
         ):
             search.left()
             if not stat.S_ISREG(st.st_mode):

@@ -144,12 +144,17 @@ def walk(
         yield parent, name, st
 
 
+#: A walk's filter: ``(dir fd, parent path, name, lstat)``, true to leave out.
+Skip = Callable[[int, str, str, os.stat_result], bool]
+
+
 def walk_at(
     fd: int,
     root: str,
     max_depth: int,
     hidden: bool = True,
     prune: frozenset[str] = frozenset(),
+    skip: Skip | None = None,
 ) -> Iterator[tuple[int, str, str, os.stat_result]]:
     """
     :func:`walk`, each entry with the open directory it is in: ``(dir fd,
@@ -160,6 +165,9 @@ def walk_at(
 
     :param prune: names of directories yielded but not descended into
         (``.git`` for a content search).
+    :param skip: called with ``(dir fd, parent path, name, lstat)``: an
+        entry it answers true for is neither yielded nor descended into
+        (what ignore files name: :class:`~sandboxd.files.ignore.Ignores`).
     """
     try:
         with os.scandir(fd) as it:
@@ -184,6 +192,8 @@ def walk_at(
             continue  # gone since the scan
         if mounted_special(fd, name, st, dev):
             continue  # /proc mounted here is as out of reach as /proc
+        if skip is not None and skip(fd, root, name, st):
+            continue
         yield fd, root, name, st
         if max_depth > 1 and stat.S_ISDIR(st.st_mode) and name not in prune:
             try:
@@ -194,7 +204,7 @@ def walk_at(
                 if os.fstat(sub).st_ino != st.st_ino:
                     continue  # swapped since scandir: skip rather than guess
                 yield from walk_at(
-                    sub, posixpath.join(root, name), max_depth - 1, hidden, prune
+                    sub, posixpath.join(root, name), max_depth - 1, hidden, prune, skip
                 )
             finally:
                 os.close(sub)
@@ -234,18 +244,23 @@ def search(
     timeout: float,
     depth: int = WALK_DEPTH,
     stopping: Callable[[], bool] = lambda: False,
+    skipping: Callable[[str], Skip | None] = lambda root: None,
 ) -> dict[str, Any]:
     """
     ``files_search``: names matching ``pattern`` below ``path``, within
     ``timeout`` s, at most ``depth`` levels down (1: ``path``'s own entries);
     given up (the answer unread) once ``stopping()`` says so.
+
+    :param skipping: the walk's filter for the directory searched (given
+        its path): what ignore files, ``hidden`` and ``exclude`` leave out.
     """
     deadline = time.monotonic() + timeout
     regex = re.compile(fnmatch.translate(pattern))
     results: list[dict[str, str]] = []
     timed_out = truncated = False
     with guard.open_dir(path) as (fd, root):
-        for n, (parent, name, st) in enumerate(walk(fd, root, depth)):
+        entries = walk_at(fd, root, depth, skip=skipping(root))
+        for n, (_dir_fd, parent, name, st) in enumerate(entries):
             if n % 256 == 0 and (time.monotonic() > deadline or stopping()):
                 timed_out = True
                 break

@@ -39,6 +39,7 @@ from sandboxd.errors import (
     unexpected,
     unsupported,
 )
+from sandboxd.files.lines import count_lines
 from sandboxd.files.walk import display_name
 from sandboxd.mcp.collecting import CollectingChannel, Progress, command_text
 from sandboxd.mcp.fitting import fitted, result_size
@@ -138,6 +139,10 @@ def value_result(
     except ArgumentError as e:
         raise bad_request(str(e)) from None
     structured = shown(value if isinstance(value, dict) else {"result": value})
+    if tool.name in FILE_READS:
+        read = _text_read(tool, structured)
+        if read is not None:
+            return read
     if tool.name in _BROWSER_FITS:
         result = _rendered(tool, structured, False)
         if result_size(result) > MCP_RESULT_JSON_BYTES or _too_tall(structured):
@@ -185,9 +190,16 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
                     str(structured.get("stderr") or ""),
                     structured.get("exit_code"),
                     truncated=bool(structured.get("truncated")),
+                    leftovers=structured.get("leftovers"),
                 ),
             }
         )
+    elif tool.name in _TEXTS:
+        rendered = _TEXTS[tool.name](structured)
+        if rendered is not None:
+            if structured.get("truncated"):
+                rendered += "\n[truncated: part of it was left out to fit one result]"
+            content.append({"type": "text", "text": rendered})
     # A result JSON cannot carry (a non-finite number) is the call's
     # failure, answered as a tool error, never a message that is not JSON.
     if not content:
@@ -198,6 +210,210 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
     elif nonfinite_at(structured) is not None:
         raise not_json(structured, "the tool's result")
     return {"content": content, "structuredContent": structured, "isError": False}
+
+
+def _text_read(tool: Tool, structured: dict[str, Any]) -> dict[str, Any] | None:
+    """
+    A ``download`` of UTF-8 text as a model reads it: the text once, as
+    text content (``structuredContent`` says where it lies, without the
+    same bytes again as base64), or None for bytes that are not text.
+
+    Text that does not fit one result (:data:`MCP_RESULT_JSON_BYTES`) is
+    cut at the end of a line, and ``lines``, ``more`` and ``next_offset``
+    count what was given: a model that reads on from ``next_offset``
+    skips nothing.  A note after the text says the same, as does one for
+    an ``offset`` past the file's end (no text at all).
+    """
+    data = structured.get("content_base64")
+    if not isinstance(data, str):
+        return None
+    try:
+        raw = base64.b64decode(data, validate=True)
+        raw.decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    if b"\x00" in raw:
+        return None
+    rest = {k: v for k, v in structured.items() if k != "content_base64"}
+    first = int(rest.get("offset") or 1)
+    note = None
+    if rest.get("lines") == 0 and isinstance(rest.get("total_lines"), int):
+        note = (
+            f"[no lines: offset {first} is past the end of the file, which has "
+            f"{rest['total_lines']} lines]"
+        )
+    elif rest.get("more"):
+        rest["next_offset"] = first + int(rest.get("lines") or 0)
+    result = _text_result(raw.decode("utf-8"), rest, note)
+    size = result_size(result)
+    keep = len(raw)
+    for _ in range(12):
+        if size <= MCP_RESULT_JSON_BYTES:
+            return result
+        keep = min(keep - 1, int(keep * MCP_RESULT_JSON_BYTES / size * 0.97))
+        result = _text_cut(raw, keep, first, rest)
+        size = result_size(result)
+    if size <= MCP_RESULT_JSON_BYTES:
+        return result
+    raise payload_too_large(
+        MCP_RESULT_JSON_BYTES,
+        message="the file's text does not fit one MCP tool result: read it "
+        "with offset and limit (lines)",
+    )
+
+
+def _text_cut(
+    raw: bytes, keep: int, first: int, rest: dict[str, Any]
+) -> dict[str, Any]:
+    """
+    The result of the whole lines among ``raw``'s first ``keep`` bytes
+    (or, when its first line alone is longer, that line's start).
+    """
+    total = rest.get("total_lines")
+    if not isinstance(total, int):
+        total = first - 1 + count_lines(raw)
+    end = raw.rfind(b"\n", 0, max(0, keep)) + 1
+    if end > 0:
+        given = raw[:end].count(b"\n")
+        text = raw[:end].decode("utf-8")
+        next_offset = first + given
+        note = (
+            f"[truncated: lines {first}-{next_offset - 1} of {total} fit one "
+            f"result; read on with offset {next_offset}]"
+        )
+    else:
+        # One line longer than a result: its start, whole characters.
+        head = raw[:keep]
+        head = head[: len(head) - _cut_at_end(head)]
+        given = 0
+        text = head.decode("utf-8")
+        next_offset = first + 1
+        note = (
+            f"[truncated: line {first} alone is longer than one result; its first "
+            f"{len(head)} bytes are shown; the next line is offset {next_offset}]"
+        )
+    cut = {
+        **rest,
+        "offset": first,
+        "lines": given,
+        "total_lines": total,
+        "more": True,
+        "next_offset": next_offset,
+        "truncated": True,
+    }
+    return _text_result(text, cut, note)
+
+
+def _text_result(
+    text: str, structured: dict[str, Any], note: str | None
+) -> dict[str, Any]:
+    content = [{"type": "text", "text": text}]
+    if note is not None:
+        content.append({"type": "text", "text": note})
+    return {"content": content, "structuredContent": structured, "isError": False}
+
+
+def _diff_text(structured: dict[str, Any]) -> str | None:
+    """``git_diff`` as a model reads it: the patch, then a line of its counts."""
+    diff = structured.get("diff")
+    if not isinstance(diff, str):
+        return None
+    stats = structured.get("stats")
+    counts = ""
+    if isinstance(stats, dict):
+        counts = (
+            f"[{stats.get('files_changed', 0)} files changed, "
+            f"+{stats.get('insertions', 0)} -{stats.get('deletions', 0)}]"
+        )
+    if not diff:
+        return counts or "[no changes]"
+    return diff + ("" if diff.endswith("\n") else "\n") + counts
+
+
+def _person(who: Any) -> str:
+    if not isinstance(who, dict):
+        return ""
+    when = who.get("time")
+    stamp = ""
+    if isinstance(when, int) and when:
+        stamp = "  " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+    return f"{who.get('name', '')} <{who.get('email', '')}>{stamp}"
+
+
+def _show_text(structured: dict[str, Any]) -> str | None:
+    """``git_show`` as ``git show`` prints it: the commit, its message, its patch."""
+    commit = structured.get("commit")
+    if not isinstance(commit, str):
+        return None
+    lines = [f"commit {commit}"]
+    parents = structured.get("parents")
+    if isinstance(parents, list) and len(parents) > 1:
+        lines.append("Merge: " + " ".join(str(p)[:12] for p in parents))
+    lines.append("Author: " + _person(structured.get("author")))
+    lines.append("")
+    message = str(structured.get("subject") or "")
+    body = str(structured.get("body") or "").rstrip("\n")
+    if body:
+        message += "\n\n" + body
+    lines.extend("    " + line for line in message.split("\n"))
+    withheld = structured.get("withheld")
+    if isinstance(withheld, list) and withheld:
+        lines.append("")
+        lines.append(
+            "[withheld by policy: the changes of " + ", ".join(map(str, withheld)) + "]"
+        )
+    text = "\n".join(lines) + "\n"
+    diff = structured.get("diff")
+    if isinstance(diff, str) and diff:
+        text += "\n" + diff
+    return text
+
+
+def _output_text(structured: dict[str, Any]) -> str | None:
+    """
+    A ``process_output`` page as a model reads it: the output as printed
+    (a ``[stderr]`` line where it passes to stderr, ``[stdout]`` back),
+    then the process's state and the ``after`` to read on from.
+    """
+    events = structured.get("events")
+    if not isinstance(events, list):
+        return None
+    out: list[str] = []
+    last = "stdout"
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        stream = str(event.get("stream") or "stdout")
+        if stream != last:
+            joined = out[-1] if out else ""
+            out.append(
+                ("\n" if joined and not joined.endswith("\n") else "") + f"[{stream}]\n"
+            )
+            last = stream
+        out.append(str(event.get("data") or ""))
+    text = "".join(out)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    if structured.get("dropped"):
+        text += f"[dropped: {structured.get('dropped_bytes', 0)} bytes of older output are no longer kept]\n"
+    state = structured.get("state")
+    if structured.get("exit_code") is not None:
+        text += f"[{state}: exit_code {structured['exit_code']}]"
+    else:
+        text += f"[{state}]"
+    if structured.get("next") is not None:
+        text += f"\n[next: {structured['next']}]"
+    return text
+
+
+#: Tools whose answer is mostly text a model reads, and how it is shown:
+#: the text itself rather than one JSON string of escaped newlines
+#: (``structuredContent`` keeps the answer as it is).
+_TEXTS = {
+    "git_diff": _diff_text,
+    "git_show": _show_text,
+    "process_output": _output_text,
+}
 
 
 def _fit_content(tool: Tool, structured: dict[str, Any]) -> dict[str, Any]:

@@ -106,6 +106,22 @@ def refusal_message(err: ApiError, request_id: Any = None) -> dict[str, Any]:
     return error(request_id, code, err.message, err.body())
 
 
+def _message_too_large(cap: int) -> ApiError:
+    """
+    413 for a message over the door's bound, saying how a big file is
+    written from MCP anyway: an MCP-only agent has no HTTP API to turn to.
+    """
+    setting = limit_setting("mcp", "max_request_bytes")
+    error = payload_too_large(
+        cap,
+        message=f"the MCP message is over the limit of {cap} bytes (the policy's "
+        f"{setting}); to write a bigger file, upload it in parts: the first "
+        "with upload, each of the rest with upload and append: true",
+    )
+    error.extra["setting"] = setting
+    return error
+
+
 def _header(headers: Headers, name: bytes) -> str | None:
     values = headers.get(name)
     return values[-1].decode("latin-1").strip() if values else None
@@ -339,11 +355,7 @@ class Exchange:
         self.rule = self.passed.rule
         self.cap = self.rule.limits.max_request_bytes or 0
         if length is not None and self.cap and length > self.cap:
-            self.refusal = payload_too_large(
-                self.cap,
-                "the MCP message",
-                setting=limit_setting("mcp", "max_request_bytes"),
-            )
+            self.refusal = _message_too_large(self.cap)
             self._answer_now(self.refusal)
 
     # -- header time and body ----------------------------------------------
@@ -383,13 +395,7 @@ class Exchange:
         if self.refusal is not None:
             return
         if self.cap and self.bytes_in > self.cap:
-            self._answer_now(
-                payload_too_large(
-                    self.cap,
-                    "the MCP message",
-                    setting=limit_setting("mcp", "max_request_bytes"),
-                )
-            )
+            self._answer_now(_message_too_large(self.cap))
             return
         self.body += data
 

@@ -439,21 +439,58 @@ class Methods:
         def read(value: dict[str, Any]) -> Message:
             if value.get("isError"):
                 return _resource_error(rid, value)
-            # A picture's bytes come as the result's image content.
+            structured = value["structuredContent"]
+            # A picture's bytes come as the result's image content; text
+            # as its text content (the first; a note on a cut follows it).
             images = [c for c in value["content"] if c.get("type") == "image"]
-            data = str(
-                images[0]["data"]
-                if images
-                else value["structuredContent"].get("content_base64", "")
-            )
-            text = decoded_text(data)
+            texts = [c["text"] for c in value["content"] if c.get("type") == "text"]
             content: dict[str, Any] = {"uri": uri}
-            if text is not None:
-                content.update(mimeType="text/plain", text=text)
+            contents = [content]
+            if not images and "content_base64" not in structured and texts:
+                content.update(mimeType="text/plain", text=texts[0])
             else:
-                kind = image_type(data) or "application/octet-stream"
-                content.update(mimeType=kind, blob=data)
-            return result(rid, {"contents": [content]})
+                data = str(
+                    images[0]["data"]
+                    if images
+                    else structured.get("content_base64", "")
+                )
+                text = decoded_text(data)
+                if text is not None:
+                    content.update(mimeType="text/plain", text=text)
+                else:
+                    kind = image_type(data) or "application/octet-stream"
+                    content.update(mimeType=kind, blob=data)
+            if structured.get("truncated"):
+                # Only part of the file: said where a client looks (_meta)
+                # and where a model does (a text note after the part).
+                meta = {
+                    k: structured[k]
+                    for k in (
+                        "truncated",
+                        "offset",
+                        "lines",
+                        "total_lines",
+                        "next_offset",
+                    )
+                    if k in structured
+                }
+                content["_meta"] = meta
+                if "next_offset" in meta:
+                    note = (
+                        f"[truncated: this is lines {meta['offset']}-"
+                        f"{meta['next_offset'] - 1} of {meta['total_lines']}; read "
+                        f"on with the download tool, offset {meta['next_offset']}]"
+                    )
+                else:
+                    note = (
+                        "[truncated: only the start of the file fits one result; "
+                        "the download tool reads the rest (offset, limit)]"
+                    )
+                contents.append(
+                    {"uri": uri, "mimeType": "text/plain", "text": note, "_meta": meta}
+                )
+                return result(rid, {"contents": contents, "_meta": meta})
+            return result(rid, {"contents": contents})
 
         return d.addCallback(read)
 

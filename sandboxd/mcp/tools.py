@@ -306,7 +306,7 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
 IMAGES: dict[str, tuple[str, str]] = {"browser_screenshot": ("image_base64", "type")}
 
 #: Endpoints running a command whose answer is shown as its output.
-COMMAND_RESULTS = frozenset({"shell"})
+COMMAND_RESULTS = frozenset({"shell", "code_run"})
 
 #: Endpoints reading a file whose text content is shown as text.
 FILE_READS = frozenset({"download"})

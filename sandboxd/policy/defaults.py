@@ -612,6 +612,16 @@ MAX_PATTERN_CHARS = 1024
 #: file_ops: edits in one ``files_edit`` call (each scans the whole file).
 MAX_EDITS = 100
 
+#: shell: the most processes a command left running that its answer lists
+#: (``leftovers``), and how much of each one's command line it shows.
+LEFTOVERS_LISTED = 32
+LEFTOVER_COMMAND_CHARS = 200
+
+#: file_ops: how many times a ``files_edit`` without ``if_match`` is
+#: applied when another writer changes the file between its read and its
+#: write (each time to the new text), before it is refused (412).
+EDIT_ATTEMPTS = 3
+
 #: files_grep: a matching line is shown cut at this many characters (marked
 #: ``cut``), so one minified line does not fill the answer once per match.
 GREP_LINE_CHARS = 1024
@@ -628,6 +638,13 @@ GREP_PROGRAM_BYTES = 8 * MIB
 #: files_grep: a file with a NUL byte in its first this many bytes is
 #: binary, and skipped (as grep and ripgrep take it).
 GREP_BINARY_PROBE_BYTES = 8 * KIB
+
+#: files_grep and files_search: the most of one ignore file (``.gitignore``,
+#: ``.ignore``, ``.rgignore``) read; past it its patterns are not.
+IGNORE_FILE_BYTES = 1 * MIB
+
+#: files_grep and files_search: the most globs in ``exclude``.
+MAX_EXCLUDES = 64
 
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10
@@ -714,7 +731,13 @@ CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 #: browser: shared by every browser_* endpoint, since one worker serves them
 #: all and whichever call comes first starts it: how long the worker may
 #: take to start Playwright and Chromium.
-BROWSER_LIMITS: dict[str, Any] = {"start_timeout_seconds": 30}
+#: browser: ``idle_timeout_seconds``: Chromium (about 1 GB with a page or
+#: two) is closed after this long without a call; the next call starts it
+#: again (a fresh page: no cookies or history carried over).
+BROWSER_LIMITS: dict[str, Any] = {
+    "start_timeout_seconds": 30,
+    "idle_timeout_seconds": 900,
+}
 
 #: browser: the daemon's watchdog on one call, beyond the call's own timeout;
 #: past it the worker is presumed stuck and killed.  The worker answers a

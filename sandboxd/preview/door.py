@@ -445,6 +445,15 @@ class Exchange:
             # ports are exposed.
             if not self._known_caller(target):
                 raise link_refused("this preview needs a link or a token")
+            if exposure is not None:
+                # Exposed, under a label: say which, rather than deny what
+                # preview_get shows (this caller may see the exposures).
+                raise self.service.not_exposed(target.port).reworded(
+                    f"port {target.port} is exposed as {target.port}-"
+                    f"{exposure.label}: a labelled exposure answers to its label "
+                    f"only ({target.port}-{exposure.label}.localhost, or "
+                    f"/p/{target.port}-{exposure.label}/ in path mode)"
+                )
             raise self.service.not_exposed(target.port)
         self.exposure = exposure
         limit = rule.limits.max_request_bytes

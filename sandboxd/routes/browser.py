@@ -108,6 +108,7 @@ async def _call(
         timeout,
         run_as=run_as,
         start_timeout=request.rule.limits.start_timeout_seconds,
+        idle_timeout=request.rule.limits.idle_timeout_seconds,
     )
 
 

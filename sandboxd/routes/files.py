@@ -37,9 +37,11 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import crossing, walk
+from sandboxd.files.append import append_bytes
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.edit import Edit, edit_file
+from sandboxd.files.ignore import search_filter
 from sandboxd.files.lines import file_lines, read_slice
 from sandboxd.files.stream import (
     FileProducer,
@@ -48,6 +50,7 @@ from sandboxd.files.stream import (
     parse_range,
     read_all,
 )
+from sandboxd.files.walk import Skip
 from sandboxd.files.watch import (
     ATTRIBUTES,
     OVERFLOW,
@@ -61,6 +64,7 @@ from sandboxd.policy.defaults import (
     GREP_CONTEXT_LINES,
     INLINE_READ_BYTES,
     MAX_EDITS,
+    MAX_EXCLUDES,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
     MAX_WATCHES,
@@ -80,7 +84,15 @@ from sandboxd.web.messages import (
     SSEResponse,
     StreamResponse,
 )
-from sandboxd.web.params import flag, integer, name_glob, number, required, string
+from sandboxd.web.params import (
+    flag,
+    integer,
+    name_glob,
+    number,
+    required,
+    string,
+    strings,
+)
 from sandboxd.web.sse import (
     Follower,
     SSEChannel,
@@ -228,7 +240,9 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
 # -- base64 transfer --------------------------------------------------------------
 
 
-def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
+def _upload(
+    request: ServerRequest, default_overwrite: bool, append: bool = False
+) -> Any:
     path = required(request.body.get("path"), "path")
     guard = PathGuard.for_request(request)
     guard.decide(path)  # NUL and lexical refusals before decoding anything
@@ -239,6 +253,16 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     overwrite = flag(request.body.get("overwrite"), "overwrite", default_overwrite)
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
+    if append:
+        if mode is not None:
+            raise bad_request("'mode' sets a new file's permissions: not with append")
+        if not overwrite_allowed(request, True):
+            raise _policy_overwrite_refusal(request, path)
+
+        def appended() -> dict[str, Any]:
+            return append_bytes(guard, path, decode_payload(request), if_match)
+
+        return in_thread(request, appended)
     raw = request.body.get("content_base64")
     if request.payload is not None:
         size = len(request.payload)
@@ -257,8 +281,12 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
 
 
 def upload(request: ServerRequest) -> Any:
-    """``POST /upload``: write a file from base64 (parents created)."""
-    return _upload(request, True)
+    """
+    ``POST /upload``: write a file from base64 (parents created); with
+    ``append``, add to the end of an existing one.
+    """
+    append = flag(request.body.get("append", False), "append", False, words=False)
+    return _upload(request, True, append=append)
 
 
 def files_upload_stream(request: ServerRequest) -> Any:
@@ -720,6 +748,53 @@ def _crossing_bounds(request: ServerRequest, gone: threading.Event) -> crossing.
     )
 
 
+def _excludes(body: dict[str, Any]) -> tuple[str, ...]:
+    """
+    ``exclude``: gitignore globs of what a search leaves
+    out, relative to the directory searched (``node_modules``, ``dist/**``,
+    ``*.min.js``).
+    """
+    globs = strings(body.get("exclude"), "exclude", [])
+    if len(globs) > MAX_EXCLUDES:
+        raise bad_request(f"'exclude' holds more than {MAX_EXCLUDES} globs")
+    for glob in globs:
+        if not glob or len(glob) > MAX_PATTERN_CHARS:
+            raise bad_request(
+                f"'exclude' holds an empty glob or one over {MAX_PATTERN_CHARS} "
+                "characters"
+            )
+    # Each names what is left out: a leading ! or # is the name's own
+    # (there is nothing here to re-include, and no comment).
+    return tuple("\\" + g if g[0] in "!#" else g for g in globs)
+
+
+def _skip_flags(body: dict[str, Any], everything: bool) -> tuple[bool, bool]:
+    """``no_ignore`` and ``hidden`` (``everything`` when not given, or null)."""
+    return (
+        flag(_given(body, "no_ignore", everything), "no_ignore", words=False),
+        flag(_given(body, "hidden", everything), "hidden", words=False),
+    )
+
+
+def _given(body: dict[str, Any], name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _search_filter(
+    body: dict[str, Any], guard: PathGuard, everything: bool
+) -> Callable[[str], Skip | None]:
+    """
+    A name search's filter: ``no_ignore`` and ``hidden`` (both
+    ``everything`` when not given) and ``exclude``.
+    """
+    no_ignore, hidden = _skip_flags(body, everything)
+    exclude = _excludes(body)
+    return lambda root: search_filter(
+        guard, root, no_ignore=no_ignore, hidden=hidden, exclude=exclude
+    )
+
+
 def files_search(request: ServerRequest) -> Any:
     """``POST /files/search``: fnmatch on names, recursive, time-boxed, in a thread."""
     guard = PathGuard.for_request(request)
@@ -744,6 +819,8 @@ def files_search(request: ServerRequest) -> Any:
     # The seed's max_depth: how many levels down names are matched.
     depth = min(WALK_DEPTH, integer(body.get("max_depth"), "max_depth", WALK_DEPTH, 1))
     depth = min(depth, request.rule.limits.max_depth or depth)
+    # As the seed's search: every name by default, hidden and ignored ones.
+    skipping = _search_filter(body, guard, everything=True)
     guard.locate(path, "read", follow=True).close()
     gone = threading.Event()
     work = in_thread(
@@ -756,6 +833,7 @@ def files_search(request: ServerRequest) -> Any:
         timeout,
         depth,
         given_up(request, gone),
+        skipping,
     )
     return until_gone(work, gone)
 
@@ -861,6 +939,7 @@ def files_grep(request: ServerRequest) -> Any:
         raise bad_request(f"'include' is longer than {MAX_PATTERN_CHARS} characters")
     if include:
         include = name_glob(include, "include")
+    no_ignore, hidden = _skip_flags(body, everything=False)
     query = grep.Query(
         pattern,
         fixed_strings=flag(
@@ -868,6 +947,9 @@ def files_grep(request: ServerRequest) -> Any:
         ),
         ignore_case=flag(body.get("ignore_case", False), "ignore_case", words=False),
         include=include or None,
+        exclude=_excludes(body),
+        no_ignore=no_ignore,
+        hidden=hidden,
     )
     limits = request.rule.limits
     cap = smallest(limits.max_results, limits.max_entries) or _default(

@@ -107,6 +107,27 @@ class GateTests(SynchronousTestCase):
         self.assertEqual(asked, "localhost")
         self.assertIn(used, ("127.0.0.1", "::1"))
 
+    def test_localhost_names_are_loopback(self) -> None:
+        """
+        A name under .localhost (a preview's 22050.localhost) is loopback,
+        as Chromium takes it, without a resolver that knows it; with the
+        block on it is refused as localhost is.
+        """
+
+        async def body(gate: SocksGate, port: int, target: int, refused: Any) -> Any:
+            code, reader, writer = await socks_connect(port, "22050.LocalHost.", target)
+            writer.write(b"ping")
+            await writer.drain()
+            echoed = await reader.read(100)
+            writer.close()
+            return code, echoed, gate.connected, refused
+
+        code, echoed, connected, refused = self.run_async(OPEN, body)
+        self.assertEqual((code, echoed, refused), (0, b"ping", []))
+        self.assertEqual(
+            connected, [("22050.LocalHost.", "127.0.0.1", connected[0][2])]
+        )
+
     def test_only_connect(self) -> None:
         """BIND and UDP ASSOCIATE are refused (code 7)."""
 

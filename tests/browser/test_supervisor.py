@@ -210,3 +210,60 @@ class QueueTests(DaemonTestCase):
         for endpoint in ("browser_navigate", "browser_content", "browser_console"):
             codes = {e.code for e in schema_for(endpoint).errors if e.status == 429}
             self.assertEqual(codes, {"concurrency_limited"}, endpoint)
+
+
+#: A worker that starts at once, answers every call, and ends when its
+#: stdin closes (as the real one closes Chromium then).
+QUICK_WORKER = """
+import json, os, sys
+with open({pid_file!r}, "a") as f:
+    f.write(str(os.getpid()) + "\\n")
+print(json.dumps({{"event": "ready"}}), flush=True)
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message:
+        answer = {{"id": message["id"], "ok": True, "result": {{"result": 2}}}}
+        print(json.dumps(answer), flush=True)
+"""
+
+
+class IdleTests(DaemonTestCase):
+    """The browser closes once no call came for its idle timeout."""
+
+    timeout = 60
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"group:browser": {"limits": {"idle_timeout_seconds": 0.5}}},
+    }
+
+    def setUp(self) -> Any:
+        script = os.path.abspath(self.mktemp())
+        self.pid_file = script + ".pid"
+        with open(script, "w") as f:
+            f.write(QUICK_WORKER.format(pid_file=self.pid_file))
+        self.patch(supervisor, "WORKER_SCRIPT", script)
+        self.patch(supervisor, "playwright_installed", lambda: True)
+        return super().setUp()
+
+    def pids(self) -> list[int]:
+        with open(self.pid_file) as f:
+            return [int(line) for line in f.read().split()]
+
+    @inlineCallbacks
+    def test_idle_browser_closes_and_starts_again(self) -> Any:
+        """
+        Past idle_timeout_seconds without a call the worker's tree is gone;
+        the next call starts a new one and answers as before.
+        """
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1+1"})
+        self.assertEqual(reply.status, 200, reply.body)
+        [first] = self.pids()
+        self.assertTrue(alive(first))
+        for _ in range(100):
+            if not alive(first):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertFalse(alive(first), "the idle browser is still running")
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1+1"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(len(self.pids()), 2)

@@ -134,31 +134,73 @@ class RaceTests(SynchronousTestCase):
         with open(self.path, "w") as f:
             f.write("one\n")
 
-    def test_changed_while_edited(self) -> None:
-        """
-        A file another writer replaces between the edit's read and its
-        rename is not overwritten: 412, the other writer's bytes stay, and
-        no temporary file is left.
-        """
+    def edit(self, if_match: str | None = None) -> dict[str, Any]:
+        return edit.edit_file(
+            PathGuard(make_rule(self.base)),
+            "f.txt",
+            [Edit("one", "two")],
+            if_match=if_match,
+            max_bytes=1000,
+            too_large=lambda size: ApiError(413, "big"),
+        )
+
+    def writer(self, times: int) -> list[str]:
+        """Another writer replacing the file during the next ``times`` edits."""
         real = edit.apply
+        seen: list[str] = []
 
         def meanwhile(text: str, edits: Any) -> Any:
-            with open(self.path + ".new", "w") as f:
-                f.write("theirs\n")
-            os.rename(self.path + ".new", self.path)
+            seen.append(text)
+            if len(seen) <= times:
+                with open(self.path + ".new", "w") as f:
+                    f.write(f"one\ntheirs {len(seen)}\n")
+                os.rename(self.path + ".new", self.path)
             return real(text, edits)
 
         self.patch(edit, "apply", meanwhile)
+        return seen
+
+    def test_changed_while_edited(self) -> None:
+        """
+        A file another writer keeps replacing between the edit's read and
+        its rename is not overwritten: 412 saying another writer changed it
+        and nothing was written, the other writer's bytes stay, and no
+        temporary file is left.
+        """
+        seen = self.writer(times=10)
         with self.assertRaises(ApiError) as caught:
-            edit.edit_file(
-                PathGuard(make_rule(self.base)),
-                "f.txt",
-                [Edit("one", "two")],
-                if_match=None,
-                max_bytes=1000,
-                too_large=lambda size: ApiError(413, "big"),
-            )
+            self.edit()
         self.assertEqual(caught.exception.code, "precondition_failed")
+        self.assertIn("another writer changed f.txt", caught.exception.message)
+        self.assertIn("nothing was written", caught.exception.message)
+        self.assertEqual(len(seen), 3)
         with open(self.path) as f:
-            self.assertEqual(f.read(), "theirs\n")
+            self.assertEqual(f.read(), "one\ntheirs 3\n")
         self.assertEqual(os.listdir(self.base), ["f.txt"])
+
+    def test_applied_again_to_the_new_text(self) -> None:
+        """
+        Without if_match, an edit that met another writer's change is
+        applied to the new text: both changes are in the file.  With
+        if_match it is the 412 of a stale ETag.
+        """
+        self.writer(times=1)
+        answer = self.edit()
+        self.assertTrue(answer["changed"])
+        with open(self.path) as f:
+            self.assertEqual(f.read(), "two\ntheirs 1\n")
+        with open(self.path, "w") as f:
+            f.write("one\n")
+        etag = edit.edit_file(
+            PathGuard(make_rule(self.base)),
+            "f.txt",
+            [Edit("one", "two")],
+            if_match=None,
+            max_bytes=1000,
+            too_large=lambda size: ApiError(413, "big"),
+            dry_run=True,
+        )["etag"]
+        self.writer(times=1)
+        with self.assertRaises(ApiError) as caught:
+            self.edit(if_match=etag)
+        self.assertIn("since the given ETag", caught.exception.message)

@@ -299,12 +299,16 @@ class SkipTests(GrepCase):
         self.assertEqual(answer["files_skipped"], 1)
 
     def test_vcs_directories_not_descended(self) -> None:
-        """.git, .hg and .svn are not searched; other dot directories are."""
+        """
+        .git, .hg and .svn are not searched, with hidden either; other dot
+        directories are with hidden, and are not without it.
+        """
         for vcs in (".git", ".hg", ".svn"):
             self.put(f"{vcs}/config", "needle\n")
         self.put(".github/workflow.yml", "needle\n")
-        answer = self.grep("needle")
+        answer = self.grep("needle", hidden=True)
         self.assertEqual([m[0] for m in self.found(answer)], [".github/workflow.yml"])
+        self.assertEqual(self.grep("needle")["matches"], [])
 
     def test_links_not_followed(self) -> None:
         """A link to a file or a directory is not followed, inside or out."""
@@ -427,3 +431,54 @@ class BoundTests(GrepCase):
         # Held through each search, the lock would leave the counter a
         # switch interval (5 ms) per round at most.
         self.assertGreater(counted[0], 100_000 * rounds)
+
+
+class IgnoreTests(GrepCase):
+    """ripgrep's defaults: ignore files and hidden entries, unless asked."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.put(".gitignore", "web/node_modules/\n*.log\n!keep.log\n")
+        self.put("web/src/app.js", "useState\n")
+        self.put("web/node_modules/react/index.js", "useState\n")
+        self.put("web/.venv/lib/x.py", "useState\n")
+        self.put("web/debug.log", "useState\n")
+        self.put("web/keep.log", "useState\n")
+        self.put("web/dist/.ignore", "*.map\n")
+        self.put("web/dist/out.js", "useState\n")
+        self.put("web/dist/out.js.map", "useState\n")
+
+    def paths(self, path: str = ".", **options: Any) -> list[str]:
+        return sorted(m[0] for m in self.found(self.grep("useState", path, **options)))
+
+    def test_ignored_and_hidden_left_out(self) -> None:
+        """
+        What the ignore files name (a parent's, below the path searched too;
+        a '!' re-including) and hidden directories are not searched, so the
+        project's own files are what is found.
+        """
+        expected = ["web/dist/out.js", "web/keep.log", "web/src/app.js"]
+        self.assertEqual(self.paths(), expected)
+        # Searching below the .gitignore's directory, its rules still hold.
+        self.assertEqual(self.paths(os.path.join(self.base, "web")), expected)
+
+    def test_everything_and_excluded(self) -> None:
+        """no_ignore and hidden search everything; exclude leaves out its globs."""
+        self.assertEqual(len(self.paths(no_ignore=True, hidden=True)), 7)
+        self.assertEqual(self.paths(exclude=("dist", "*.log")), ["web/src/app.js"])
+        self.assertEqual(
+            self.paths(no_ignore=True, exclude=("web/node_modules/**",)),
+            [
+                "web/debug.log",
+                "web/dist/out.js",
+                "web/dist/out.js.map",
+                "web/keep.log",
+                "web/src/app.js",
+            ],
+        )
+
+    def test_crlf_line_ends(self) -> None:
+        """In a CRLF file, $ matches at each line's end, as in an LF one."""
+        self.put("crlf.txt", b"one-a\r\ntwo-b\r\n")
+        answer = self.grep("two-.$", os.path.join(self.base, "crlf.txt"))
+        self.assertEqual(self.found(answer), [("crlf.txt", 2, 1, "two-b")])

@@ -6,6 +6,7 @@ in pieces, and no output counted as dropped that was not.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -82,3 +83,69 @@ class OutputTests(McpTestCase):
         self.assertTrue(content["truncated"])
         self.assertTrue(content["stdout"].startswith("x" * 99 + "\n"))
         self.assertLess(len(content["stdout"]), 900_000)
+
+
+class BigReadTests(McpTestCase):
+    """``download`` and ``resources/read`` of a text file over one result."""
+
+    def _big(self) -> list[str]:
+        lines = [f"x{n} = {n}\n" for n in range(1, 200_001)]
+        with open(os.path.join(self.base_dir, "big.py"), "w") as f:
+            f.write("".join(lines))
+        with open(os.path.join(self.base_dir, "small.txt"), "w") as f:
+            f.write("one\ntwo\n")
+        return lines
+
+    def _check_part(self, lines: list[str], text: str, got: dict[str, Any]) -> None:
+        # Whole lines, as many as the counts say, and the next offset the
+        # line after the last one given.
+        self.assertTrue(text.endswith("\n"))
+        given = text.count("\n")
+        self.assertEqual(text, "".join(lines[:given]))
+        self.assertLess(given, len(lines))
+        self.assertEqual(got["lines"], given)
+        self.assertEqual(got["next_offset"], given + 1)
+        self.assertEqual(got["total_lines"], len(lines))
+        self.assertTrue(got["more"])
+        self.assertTrue(got["truncated"])
+
+    @inlineCallbacks
+    def test_cut_at_a_line_end_and_counted(self) -> Any:
+        """
+        A text file too big for one result is cut at the end of a line;
+        ``lines`` counts the lines given, ``next_offset`` and the note name
+        the line to read on from (with a range and without one), and the
+        bytes are not sent again as base64; ``resources/read`` says it is
+        a part, in ``_meta`` and in a note.  An offset past the end says so.
+        """
+        lines = self._big()
+
+        async def body(client: Any) -> Any:
+            ranged = await client.call_tool(
+                "download", {"path": "big.py", "offset": 1, "limit": 100_000}
+            )
+            whole = await client.call_tool("download", {"path": "big.py"})
+            resource = await client.read_resource(f"file://{self.base_dir}/big.py")
+            past = await client.call_tool(
+                "download", {"path": "small.txt", "offset": 100}
+            )
+            return ranged, whole, resource, past
+
+        ranged, whole, resource, past = yield self.with_client(body)
+        for got in (ranged, whole):
+            self.assertFalse(got.is_error, got)
+            structured = got.structured_content
+            self._check_part(lines, got.content[0].text, structured)
+            self.assertNotIn("content_base64", structured)
+            self.assertIn(
+                f"read on with offset {structured['next_offset']}",
+                got.content[1].text,
+            )
+        part = resource.contents[0]
+        meta = part.meta
+        assert meta is not None
+        self._check_part(lines, part.text, {**meta, "more": True})
+        self.assertIn(f"offset {meta['next_offset']}", resource.contents[1].text)
+        self.assertEqual(past.content[0].text, "")
+        self.assertIn("past the end", past.content[1].text)
+        self.assertIn("2 lines", past.content[1].text)

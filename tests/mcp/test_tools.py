@@ -425,6 +425,88 @@ class ResultTests(SynchronousTestCase):
             value_result(tool, {"result": "x" * MCP_RESULT_JSON_BYTES})
         self.assertEqual(caught.exception.status, 413)
 
+    def text_of(self, name: str, value: dict[str, Any]) -> str:
+        tool = self.box.get(name)
+        assert tool is not None
+        result = value_result(tool, value)
+        self.assertEqual(result["structuredContent"], value)
+        [content] = result["content"]
+        return str(content["text"])
+
+    def test_text_answers_are_text(self) -> None:
+        """
+        A diff, a commit, a script's run and a page of a process's output
+        are shown as the text they hold (the patch, git show's layout, the
+        output), not one JSON string of escaped newlines.
+        """
+        diff = "diff --git a/x b/x\n@@ -1 +1,2 @@\n small\n+changed\n"
+        stats = {"files_changed": 1, "insertions": 1, "deletions": 0}
+        self.assertEqual(
+            self.text_of("git_diff", {"diff": diff, "stats": stats}),
+            diff + "[1 files changed, +1 -0]",
+        )
+        shown = self.text_of(
+            "git_show",
+            {
+                "commit": "abc123",
+                "parents": ["p1"],
+                "author": {"name": "A", "email": "a@x", "time": 0},
+                "committer": {"name": "A", "email": "a@x", "time": 0},
+                "subject": "Fix it",
+                "body": "Why.\n",
+                "diff": diff,
+                "truncated": False,
+            },
+        )
+        self.assertEqual(
+            shown,
+            "commit abc123\nAuthor: A <a@x>\n\n    Fix it\n    \n    Why.\n\n" + diff,
+        )
+        run = {
+            "stdout": "The Zen\n",
+            "stderr": "warn\n",
+            "exit_code": 0,
+            "language": "python",
+            "execution_time_ms": 3.0,
+        }
+        self.assertEqual(
+            self.text_of("code_run", run), "The Zen\n\n[stderr]\nwarn\n\n[exit_code 0]"
+        )
+        page = {
+            "pid": 7,
+            "state": "running",
+            "exit_code": None,
+            "timed_out": False,
+            "events": [
+                {"seq": 1, "stream": "stdout", "data": "ready\n"},
+                {"seq": 2, "stream": "stderr", "data": "GET /"},
+                {"seq": 3, "stream": "stdout", "data": "done\n"},
+            ],
+            "next": 3,
+            "dropped": False,
+            "dropped_bytes": 0,
+        }
+        self.assertEqual(
+            self.text_of("process_output", page),
+            "ready\n[stderr]\nGET /\n[stdout]\ndone\n[running]\n[next: 3]",
+        )
+
+    def test_shell_says_what_it_left_running(self) -> None:
+        """A shell result's text names what the command left running, before its exit code."""
+        text = self.text_of(
+            "shell",
+            {
+                "stdout": "32504\n",
+                "stderr": "",
+                "exit_code": 0,
+                "truncated": False,
+                "dropped_bytes": 0,
+                "leftovers": [{"pid": 32504, "command": "sleep 600"}],
+            },
+        )
+        self.assertIn("[left running: 1 process(es): 32504 sleep 600;", text)
+        self.assertTrue(text.endswith("]\n[exit_code 0]"))
+
     def test_text_file_read_is_text(self) -> None:
         """A text file read shows the text; a binary one the JSON."""
         tool = self.box.get("download")

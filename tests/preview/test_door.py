@@ -500,7 +500,7 @@ class RoutingAndAuthTests(DoorCase):
         A labelled exposure opens at ``/p/PORT-LABEL/`` on the door's own
         names, with the label's prefix taken off upstream and put back on
         redirects and the cookie's path; ``/p/PORT/`` names no label, so it
-        is refused as another label's host is.
+        is refused as another label's host is, its 404 naming the label.
         """
         yield self.expose(label="web")
         door = f"127.0.0.1:{self.door_port}"
@@ -518,6 +518,11 @@ class RoutingAndAuthTests(DoorCase):
         response, body = yield self.fetch("GET", f"/p/{self.app_port}/", host=door)
         self.assertEqual(
             (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+        # To a caller who may see the exposures, the 404 names the label.
+        self.assertIn(
+            f"port {self.app_port} is exposed as {self.app_port}-web",
+            json.loads(body)["error"],
         )
         minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
         link = minted.json()["token"]

@@ -108,6 +108,64 @@ class GrepTests(GrepCase):
         self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
 
 
+class IgnoreTests(GrepCase):
+    """What a project ignores is not searched unless asked, over HTTP."""
+
+    @inlineCallbacks
+    def test_project_files_found(self) -> Any:
+        """
+        files_grep leaves out what .gitignore names and hidden directories
+        (no_ignore and hidden search them; exclude leaves out more);
+        files_search finds every name as the seed's does, and leaves out
+        the same when asked; a bad exclude is a 400.
+        """
+        self.put("proj/.gitignore", b"web/node_modules/\n")
+        self.put("proj/web/src/app.js")
+        for n in range(50):
+            self.put(f"proj/web/node_modules/p{n:02}/index.js")
+        self.put("proj/calc/.venv/lib/site.py")
+        reply = yield self.grep(pattern="needle", path="proj/web")
+        self.assertEqual(reply.status, 200, reply.body)
+        app = os.path.join(self.base_dir, "proj/web/src/app.js")
+        self.assertEqual([m["path"] for m in reply.json()["matches"]], [app])
+        reply = yield self.grep(pattern="needle", path="proj", no_ignore=True)
+        self.assertEqual(len(reply.json()["matches"]), 51)
+        reply = yield self.grep(
+            pattern="needle",
+            path="proj",
+            no_ignore=True,
+            hidden=True,
+            exclude=["node_modules"],
+        )
+        self.assertEqual(len(reply.json()["matches"]), 2)
+        search = yield self.request(
+            "POST", "/files/search", {"pattern": "*.js", "path": "proj"}
+        )
+        self.assertEqual(len(search.json()["results"]), 51)
+        search = yield self.request(
+            "POST",
+            "/files/search",
+            {"pattern": "*.py", "path": "proj", "no_ignore": False, "hidden": False},
+        )
+        self.assertEqual(search.json()["results"], [])
+        search = yield self.request(
+            "POST",
+            "/files/search",
+            {"pattern": "*.js", "path": "proj", "exclude": ["node_modules"]},
+        )
+        self.assertEqual([r["path"] for r in search.json()["results"]], [app])
+        for body in (
+            {"exclude": [3]},
+            {"exclude": "x"},
+            {"exclude": [""]},
+            {"hidden": "yes"},
+        ):
+            reply = yield self.grep(pattern="x", **body)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), body
+            )
+
+
 class PolicyTests(GrepCase):
     """The path rules hold as they do for listing and reading."""
 

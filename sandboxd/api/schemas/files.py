@@ -31,6 +31,33 @@ _WRITE = (
 
 _ETAG = F("etag", doc="the file's version, for If-Match")
 
+
+#: What a search leaves out: files_search's and files_grep's (their
+#: defaults differ: the seed's name search sees every name).
+def _search_skips(everything: bool) -> tuple[F, ...]:
+    return (
+        F(
+            "exclude",
+            "array",
+            "gitignore globs left out, from path (node_modules, dist/**)",
+            items="string",
+            min_length=1,
+        ),
+        F(
+            "no_ignore",
+            "boolean",
+            "also what .gitignore files name",
+            default=everything,
+        ),
+        F(
+            "hidden",
+            "boolean",
+            "also hidden (dot) files and directories",
+            default=everything,
+        ),
+    )
+
+
 #: How far a search goes: files_search's and files_grep's.
 _SEARCH_BOUNDS = (
     F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
@@ -84,11 +111,26 @@ SCHEMAS: dict[str, Schema] = {
             F("overwrite", "boolean", default=True),
             _MODE,
             _IF_MATCH,
+            F(
+                "append",
+                "boolean",
+                "add to the end of the file (a big one in parts)",
+                default=False,
+            ),
         ),
-        response=(F("path", doc="absolute"), F("bytes", "integer"), _ETAG),
+        response=(
+            F("path", doc="absolute"),
+            F("bytes", "integer", "bytes written"),
+            _ETAG,
+            F("size", "integer", "with append: the file's size after it"),
+        ),
         errors=(*_WRITE_GUARD, *_WRITE),
         notes="Parent directories are created. The file is written to a temporary "
-        "name and renamed, so it lands whole or not at all.",
+        "name and renamed, so it lands whole or not at all. With append the bytes "
+        "are added to the end of an existing file in place (404 when there is "
+        "none: write the first part without append); if_match is then checked "
+        "before appending. A file too big for one request (an MCP message is at "
+        "most 1 MiB) is written in parts this way.",
     ),
     "download": Schema(
         query=(
@@ -356,7 +398,10 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Each edit applies to the text the one before left; if any fails, "
         "none is written. The new text replaces the file atomically and only if "
-        "no one changed it since it was read; the file keeps its mode and owner. "
+        "no one changed it since it was read; without if_match, an edit that "
+        "meets another writer's change is applied again to the new text (its "
+        "old_text looked for there), up to 3 times, before a 412 saying so. The "
+        "file keeps its mode and owner. "
         "A refused edit is named by its index (edit). In a file whose lines all "
         "end in CRLF, an edit's LF line ends match and are written as CRLF.",
     ),
@@ -371,6 +416,7 @@ SCHEMAS: dict[str, Schema] = {
                 example="*.py",
             ),
             *_SEARCH_BOUNDS,
+            *_search_skips(True),
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),
@@ -382,9 +428,13 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "invalid_param",
-                "a pattern over 1024 characters, or one holding / (past a leading **/)",
+                "a pattern over 1024 characters, or one holding / (past a leading "
+                "**/); an empty exclude glob, or over 64 of them",
             ),
         ),
+        notes="Unlike files_grep, every name is found by default, hidden ones "
+        "and those ignore files name included; no_ignore: false and hidden: false "
+        "leave them out as files_grep does.",
     ),
     "files_grep": Schema(
         body=(
@@ -416,6 +466,7 @@ SCHEMAS: dict[str, Schema] = {
                 maximum=5,
             ),
             *_SEARCH_BOUNDS,
+            *_search_skips(False),
         ),
         response=(
             F(
@@ -451,7 +502,8 @@ SCHEMAS: dict[str, Schema] = {
                 "invalid_param",
                 "a pattern RE2 does not take (bad syntax, a backreference or "
                 "lookaround, a repeat over 1000, a program over 8 MiB), one over "
-                "1024 characters, a field of the wrong type",
+                "1024 characters, a field of the wrong type, an empty exclude "
+                "glob, or over 64 of them",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
@@ -460,7 +512,14 @@ SCHEMAS: dict[str, Schema] = {
         "a newline, ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
         "from a listing is not read; include does not apply to a file named by "
-        "path. An empty match (^) counts once a line.",
+        "path. An empty match (^) counts once a line; in a file with CRLF line "
+        "ends $ matches before the CR. As ripgrep by default, hidden files and "
+        "directories are not searched, nor what .gitignore, .ignore and "
+        ".rgignore files name (those below path, in path, and in its parents up "
+        "to the repository's root, the directory holding .git, or outside a "
+        "repository up to base_dir): a project's node_modules or build output "
+        "is left out when its .gitignore says so. no_ignore and hidden search "
+        "them too (ripgrep's --no-ignore and --hidden); exclude leaves out more.",
     ),
     "files_upload_stream": Schema(
         body=(
