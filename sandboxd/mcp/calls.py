@@ -190,7 +190,6 @@ def _rendered(tool: Tool, structured: dict[str, Any], cut: bool) -> dict[str, An
                     str(structured.get("stderr") or ""),
                     structured.get("exit_code"),
                     truncated=bool(structured.get("truncated")),
-                    leftovers=structured.get("leftovers"),
                 ),
             }
         )

@@ -28,12 +28,11 @@ def command_text(
     exit_code: Any,
     error: dict[str, Any] | None = None,
     truncated: bool = False,
-    leftovers: Any = None,
 ) -> str:
     """
     A command's result as a model reads it: the output, then what it must
-    not miss (why it failed, that some output was left out, what it left
-    running) and the exit code, each on a line of its own in brackets.
+    not miss (why it failed, that some output was left out) and the exit
+    code, each on a line of its own in brackets.
     """
     text = stdout + (f"\n[stderr]\n{stderr}" if stderr else "")
     if error is not None:
@@ -41,16 +40,6 @@ def command_text(
         text += f"\n[{code}: {error.get('message') or error.get('error') or ''}]"
     if truncated:
         text += "\n[truncated: the middle of the output was left out to fit one result]"
-    if isinstance(leftovers, list) and leftovers:
-        shown = "; ".join(
-            f"{p.get('pid')} {p.get('command')}"
-            for p in leftovers
-            if isinstance(p, dict)
-        )
-        text += (
-            f"\n[left running: {len(leftovers)} process(es): {shown}; they are no "
-            "managed process: stop them with kill PID]"
-        )
     return text + f"\n[exit_code {exit_code}]"
 
 

@@ -612,11 +612,6 @@ MAX_PATTERN_CHARS = 1024
 #: file_ops: edits in one ``files_edit`` call (each scans the whole file).
 MAX_EDITS = 100
 
-#: shell: the most processes a command left running that its answer lists
-#: (``leftovers``), and how much of each one's command line it shows.
-LEFTOVERS_LISTED = 32
-LEFTOVER_COMMAND_CHARS = 200
-
 #: file_ops: how many times a ``files_edit`` without ``if_match`` is
 #: applied when another writer changes the file between its read and its
 #: write (each time to the new text), before it is refused (412).

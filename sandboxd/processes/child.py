@@ -36,15 +36,12 @@ from sandboxd.policy.defaults import (
     EXIT_DRAIN_MAX_SECONDS,
     EXIT_DRAIN_SECONDS,
     KILL_GRACE_SECONDS,
-    LEFTOVER_COMMAND_CHARS,
-    LEFTOVERS_LISTED,
 )
 from sandboxd.processes.command import exit_code
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
     Window,
     boot_ticks,
-    command_line,
     kill_tree,
     leftovers,
     never_signalled,
@@ -783,26 +780,6 @@ def count_leftovers(children: list[Child]) -> list[int]:
     """
     trees = [(child.pid, child.marker, child.window) for child in children]
     return [len(found) for found in leftovers(trees)]
-
-
-def left_running(child: Child) -> list[dict[str, Any]]:
-    """
-    What an exited child's tree left running (a server started with ``&``
-    in a one-shot command), as ``{pid, command}`` each, the first
-    :data:`LEFTOVERS_LISTED` by pid, the command cut at
-    :data:`LEFTOVER_COMMAND_CHARS`: a caller that does not know it left
-    them has no other way to find out (they are no managed process).
-    """
-    [found] = leftovers([(child.pid, child.marker, child.window)])
-    listed = []
-    for pid in sorted(found)[:LEFTOVERS_LISTED]:
-        raw = command_line(pid)
-        if raw is None:
-            continue  # gone since
-        words = raw.rstrip(b"\0").split(b"\0")
-        command = " ".join(w.decode("utf-8", "replace") for w in words)
-        listed.append({"pid": pid, "command": command[:LEFTOVER_COMMAND_CHARS]})
-    return listed
 
 
 def _settle_leftovers(

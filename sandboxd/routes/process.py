@@ -207,14 +207,8 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
     the caller's streams.
     """
     spec = launch(request)
-    spawned: list[Child] = []
     ran = Deferred.fromCoroutine(
-        run_to_end(
-            request,
-            spec,
-            max_total_bytes=request.output_bytes,
-            on_spawned=spawned.append,
-        )
+        run_to_end(request, spec, max_total_bytes=request.output_bytes)
     )
     revoked: list[ApiError] = []
 
@@ -235,7 +229,7 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
         raise
     finally:
         held_connections.release(request.context, held)
-    body: dict[str, Any] = {
+    body = {
         "stdout": _text(result.stdout),
         "stderr": _text(result.stderr),
         "exit_code": result.exit_code,
@@ -252,11 +246,6 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
             limit="idle_timeout" if idle else "timeout_seconds",
             **body,
         )
-    # A server started with & outlives the call: said, so the caller knows
-    # to stop it (it is no managed process: process_list does not show it).
-    left = processes.left_running(spawned[0]) if spawned else []
-    if left:
-        body.update(leftovers=left)
     return body
 
 

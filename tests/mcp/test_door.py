@@ -495,9 +495,8 @@ class ModelToolsTests(McpTestCase):
         # process_signal that 20 pauses; 6650 until files_grep and
         # files_search took exclude, no_ignore and hidden (ripgrep's ignore
         # rules, and the way past them); 6850 until upload took append (a
-        # file too big for one message, written in parts); 6880 until shell
-        # said what a command left running.
-        self.assertLessEqual(size / 4, 6900, size)
+        # file too big for one message, written in parts).
+        self.assertLessEqual(size / 4, 6880, size)
         names = {t["name"] for t in tools}
         self.assertIn("shell", names)
         self.assertFalse(any(n.startswith("pty_") for n in names), names)

@@ -491,22 +491,6 @@ class ResultTests(SynchronousTestCase):
             "ready\n[stderr]\nGET /\n[stdout]\ndone\n[running]\n[next: 3]",
         )
 
-    def test_shell_says_what_it_left_running(self) -> None:
-        """A shell result's text names what the command left running, before its exit code."""
-        text = self.text_of(
-            "shell",
-            {
-                "stdout": "32504\n",
-                "stderr": "",
-                "exit_code": 0,
-                "truncated": False,
-                "dropped_bytes": 0,
-                "leftovers": [{"pid": 32504, "command": "sleep 600"}],
-            },
-        )
-        self.assertIn("[left running: 1 process(es): 32504 sleep 600;", text)
-        self.assertTrue(text.endswith("]\n[exit_code 0]"))
-
     def test_text_file_read_is_text(self) -> None:
         """A text file read shows the text; a binary one the JSON."""
         tool = self.box.get("download")

@@ -74,13 +74,6 @@ SCHEMAS: dict[str, Schema] = {
                 "output went over max_output_bytes (head and tail kept)",
             ),
             F("dropped_bytes", "integer"),
-            F(
-                "leftovers",
-                "array",
-                "[{pid, command}]: what the command left running (a server "
-                "started with &), present only when it did",
-                items="object",
-            ),
         ),
         errors=(
             *_CHILD_ERRORS,
