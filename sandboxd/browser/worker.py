@@ -936,20 +936,13 @@ class Worker:
             if rid is None or self.cancelled != rid:
                 raise
             # Its caller left: stop what it started, as a timeout does.
-            try:
-                note = await self.after_timeout(op, page)
-            except WorkerError as lost:
-                return {"id": rid, "ok": False, "error": lost.fields}
-            return {
-                "id": rid,
-                "ok": False,
-                "error": error_fields(
-                    499,
-                    f"browser {op} was cancelled: its caller left{note}",
-                    "CancelledError",
-                    "client_closed",
-                ),
-            }
+            return await self.stopped(
+                rid,
+                op,
+                page,
+                (499, f"browser {op} was cancelled: its caller left"),
+                ("CancelledError", "client_closed"),
+            )
         except Refusal as refusal:
             return {"id": rid, "ok": False, "error": refusal.as_json()}
         except WorkerError as e:
@@ -961,22 +954,17 @@ class Worker:
             step = self.last_step(e)
             if step:
                 message += f" (last step: {step})"
-            try:
-                note = await self.after_timeout(op, page)
-            except WorkerError as lost:
-                return {"id": rid, "ok": False, "error": lost.fields}
-            return {
-                "id": rid,
-                "ok": False,
-                "error": error_fields(
+            return await self.stopped(
+                rid,
+                op,
+                page,
+                (
                     408,
                     f"browser {op} timed out after {req['timeout']} ms"
-                    + (f": {message}" if message else "")
-                    + note,
-                    "TimeoutError",
-                    "timeout",
+                    + (f": {message}" if message else ""),
                 ),
-            }
+                ("TimeoutError", "timeout"),
+            )
         except self.errors.Error as e:
             return {"id": rid, "ok": False, "error": await self.failed(op, e)}
         except Exception as e:  # a bug here must not end the worker
@@ -1015,6 +1003,31 @@ class Worker:
                 kind="page_closed",
             ).fields
         return error_fields(400, text, "RuntimeError", "invalid_param")
+
+    async def stopped(
+        self,
+        rid: Any,
+        op: str,
+        page: Any,
+        answer: tuple[int, str],
+        kind: tuple[str, str],
+    ) -> dict[str, Any]:
+        """
+        The answer to a call cut short (timed out, or its caller left):
+        what it started is stopped first (:meth:`after_timeout`), and what
+        that did is said after ``answer``'s message.
+        """
+        try:
+            note = await self.after_timeout(op, page)
+        except WorkerError as lost:
+            return {"id": rid, "ok": False, "error": lost.fields}
+        status, message = answer
+        error_type, code = kind
+        return {
+            "id": rid,
+            "ok": False,
+            "error": error_fields(status, message + note, error_type, code),
+        }
 
     async def after_timeout(self, op: str, page: Any) -> str:
         """

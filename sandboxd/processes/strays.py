@@ -33,8 +33,9 @@ from sandboxd.processes.tree import (
     command_line,
     environ_block,
     marked_by,
-    proc_info,
+    member_alive,
     proc_table,
+    signal_member,
 )
 
 #: How often the ending looks for those still running (seconds).
@@ -83,18 +84,9 @@ def strays(scope: str, table: dict[int, ProcInfo] | None = None) -> dict[int, in
     return {pid: table[pid].start for pid in found}
 
 
-def _running(pid: int, start: int) -> bool:
-    info = proc_info(pid)
-    return info is not None and info.start == start and info.state != "Z"
-
-
 def _signal(members: dict[int, int], sig: int) -> None:
     for pid, start in members.items():
-        if _running(pid, start):  # not a reused pid
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+        signal_member(pid, start, sig)  # never a reused pid
 
 
 def _name(pid: int) -> str:
@@ -121,7 +113,7 @@ def end_strays(
     _signal(found, signal.SIGTERM)
     deadline = clock() + grace
     while True:
-        found = {pid: start for pid, start in found.items() if _running(pid, start)}
+        found = {pid: start for pid, start in found.items() if member_alive(pid, start)}
         if not found or clock() >= deadline:
             break
         sleep(_POLL_SECONDS)
