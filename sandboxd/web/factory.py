@@ -157,17 +157,29 @@ class HardenedSite(Site):
         return reading
 
     def close_all(self, within: float = 2.0) -> Deferred[None]:
-        """Abort every open connection; fires once they are gone (bounded)."""
+        """
+        Abort every open connection; fires once they are gone (bounded).
+
+        A connection already closing in order (its last bytes, such as a
+        WebSocket's close frame, queued before a FIN) is left ``within``
+        seconds to finish: an abort resets it, and a reset throws away
+        what the peer has not read yet.  It is aborted at the deadline.
+        """
         for channel in list(self.connections):
             transport: Any = channel.transport
-            if transport is not None:
+            if transport is not None and not transport.disconnecting:
                 transport.abortConnection()
         done: Deferred[None] = Deferred()
         clock = self.reactor
         deadline = clock.seconds() + within
 
         def check() -> None:
-            if not self.connections or clock.seconds() >= deadline:
+            if not self.connections:
+                done.callback(None)
+            elif clock.seconds() >= deadline:
+                for channel in list(self.connections):
+                    if channel.transport is not None:
+                        channel.transport.abortConnection()
                 done.callback(None)
             else:
                 clock.callLater(0.01, check)

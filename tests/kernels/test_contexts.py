@@ -616,7 +616,7 @@ class DeathTests(CodeTestCase):
     @inlineCallbacks
     def test_disconnect_escalates_to_a_restart(self) -> Any:
         """
-        ``on_disconnect: "interrupt"`` on code that catches the interrupt:
+        ``on_disconnect: "interrupt"`` on code that ignores the interrupt:
         ``interrupt_grace_seconds`` later the kernel is restarted (the
         context is free again, its execution ``interrupted``), and the next
         execution says the kernel was restarted before it (was: busy until
@@ -627,8 +627,9 @@ class DeathTests(CodeTestCase):
         reader = yield self.stream(
             f"/code/contexts/{ctx['id']}/execute",
             {
-                "code": "import time\nprint('up', flush=True)\nwhile True:\n"
-                "    try:\n        time.sleep(0.2)\n    except:\n        pass",
+                "code": "import signal, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "print('up', flush=True)\nwhile True:\n    time.sleep(0.2)",
                 "stream": True,
                 "on_disconnect": "interrupt",
             },
