@@ -188,6 +188,19 @@ UNION_LEAVES = frozenset(
     }
 )
 
+#: Allow lists that mean no list at all when written empty, as the seed
+#: reads them (``allow_commands: []`` lets every command through there).
+#: Other lists (``shells``, ``languages``, ``allowed_signals``, ``users``)
+#: allow nothing when empty, there as here.  ``check-config`` warns.
+OPEN_WHEN_EMPTY = frozenset(
+    {
+        "params.allow_commands",
+        "params.allow_extensions",
+        "params.allow_vars",
+        "params.url_allow",
+    }
+)
+
 
 def _sort_key(entry: Entry) -> tuple[int, int, int, int]:
     # Between two globs of one layer the one with the longer literal head
@@ -301,7 +314,9 @@ def effective_rule(
     merged = merge_leaves(endpoint, entries)
     if endpoint.id in RAW_WRITE_ALIKES:
         merged = inherit_raw_write(endpoint, entries, merged)
-    leaves = {k: v for k, (v, _) in merged.items()}
+    leaves = {
+        k: None if k in OPEN_WHEN_EMPTY and not v else v for k, (v, _) in merged.items()
+    }
     sources = {k: rule for k, (_, rule) in merged.items()}
     base_limits = builtin.endpoint_limits(endpoint.id, endpoint.group.value)
     if (

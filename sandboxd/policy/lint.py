@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from sandboxd.endpoints import CapabilityGroup, RouteTable
 from sandboxd.policy import confinement
 from sandboxd.policy.document import PolicyDocument
+from sandboxd.policy.engine import OPEN_WHEN_EMPTY
 from sandboxd.policy.rules import EffectiveRule
 
 #: scope a token may hold -> (the scope some endpoints now need instead,
@@ -140,6 +141,32 @@ def browser_url_rules(
     ]
 
 
+def empty_allow_lists(doc: PolicyDocument) -> list[str]:
+    """
+    An allow list written empty, which reads as "allow nothing" but means
+    no list (every command, extension, variable or URL), as on the seed.
+    """
+    rules = {
+        "defaults": doc.defaults,
+        **{f"endpoints.{k}": v for k, v in doc.endpoints.items()},
+    }
+    out = []
+    for where, rule in rules.items():
+        params = rule.get("params") or {}
+        for name in sorted(params):
+            if (
+                f"params.{name}" in OPEN_WHEN_EMPTY
+                and params[name] is not None
+                and not params[name]
+            ):
+                out.append(
+                    f"{where}.params.{name} is empty, which means no list: nothing is "
+                    "narrowed by it (as on agent-sandbox-server); to refuse everything, "
+                    "switch the endpoint off, or remove the key if no list was meant"
+                )
+    return out
+
+
 def warnings(
     table: RouteTable, doc: PolicyDocument, rules: Mapping[str, EffectiveRule]
 ) -> tuple[str, ...]:
@@ -150,6 +177,7 @@ def warnings(
         + narrowed_tokens(doc)
         + anonymous_everything(doc)
         + browser_url_rules(table, rules)
+        + empty_allow_lists(doc)
         + confinement.unconfined(table, rules)
         + confinement.exposed_files(rules)
     )

@@ -225,6 +225,47 @@ class VariableGlobTests(DaemonTestCase):
             self.assertNotIn(name, os.environ)
 
 
+class EmptyAllowListTests(DaemonTestCase):
+    """
+    An allow list written empty is no list, as on the seed: a seed policy
+    with ``allow_commands: []`` runs commands there and here alike.
+    """
+
+    policy = {
+        "endpoints": {
+            "shell": {"params": {"allow_commands": []}},
+            "env_get": {"params": {"allow_vars": []}},
+            "env_set": {"params": {"allow_vars": ["APP_*"]}},
+            "group:system": {"params": {"allow_vars": ["APP_*"]}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_commands_and_variables_run_and_show(self) -> Any:
+        """
+        The shell runs ``echo``; GET /env shows HOME (the endpoint's ``[]``
+        wins over the group's list).
+        """
+        reply = yield self.request("POST", "/shell", {"command": "echo hi"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stdout"], "hi\n")
+        reply = yield self.request("GET", "/env?filter=HOME")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["variables"], {"HOME": os.environ["HOME"]})
+
+    def test_check_config_warns(self) -> None:
+        """The policy loads with a warning naming each empty list."""
+        compiled = load_policy(builtin_table(), explicit=self.policy, base_dir="/tmp")
+        found = [w for w in compiled.warnings if "is empty, which means no list" in w]
+        self.assertEqual(
+            [w.split(" ")[0] for w in found],
+            [
+                "endpoints.shell.params.allow_commands",
+                "endpoints.env_get.params.allow_vars",
+            ],
+        )
+
+
 READER = "reader-token-123456"
 WRITER = "writer-token-654321"
 ADMIN = "admin-token-abcdef"
