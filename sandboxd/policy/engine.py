@@ -314,7 +314,7 @@ def effective_rule(
     merged = merge_leaves(endpoint, entries)
     if endpoint.id in RAW_WRITE_ALIKES:
         merged = inherit_raw_write(endpoint, entries, merged)
-    leaves = {
+    leaves: dict[str, Any] = {
         k: None if k in OPEN_WHEN_EMPTY and not v else v for k, (v, _) in merged.items()
     }
     sources = {k: rule for k, (_, rule) in merged.items()}
