@@ -17,8 +17,8 @@ is ``failed``.  A conversation whose idle agent gave its slot up to a new
 agent at ``max_sessions`` (:meth:`.Registry.make_room`) is continued the
 same way, with or without a state dir.  Each identity keeps at most
 :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY` responses
-(the oldest is forgotten); a conversation's file is bounded as every
-session's.
+(the oldest that have ended are forgotten, never a running one); a
+conversation's file is bounded as every session's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
-from sandboxd.errors import ApiError, bad_request, not_found
+from sandboxd.errors import ApiError, Code, bad_request, limit_exceeded, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
 from sandboxd.openai_api.envelope import stream_error
@@ -565,6 +565,7 @@ async def _create(
                 "start a new response",
                 param="previous_response_id",
             )
+        _room(request, json_size(items))
         if face.dormant:
             # Read back after a restart, or its agent gave its slot up to
             # another: its agent starts again.
@@ -572,6 +573,7 @@ async def _create(
         face.require_live()
     else:
         agent = _agent(request, body)
+        _room(request, json_size(items))
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
         )
@@ -718,25 +720,70 @@ async def wait_for_turn(request: ServerRequest, waited: Deferred[Any]) -> None:
     )
 
 
+def _room(request: ServerRequest, weight: int) -> None:
+    """
+    Refuse a new response when the caller's bound
+    (:data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY`
+    responses, :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY`
+    of input) is held by responses still queued or running: those are
+    never forgotten (a poller would lose its job and the job its agent), so
+    the caller waits for one to end, or cancels one.
+
+    :param weight: the new response's input's bytes.
+    :raises ApiError: 429 ``concurrency_limited`` with ``Retry-After``.
+    """
+    reg = door(request)
+    _materialize(reg)
+    running = [
+        r
+        for r in reg.responses.values()
+        if r.owner == owner_of(request) and not r.turn.ended
+    ]
+    count = defaults.OPENAI_RESPONSES_PER_IDENTITY
+    limit = defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
+    held = sum(r.weight for r in running)
+    if len(running) < count and (not running or held + weight <= limit):
+        return
+    seconds = defaults.AGENT_SLOT_RETRY_SECONDS
+    raise limit_exceeded(
+        429,
+        f"{len(running)} of your responses are queued or running, holding "
+        f"{held} bytes of input; each identity keeps at most {count} responses "
+        f"and {limit} bytes of their input, and one that has not ended is never "
+        "forgotten: retry once one ends, or cancel one",
+        Code.CONCURRENCY_LIMITED,
+        limit=count,
+        headers={"Retry-After": str(seconds)},
+        retry_after=seconds,
+    )
+
+
 def _bound(request: ServerRequest) -> None:
     """
     At most :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY`
     responses of the caller, whose input items weigh at most
     :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY`:
-    the oldest are forgotten (with their kept record: the next write of
-    their conversation leaves them out; a conversation left with none ends).
+    the oldest that have ended are forgotten (with their kept record: the
+    next write of their conversation leaves them out; a conversation left
+    with none ends).  One still queued or running is never forgotten, so
+    its turn is never cut by its owner's newer responses; :func:`_room`
+    refused the new one when those alone fill the bound.
     """
     reg = door(request)
     _materialize(reg)
     mine = [r for r in reg.responses.values() if r.owner == owner_of(request)]
+    newest = mine[-1] if mine else None
     weight = sum(r.weight for r in mine)
-    while mine and (
-        len(mine) > defaults.OPENAI_RESPONSES_PER_IDENTITY
-        or weight > defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
-    ):
-        if len(mine) == 1:
-            break  # the one just made stays, whatever it weighs
-        gone = mine.pop(0)
+    count = len(mine)
+    for gone in mine:
+        if not (
+            count > defaults.OPENAI_RESPONSES_PER_IDENTITY
+            or weight > defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
+        ):
+            break
+        if gone is newest or not gone.turn.ended:
+            continue  # the one just made stays, whatever it weighs
+        count -= 1
         weight -= gone.weight
         reg.responses.pop(gone.id, None)
         reg.changed(gone.face)

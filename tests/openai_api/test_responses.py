@@ -673,3 +673,66 @@ class IdledOutTests(OpenAICase):
             )
         )
         self.assertEqual((second.status, second.output_text), ("completed", "two"))
+
+
+class KeptBoundTests(OpenAICase):
+    """The per-identity bound on kept responses never cuts a running one."""
+
+    policy = openai_policy(limits={"max_sessions": 8, "max_per_identity": 6})
+
+    @inlineCallbacks
+    def test_running_background_response_outlives_newer_ones(self) -> Any:
+        """
+        Past the bound, the oldest responses that have ended are forgotten,
+        never a background one still running: it is still retrievable and
+        cancellable, its agent still works.  When responses still running
+        alone fill the bound, a new create is a 429 ``concurrency_limited``
+        that asks for a retry, and nothing was started for it.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "OPENAI_RESPONSES_PER_IDENTITY", 3)
+        client = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+
+        def run() -> Any:
+            slow = client.responses.create(
+                model="fake", input=f"waitfor {gate} echo late", background=True
+            )
+            quick = [
+                client.responses.create(model="fake", input=f"echo {n}")
+                for n in range(4)
+            ]
+            still = client.responses.retrieve(slow.id)
+            oldest = caught(lambda: client.responses.retrieve(quick[0].id))
+            newest = client.responses.retrieve(quick[-1].id)
+            more = [
+                client.responses.create(
+                    model="fake", input=f"waitfor {gate} echo {n}", background=True
+                )
+                for n in "ab"
+            ]
+            refused = caught(
+                lambda: client.responses.create(model="fake", input="echo refused")
+            )
+            with open(gate, "w"):
+                pass
+            for _ in range(200):
+                done = client.responses.retrieve(slow.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return still, oldest, newest, more, refused, done
+
+        still, oldest, newest, more, refused, done = yield self.sdk(run)
+        self.assertEqual(still.status, "in_progress")
+        self.assertEqual(oldest.status_code, 404)
+        self.assertEqual(newest.output_text, "3")
+        self.assertEqual([m.status for m in more], ["in_progress", "in_progress"])
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "concurrency_limited")
+        )
+        self.assertIn("3 of your responses are queued or running", refused.message)
+        self.assertEqual(refused.response.headers["x-should-retry"], "true")
+        self.assertEqual(done.status, "completed")
+        self.assertTrue(done.output_text.endswith("late"))
