@@ -855,7 +855,10 @@ class ResponseStream(Follower):
         self.number = 0
         self.skip = skip
         self.finished = False
-        self.announced: set[str] = set()
+        #: The items this stream added (id → output index), and those it
+        #: said were done: each index is added once and done once.
+        self.announced: dict[str, int] = {}
+        self.closed: set[str] = set()
         self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
             channel, "encode_event", frame
         )
@@ -915,7 +918,7 @@ class ResponseStream(Follower):
                 return b""
             ref["output_index"] = index
         if kind == "item.added":
-            self.announced.add(data["item"]["id"])
+            self.announced[data["item"]["id"]] = ref["output_index"]
             return self.send_event(
                 "response.output_item.added",
                 output_index=ref["output_index"],
@@ -923,9 +926,10 @@ class ResponseStream(Follower):
             )
         if kind == "item.done":
             added = b""
+            self.closed.add(data["item"]["id"])
             if data["item"]["id"] not in self.announced:
                 # Added before this response began (the call an approval let run).
-                self.announced.add(data["item"]["id"])
+                self.announced[data["item"]["id"]] = ref["output_index"]
                 added = self.send_event(
                     "response.output_item.added",
                     output_index=ref["output_index"],
@@ -965,6 +969,22 @@ class ResponseStream(Follower):
         response = self.response
         out = b""
         start = len(response.own_items())
+        # The call that asks was added to this stream as it began; it is
+        # shown as the approval request (and as the call it becomes in the
+        # response that answers), so here it is closed as it stands, and
+        # the requests take the indexes after it: the SDK's stream helper
+        # refuses an index added twice, or one added and never done.
+        items = {item["id"]: item for item in response.turn.items}
+        for item_id, index in sorted(self.announced.items(), key=lambda kv: kv[1]):
+            start = max(start, index + 1)
+            if item_id in self.closed or item_id not in items:
+                continue
+            self.closed.add(item_id)
+            out += self.send_event(
+                "response.output_item.done",
+                output_index=index,
+                item=output_item(items[item_id]),
+            )
         for offset, action in enumerate(response.approvals):
             item = approval_item(action)
             for type in ("response.output_item.added", "response.output_item.done"):
