@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 
@@ -159,6 +159,12 @@ class WireResponse:
         self.settled: Waiters[None] = Waiters()
         self._unsubscribe = face.log.subscribe(self._on_event)
         turn.waiters.wait().addCallback(self._ended)
+        #: The response's stream as it is sent live, numbered and sent
+        #: nowhere: its numbers stay known when the log drops its events
+        #: (a stream rebuilt from the response ends on the live number).
+        self.numbering: ResponseStream | None = ResponseStream(
+            self, cast(SSEChannel, _Nowhere()), _UNSENT
+        )
 
     #: What a response's record keeps (its face and turn are kept by id).
     _KEPT = (
@@ -199,6 +205,7 @@ class WireResponse:
         response.weight = json_size(response.input_items)
         response.settled = Waiters()
         response._unsubscribe = lambda: None
+        response.numbering = None
         if response.paused_at is not None and response.turn.status == "failed":
             # It asked for approvals the restart took away: it shows its end.
             response.approvals, response.paused_at, response.items_until = (
@@ -859,6 +866,7 @@ class ResponseStream(Follower):
         #: said were done: each index is added once and done once.
         self.announced: dict[str, int] = {}
         self.closed: set[str] = set()
+        self.gapped = False
         self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
             channel, "encode_event", frame
         )
@@ -891,6 +899,16 @@ class ResponseStream(Follower):
         data = {"type": type, "sequence_number": number, **fields}
         return self.encode(type, data)
 
+    def on_gap(self, gap: tuple[int, int]) -> None:
+        """
+        Events of a response still running were dropped from its log: a
+        Responses stream has no ``gap`` event, so nothing is said; the
+        items whose beginning went are added as they are done, whole, and
+        the text events of theirs that are left are not sent (an item's
+        text may not come before it is added).
+        """
+        self.gapped = True
+
     def _error_frame(self, error: ApiError) -> bytes:
         fields = stream_error(error)
         del fields["type"]
@@ -917,6 +935,8 @@ class ResponseStream(Follower):
             if index < 0:
                 return b""
             ref["output_index"] = index
+        if self.gapped and "item_id" in data and data["item_id"] not in self.announced:
+            return b""  # its beginning was dropped: it comes whole, when done
         if kind == "item.added":
             self.announced[data["item"]["id"]] = ref["output_index"]
             return self.send_event(
@@ -1001,9 +1021,145 @@ class ResponseStream(Follower):
 
 def _streamer(response: WireResponse, skip: int) -> Any:
     def start(channel: SSEChannel) -> Deferred[None]:
+        gap, _ = response.face.log.since(response.log_from)
+        if gap is not None and response.done:
+            # Its first events are gone from the log: followed, the stream
+            # would lack the items' beginnings and text.
+            return rebuilt(response, channel, skip)
         return ResponseStream(response, channel, skip).done
 
     return start
+
+
+#: A frame number past any stream's: nothing is sent (see ``numbering``).
+_UNSENT = 2**62
+
+
+class _Nowhere:
+    """The channel of a stream only numbered, never sent (``numbering``)."""
+
+    open = True
+
+    def __init__(self) -> None:
+        self.done: Deferred[None] = Deferred()
+
+    def send(self, event: str, data: Any, id: int | None = None) -> None:
+        """Nothing is sent."""
+
+    def write_raw(self, data: Any) -> None:
+        """Nothing is written."""
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Never disconnected."""
+
+    def register_producer(self, producer: Any) -> None:
+        """Never slow."""
+
+    def close(self) -> None:
+        """The stream ended."""
+        self.open = False
+
+
+def rebuilt(response: WireResponse, channel: SSEChannel, skip: int) -> Deferred[None]:
+    """
+    The stream of a response that has ended and whose first events its
+    log dropped (it outgrew the session's ``max_event_bytes``, or was read
+    back after a restart): rebuilt from the response, each item added,
+    its whole text as one delta, then done, then the response's end.
+    Every frame has its type, in the live stream's order; the last one has
+    the live stream's number, the others increasing before it, so a
+    client resuming with ``starting_after`` still gets the end.
+    """
+    frames: list[tuple[str, dict[str, Any]]] = []
+    own = response.own_items()
+    for index, item in enumerate(own):
+        shown = output_item(item)
+        head = {**shown, "status": "in_progress"}
+        ref = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            head["content"] = []
+        elif item["type"] == "reasoning":
+            head["summary"] = []
+        frames.append(
+            ("response.output_item.added", {"output_index": index, "item": head})
+        )
+        if item["type"] == "message":
+            for i, part in enumerate(shown["content"]):
+                at = {**ref, "content_index": i}
+                empty = {**part, "text": ""}
+                frames.append(("response.content_part.added", {**at, "part": empty}))
+                if part["text"]:
+                    frames.append(
+                        (
+                            "response.output_text.delta",
+                            {**at, "delta": part["text"], "logprobs": []},
+                        )
+                    )
+                frames.append(
+                    (
+                        "response.output_text.done",
+                        {**at, "text": part["text"], "logprobs": []},
+                    )
+                )
+                frames.append(("response.content_part.done", {**at, "part": part}))
+        elif item["type"] == "reasoning":
+            for i, part in enumerate(shown["summary"]):
+                at = {**ref, "summary_index": i}
+                frames.append(
+                    (
+                        "response.reasoning_summary_part.added",
+                        {**at, "part": {**part, "text": ""}},
+                    )
+                )
+                if part["text"]:
+                    frames.append(
+                        (
+                            "response.reasoning_summary_text.delta",
+                            {**at, "delta": part["text"]},
+                        )
+                    )
+                frames.append(
+                    (
+                        "response.reasoning_summary_text.done",
+                        {**at, "text": part["text"]},
+                    )
+                )
+                frames.append(
+                    ("response.reasoning_summary_part.done", {**at, "part": part})
+                )
+        frames.append(
+            ("response.output_item.done", {"output_index": index, "item": shown})
+        )
+    for offset, action in enumerate(response.approvals):
+        item = approval_item(action)
+        for type in ("response.output_item.added", "response.output_item.done"):
+            frames.append((type, {"output_index": len(own) + offset, "item": item}))
+    status = response.describe()["status"]
+    terminal = {"failed": "response.failed", "cancelled": "response.incomplete"}
+    frames.append(
+        (terminal.get(status, "response.completed"), {"response": response.describe()})
+    )
+    live = response.numbering
+    last = live.number - 1 if live is not None and live.finished else 0
+    # Two frames (created, in progress) come first, as in every stream.
+    first = max(2, last - len(frames) + 1)
+    encode: Callable[[str, dict[str, Any]], bytes] = getattr(
+        channel, "encode_event", frame
+    )
+    shown = response.describe()
+    if shown["status"] not in ("queued", "in_progress"):
+        shown["status"] = "in_progress"
+    shown.update(output=[], usage=None, completed_at=None)
+    numbered = [
+        (0, "response.created", {"response": shown}),
+        (1, "response.in_progress", {"response": shown}),
+    ] + [(first + i, type, fields) for i, (type, fields) in enumerate(frames)]
+    for number, type, fields in numbered:
+        if number > skip:
+            data = {"type": type, "sequence_number": number, **fields}
+            channel.write_raw(encode(type, data))
+    channel.close()
+    return channel.done
 
 
 # -- the other routes ----------------------------------------------------------

@@ -736,3 +736,62 @@ class KeptBoundTests(OpenAICase):
         self.assertEqual(refused.response.headers["x-should-retry"], "true")
         self.assertEqual(done.status, "completed")
         self.assertTrue(done.output_text.endswith("late"))
+
+
+class OutgrownLogTests(OpenAICase):
+    """A response whose events outgrew its conversation's log, streamed again."""
+
+    policy = openai_policy(limits={"max_event_bytes": 8192})
+
+    @inlineCallbacks
+    def test_streamed_again_whole(self) -> Any:
+        """
+        Streamed again, a finished response whose first events the log
+        dropped is rebuilt: every frame typed, its items added before their
+        text, the whole text in its deltas, numbers increasing and the end
+        numbered as it was live, so ``starting_after`` the live end's
+        predecessor still gives the end; the SDK's stream helper follows it.
+        """
+        client = self.client()
+        text = "y" * 6000
+
+        def run() -> Any:
+            with client.responses.create(
+                model="fake", input=f"echo {text}", stream=True
+            ) as stream:
+                live = list(stream)
+            rid = live[-1].response.id
+            with client.responses.retrieve(rid, stream=True) as stream:
+                again = list(stream)
+            last = live[-1].sequence_number
+            with client.responses.retrieve(
+                rid, stream=True, starting_after=last - 1
+            ) as stream:
+                tail = list(stream)
+            with client.responses.stream(response_id=rid) as stream:
+                list(stream)
+                final = stream.get_final_response()
+            return live, again, tail, final
+
+        live, again, tail, final = yield self.sdk(run)
+        self.assertEqual(live[-1].type, "response.completed")
+        types = [e.type for e in again]
+        self.assertNotIn(None, types)
+        self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+        self.assertLess(
+            types.index("response.output_item.added"),
+            types.index("response.output_text.delta"),
+        )
+        deltas = [e.delta for e in again if e.type == "response.output_text.delta"]
+        self.assertEqual("".join(deltas), text)
+        numbers = [e.sequence_number for e in again]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        self.assertEqual(
+            (again[-1].type, numbers[-1]),
+            ("response.completed", live[-1].sequence_number),
+        )
+        self.assertEqual(
+            [(e.type, e.sequence_number) for e in tail],
+            [("response.completed", live[-1].sequence_number)],
+        )
+        self.assertEqual(final.output_text, text)

@@ -1210,3 +1210,31 @@ class DefaultAgentTests(SynchronousTestCase):
             json.dump({"default": "gemini", "note": "longer"}, f)
         self.assertEqual(runtimes.default_agent(env), "gemini")
         self.assertEqual(runtimes._configured.cache_info().misses, reads + 1)
+
+
+class GapTests(OpenAICase):
+    """A session's events resumed from before what its log still holds."""
+
+    policy = openai_policy(limits={"max_event_bytes": 8192})
+
+    @inlineCallbacks
+    def test_gap_has_a_type(self) -> Any:
+        """
+        Resumed from before what the log kept, the stream starts with a
+        ``gap`` that the SDK yields with ``type == "gap"`` and the range
+        dropped, then the events kept.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="echo " + "z" * 6000) as stream:
+                list(stream)
+            with sessions.events.stream(session.id, extra_query={"after": "0"}) as s:
+                return list(s)
+
+        events = yield self.sdk(run)
+        self.assertEqual(events[0].type, "gap")
+        self.assertEqual(events[0].to_dict()["from"], 1)
+        self.assertNotIn(None, [e.type for e in events])
