@@ -1149,11 +1149,39 @@ class SessionFace:
 
     def _closed(self) -> None:
         self._unsubscribe()
+        if self.failed and not self.log.closed:
+            self._fell()
+            return
         for turn in list(self.queue):
             self._finish(turn, "cancelled", None)
         self.queue.clear()
         if not self.log.closed:
             self.log.close()
+
+    def _fell(self) -> None:
+        """
+        The agent failed on its own (it crashed, or was killed at a turn's
+        ``max_turn_seconds``) and its session has ended: the face goes
+        dormant, as after a restart, so the session (or conversation) is
+        not lost with its agent: its turns, items and log are kept, it is
+        ``idle``, and new input starts its agent again (:meth:`revive`,
+        resuming the agent's own session when it can).
+        """
+        engine = self.engine
+        self._unsubscribe = _nothing
+        turn = self.current
+        if turn is not None and not turn.ended:
+            turn.error = turn.error or {
+                "code": "sandbox_error",
+                "message": "the agent is gone",
+            }
+            self._finish(turn, "failed", turn.usage)
+        self.current = None
+        self._open = self._open_key = None
+        self._tools.clear()
+        self.engine = cast("AgentSession", Dormant(engine.cwd, engine.acp_session_id))
+        self.failed = False
+        self._idle()
 
     def end_restored(self, message: str) -> None:
         """

@@ -795,3 +795,48 @@ class OutgrownLogTests(OpenAICase):
             [("response.completed", live[-1].sequence_number)],
         )
         self.assertEqual(final.output_text, text)
+
+
+class AgentGoneTests(OpenAICase):
+    """A conversation whose agent died mid-turn goes on."""
+
+    policy = openai_policy(limits={"max_turn_seconds": 2})
+
+    @inlineCallbacks
+    def test_continued_after_its_agent_exited_or_was_killed(self) -> Any:
+        """
+        A response whose agent exits mid-turn is ``failed``; the next one
+        continuing it starts the agent again and is answered, as after a
+        restart.  The same once a turn's agent is killed at
+        ``max_turn_seconds``.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "AGENT_CANCEL_GRACE_SECONDS", 0.5)
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            crashed = client.responses.create(
+                model="fake", input="exit", previous_response_id=first.id
+            )
+            after_crash = client.responses.create(
+                model="fake", input="echo two", previous_response_id=crashed.id
+            )
+            killed = client.responses.create(
+                model="fake", input="stubborn", previous_response_id=after_crash.id
+            )
+            after_kill = client.responses.create(
+                model="fake", input="echo three", previous_response_id=killed.id
+            )
+            return crashed, after_crash, killed, after_kill
+
+        crashed, after_crash, killed, after_kill = yield self.sdk(run)
+        self.assertEqual(crashed.status, "failed")
+        self.assertEqual(
+            (after_crash.status, after_crash.output_text), ("completed", "two")
+        )
+        self.assertNotEqual(killed.status, "completed")
+        self.assertEqual(
+            (after_kill.status, after_kill.output_text), ("completed", "three")
+        )
