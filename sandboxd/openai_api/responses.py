@@ -57,7 +57,7 @@ from sandboxd.openai_api.registry import (
     page,
     restored_first,
 )
-from sandboxd.openai_api.routes import open_session, revive, submit_text
+from sandboxd.openai_api.routes import open_session, submit_text, wake
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
@@ -573,10 +573,9 @@ async def _create(
                 param="previous_response_id",
             )
         _room(request, json_size(items))
-        if face.dormant:
-            # Read back after a restart, or its agent gave its slot up to
-            # another: its agent starts again.
-            await revive(request, face)
+        # Read back after a restart, its agent gave its slot up to another,
+        # or failed: its agent starts again.
+        await wake(request, face)
         face.require_live()
     else:
         agent = _agent(request, body)

@@ -837,6 +837,37 @@ class AgentGoneTests(OpenAICase):
             (after_crash.status, after_crash.output_text), ("completed", "two")
         )
         self.assertNotEqual(killed.status, "completed")
+        self.assertIn("max_turn_seconds", killed.error.message)
         self.assertEqual(
             (after_kill.status, after_kill.output_text), ("completed", "three")
         )
+
+
+class TurnItemsBoundTests(OpenAICase):
+    """A turn's items are bounded."""
+
+    @inlineCallbacks
+    def test_turn_past_its_items_is_stopped(self) -> Any:
+        """
+        An agent that makes more items in one turn than
+        ``OPENAI_TURN_ITEMS`` is stopped: its response is ``failed`` with
+        an error saying why, holding the items up to the bound; the
+        conversation goes on.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "OPENAI_TURN_ITEMS", 1)
+        client = self.client()
+
+        def run() -> Any:
+            stopped = client.responses.create(model="fake", input="think")
+            after = client.responses.create(
+                model="fake", input="echo after", previous_response_id=stopped.id
+            )
+            return stopped, after
+
+        stopped, after = yield self.sdk(run)
+        self.assertEqual(stopped.status, "failed")
+        self.assertIn("as many as a turn may", stopped.error.message)
+        self.assertEqual([i.type for i in stopped.output], ["reasoning"])
+        self.assertEqual((after.status, after.output_text), ("completed", "after"))
