@@ -596,6 +596,70 @@ class ShareTests(OpenAICase):
         answered = yield later
         self.assertEqual(answered.output_text, "later")
 
+    @inlineCallbacks
+    def test_burst_of_creates_asks_for_a_retry(self) -> Any:
+        """
+        A burst of creates past the caller's share, sent while the first
+        ones' agents still start (no response holds them yet): each one
+        refused is a 429 that asks for a retry, never one telling a caller
+        with no sessions to close one.
+        """
+        client = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+        self.addCleanup(lambda: open(gate, "w").close())
+        burst = [
+            self.sdk(
+                caught,
+                lambda n=n: client.responses.create(
+                    model="fake", input=f"waitfor {gate} echo {n}", background=True
+                ),
+            )
+            for n in range(4)
+        ]
+        results = yield DeferredList(burst)
+        refused = [r for _, r in results if isinstance(r, Exception)]
+        self.assertEqual(len(refused), 2, refused)
+        for error in refused:
+            self.assertEqual(
+                (error.status_code, error.body["code"]), (429, "too_many_sessions")
+            )
+            self.assertEqual(error.response.headers["x-should-retry"], "true")
+            self.assertNotIn("close one", error.message)
+
+    @inlineCallbacks
+    def test_unanswered_approvals_say_so(self) -> Any:
+        """
+        With the caller's share held by responses that wait for approvals
+        it has not answered, a new response is a 429 that says so and what
+        frees them, and does not ask for a retry (retrying frees nothing).
+        """
+        client = self.client()
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+
+        def run() -> Any:
+            asked = [
+                client.responses.create(model="fake", input=f"edit {path} {n}")
+                for n in "12"
+            ]
+            refused = caught(
+                lambda: client.responses.create(model="fake", input="echo more")
+            )
+            return asked, refused
+
+        asked, refused = yield self.sdk(run)
+        self.assertEqual(
+            [[i.type for i in a.output] for a in asked],
+            [["mcp_approval_request"]] * 2,
+        )
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "too_many_sessions")
+        )
+        self.assertIn("2 of your responses wait for an approval", refused.message)
+        self.assertNotIn("in progress", refused.message)
+        self.assertEqual(refused.response.headers["x-should-retry"], "false")
+
 
 class QueueBoundTests(OpenAICase):
     """A policy's ``limits.max_queued`` bounds the turns waiting in a conversation."""
