@@ -908,6 +908,21 @@ class ResponseStream(Follower):
         """
         self.gapped = True
 
+    def interrupt(self, message: str) -> None:
+        """
+        The stream is cut with its response still running (the daemon
+        stops, and closes the Responses WebSockets before it ends the
+        agents): ``response.failed`` saying why is its last event.
+        """
+        if self.finished or not self.channel.open:
+            return
+        self.finished = True
+        shown = self.response.describe()
+        shown.update(
+            status="failed", error={"code": "server_error", "message": message}
+        )
+        self.channel.write_raw(self.send_event("response.failed", response=shown))
+
     def _error_frame(self, error: ApiError) -> bytes:
         fields = stream_error(error)
         del fields["type"]
