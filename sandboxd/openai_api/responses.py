@@ -1201,7 +1201,11 @@ async def agents_responses_get(request: ServerRequest) -> Any:
     skip = -1
     if raw:
         if not raw.isdigit():
-            raise bad_request("starting_after must be a number", param="starting_after")
+            raise bad_request(
+                "starting_after must be a sequence number (0 or more), as the "
+                "stream's events carry",
+                param="starting_after",
+            )
         skip = int(raw)
     response = owned_response(request, request.path_params["response_id"])
     if stream:
@@ -1213,6 +1217,15 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
     """Cancel a queued or running response; answered once it has ended."""
     response = owned_response(request, request.path_params["response_id"])
     turn = response.turn
+    if response.paused_at is not None:
+        # It has its answer (the approval requests); its turn waits on in
+        # the response that answers them.  Cancelling it would end that
+        # turn behind a response that says completed.
+        raise bad_request(
+            "the response is completed: it asks for approvals; answer them "
+            "(approve: false refuses the call) or delete the response",
+            param="response_id",
+        )
     if turn.ended:
         raise bad_request(
             f"the response is {response.describe()['status']}; only a queued or "

@@ -354,7 +354,8 @@ class ResponseTests(OpenAICase):
     def test_background_and_refusals(self) -> Any:
         """
         A background response answers at once and completes later; tools,
-        an unknown model and a second turn to cancel are refused clearly.
+        an unknown model, a second turn to cancel and a negative
+        ``starting_after`` are refused clearly.
         """
         client = self.client()
 
@@ -377,6 +378,11 @@ class ResponseTests(OpenAICase):
                     )
                 ),
                 caught(
+                    lambda: client.responses.retrieve(
+                        response.id, stream=True, starting_after=-5
+                    )
+                ),
+                caught(
                     lambda: client.responses.create(
                         model="fake",
                         input="x",
@@ -385,7 +391,7 @@ class ResponseTests(OpenAICase):
                 ),
             )
 
-        response, done, cancel, unknown, tools = yield self.sdk(run)
+        response, done, cancel, unknown, negative, tools = yield self.sdk(run)
         self.assertIn(response.status, ("queued", "in_progress"))
         self.assertEqual(done.output_text, "later")
         self.assertEqual(
@@ -395,6 +401,10 @@ class ResponseTests(OpenAICase):
             (unknown.status_code, unknown.body["code"]), (404, "not_found")
         )
         self.assertEqual((tools.status_code, tools.body["param"]), (400, "tools"))
+        self.assertEqual(
+            (negative.status_code, negative.body["param"]), (400, "starting_after")
+        )
+        self.assertIn("sequence number (0 or more)", negative.message)
 
 
 class SlotTests(OpenAICase):
