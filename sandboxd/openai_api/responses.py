@@ -1217,15 +1217,6 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
     """Cancel a queued or running response; answered once it has ended."""
     response = owned_response(request, request.path_params["response_id"])
     turn = response.turn
-    if response.paused_at is not None:
-        # It has its answer (the approval requests); its turn waits on in
-        # the response that answers them.  Cancelling it would end that
-        # turn behind a response that says completed.
-        raise bad_request(
-            "the response is completed: it asks for approvals; answer them "
-            "(approve: false refuses the call) or delete the response",
-            param="response_id",
-        )
     if turn.ended:
         raise bad_request(
             f"the response is {response.describe()['status']}; only a queued or "

@@ -280,34 +280,6 @@ class ResponseApprovalTests(OpenAICase):
         self.assertEqual(answered.output_text, "edited notes.txt (allow)")
 
     @inlineCallbacks
-    def test_cancel_of_a_response_asking_is_refused(self) -> Any:
-        """
-        A response that ended asking for an approval is ``completed``: its
-        cancel is a 400 saying how to refuse the call instead, and nothing
-        happened (the approval is still answered and the call runs).
-        """
-        path = self.notes()
-        client = self.client()
-
-        def run() -> Any:
-            asked = client.responses.create(model="fake", input=f"edit {path} new text")
-            [request] = [i for i in asked.output if i.type == "mcp_approval_request"]
-            refused = caught(lambda: client.responses.cancel(asked.id))
-            answered = client.responses.create(
-                model="fake",
-                previous_response_id=asked.id,
-                input=[approval_response(request.id, True)],
-            )
-            return refused, answered
-
-        refused, answered = yield self.sdk(run)
-        self.assertEqual(
-            (refused.status_code, refused.body["param"]), (400, "response_id")
-        )
-        self.assertIn("asks for approvals", refused.message)
-        self.assertEqual(answered.output_text, "edited notes.txt (allow)")
-
-    @inlineCallbacks
     def test_refusals(self) -> Any:
         """
         While a response waits for approval, a plain message to its
