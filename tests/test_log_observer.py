@@ -200,3 +200,30 @@ class JsonLinesTests(SynchronousTestCase):
         self.assertEqual(log_observer.log_format_of(None), "json")
         with self.assertRaises(usage.UsageError):
             log_observer.log_format_of("xml")
+
+
+class StdlibLoggingTests(SynchronousTestCase):
+    """sandboxd's :mod:`logging` lines reach the daemon's log, not stderr."""
+
+    def test_stdlib_warning_is_a_daemon_log_event(self) -> None:
+        """
+        Once the daemon's observer is made, a warning a sandboxd module
+        logs through :mod:`logging` is a warn event of the daemon's log,
+        in the module's namespace, with its text.
+        """
+        import io
+        import logging
+
+        from twisted.logger import globalLogPublisher
+
+        log_observer.observer_for(io.StringIO(), "text")
+        seen: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(seen.append)
+        self.addCleanup(globalLogPublisher.removeObserver, seen.append)
+        logging.getLogger("sandboxd.openai_api.store").warning(
+            "session %s is too large to keep", "agsess_1"
+        )
+        [event] = [e for e in seen if e.get("log_namespace", "").startswith("sandboxd")]
+        self.assertEqual(event["log_namespace"], "sandboxd.openai_api.store")
+        self.assertEqual(event["log_level"], LogLevel.warn)
+        self.assertEqual(formatEvent(event), "session agsess_1 is too large to keep")

@@ -193,6 +193,12 @@ class AgentManager(Service):
         #: (``/v1`` conversations behind responses): each gives it up once
         #: idle, so the refusal is one to retry, not to act on.
         self.slots_in_use: list[Callable[[str | None], int]] = []
+        #: Of those, the ones that wait for their caller's approval (a
+        #: retry does not free them: an answer, a cancel or a delete does).
+        self.slots_waiting: list[Callable[[str | None], int]] = []
+        #: The sessions whose agent is starting (handshake, ``session/new``):
+        #: live, but no caller holds them yet.
+        self._starting: set[AgentSession] = set()
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -429,6 +435,22 @@ class AgentManager(Service):
         await self._free_share(session.identity, rule)
         await self._free_slot(rule)
         self.sessions[session.session_id] = session
+        self._starting.add(session)
+        try:
+            return await self._start(session, argv, executable, body, rule, load)
+        finally:
+            self._starting.discard(session)
+
+    async def _start(
+        self,
+        session: AgentSession,
+        argv: list[str],
+        executable: str,
+        body: dict[str, Any],
+        rule: EffectiveRule,
+        load: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """:meth:`_create` once the session has its place: its agent starts."""
         try:
             session.handshake.spawn(argv, executable)
         except OSError as e:
@@ -469,7 +491,7 @@ class AgentManager(Service):
                 None,
             )
             if freed is None:
-                busy = self._serving_turns(None)
+                busy = min(limit, self._serving_turns(None) + len(self._starting))
                 raise limit_exceeded(
                     429,
                     f"too many agent sessions (limit {limit})"
@@ -505,16 +527,43 @@ class AgentManager(Service):
                 None,
             )
             if freed is None:
-                busy = self._serving_turns(owner)
+                waiting = sum(count(owner) for count in self.slots_waiting)
+                serving = self._serving_turns(owner) - waiting
+                starting = sum(1 for s in self._starting if s.identity == owner)
+                busy = min(held, serving + starting)
+                asking = (
+                    f"{waiting} of your responses wait for an approval: answer, "
+                    "cancel or delete them"
+                    if waiting
+                    else ""
+                )
                 if busy:
                     # Conversations behind responses give their agents up
-                    # once their turn ends: the caller only has to wait.
-                    sessions = held - busy
+                    # once their turn ends, and agents still starting (a
+                    # burst of responses) soon serve one: the caller only
+                    # has to wait.
+                    sessions = max(0, held - busy - waiting)
+                    parts = [
+                        f"{serving} of your responses in progress" if serving else "",
+                        f"{starting} agents starting" if starting else "",
+                        f"{sessions} agent sessions" if sessions else "",
+                    ]
                     message = (
                         f"your share of {limit} agents ({mine}, max_per_identity) "
-                        f"is in use: {busy} of your responses in progress"
-                        + (f" and {sessions} agent sessions" if sessions else "")
-                        + "; retry once a response completes"
+                        f"is in use: {' and '.join(p for p in parts if p)}"
+                        "; retry once a response completes"
+                        + (f" ({asking})" if asking else "")
+                    )
+                elif waiting:
+                    sessions = max(0, held - waiting)
+                    message = (
+                        f"your share of {limit} agents ({mine}, max_per_identity) "
+                        f"is in use: {asking}"
+                        + (
+                            f"; {sessions} agent sessions run besides"
+                            if sessions
+                            else ""
+                        )
                     )
                 else:
                     message = (

@@ -25,6 +25,7 @@ itself would.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ from twisted.logger import (
     FileLogObserver,
     ILogObserver,
     LogEvent,
+    Logger,
     LogLevel,
     formatEvent,
     textFileLogObserver,
@@ -156,8 +158,44 @@ def json_line(event: LogEvent) -> str:
     return json.dumps(record, ensure_ascii=False, default=str) + "\n"
 
 
+class ToDaemonLog(logging.Handler):
+    """
+    What sandboxd's modules log through :mod:`logging` (the ``/v1`` door's
+    kept state, its webhooks), as events of the daemon's own log: without
+    it those lines reach stderr through :mod:`logging`'s last resort, and
+    a daemon's log shows them as ``[stderr#error]``, with no namespace,
+    level or JSON shape.
+    """
+
+    _LEVELS = (
+        (logging.CRITICAL, LogLevel.critical),
+        (logging.ERROR, LogLevel.error),
+        (logging.WARNING, LogLevel.warn),
+        (logging.INFO, LogLevel.info),
+    )
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Pass ``record`` on as a :class:`~twisted.logger.Logger` event."""
+        level = next(
+            (ours for at, ours in self._LEVELS if record.levelno >= at),
+            LogLevel.debug,
+        )
+        Logger(namespace=record.name).emit(level, "{text}", text=self.format(record))
+
+
+def to_daemon_log() -> None:
+    """Send sandboxd's :mod:`logging` lines to the daemon's log (once)."""
+    logger = logging.getLogger("sandboxd")
+    if not any(isinstance(h, ToDaemonLog) for h in logger.handlers):
+        logger.addHandler(ToDaemonLog())
+
+
 def observer_for(stream: IO[str], log_format: str) -> ILogObserver:
-    """The daemon's observer writing to ``stream``: text or JSON lines, filtered."""
+    """
+    The daemon's observer writing to ``stream``: text or JSON lines,
+    filtered; sandboxd's :mod:`logging` lines go there too.
+    """
+    to_daemon_log()
     if log_format == "json":
         return RefusedConnectionFilter(FileLogObserver(stream, json_line))
     return RefusedConnectionFilter(textFileLogObserver(stream))

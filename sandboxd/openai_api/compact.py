@@ -29,7 +29,7 @@ from sandboxd.openai_api.responses import (
     wait_for_turn,
     wire_usage,
 )
-from sandboxd.openai_api.routes import revive, submit_text
+from sandboxd.openai_api.routes import submit_text, wake
 from sandboxd.web.messages import ServerRequest
 
 #: What the compact body takes: the conversation, and the model it runs
@@ -96,10 +96,9 @@ async def agents_responses_compact(request: ServerRequest) -> dict[str, Any]:
             "this conversation's agent has ended; there is nothing to compact",
             param="previous_response_id",
         )
-    if face.dormant:
-        # Its agent gave its slot up, or a restart ended it: it starts again
-        # (resuming its own session when it can), as for a new response.
-        await revive(request, face)
+    # Its agent gave its slot up, failed, or a restart ended it: it starts
+    # again (resuming its own session when it can), as for a new response.
+    await wake(request, face)
     face.require_live()
     command = compact_command(face.engine.commands)
     if command is None:

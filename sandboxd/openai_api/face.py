@@ -235,6 +235,22 @@ _TURN_ERRORS = {
 }
 
 
+#: The error of a turn stopped by a bound (:attr:`WireTurn.stopped_by`).
+_STOPPED: dict[str, Callable[[], dict[str, str]]] = {
+    "max_turn_seconds": lambda: {
+        "code": "request_timeout",
+        "message": "the turn ran past max_turn_seconds and was stopped",
+    },
+    "max_items": lambda: {
+        "code": "sandbox_error",
+        "message": (
+            f"the turn made {defaults.OPENAI_TURN_ITEMS} items (messages, "
+            "thoughts, tool calls), as many as a turn may, and was stopped"
+        ),
+    },
+}
+
+
 class WireTurn:
     """One turn as OpenAI shows it (``agent.session.turn``)."""
 
@@ -251,6 +267,12 @@ class WireTurn:
         self.usage: dict[str, Any] | None = None
         self.engine_id: str | None = None
         self._items: list[dict[str, Any]] = []
+        #: Each item's place among them, by identity (asked for every
+        #: streamed piece: a search of the list compared whole items).
+        self._places: dict[int, int] = {}
+        #: What stopped the turn when it was not its caller (its
+        #: ``max_turn_seconds``, its items' bound), for its error.
+        self.stopped_by: str | None = None
         #: The open message or reasoning item whose streamed pieces are not
         #: yet in its text, and those pieces.
         self._growing: tuple[dict[str, Any], list[str]] | None = None
@@ -268,16 +290,32 @@ class WireTurn:
         self.settle()
         return self._items
 
+    def add(self, item: dict[str, Any]) -> None:
+        """A new item of the turn, its place remembered."""
+        self._places[id(item)] = len(self._items)
+        self._items.append(item)
+
+    @property
+    def full(self) -> bool:
+        """Whether the turn has :data:`~sandboxd.policy.defaults.OPENAI_TURN_ITEMS`."""
+        return len(self._items) >= defaults.OPENAI_TURN_ITEMS
+
     def index_of(self, item: dict[str, Any]) -> int:
         """
         Where ``item`` is among the turn's items (its ``output_index``),
         without joining an open item's text: asked for every streamed piece.
         """
-        return self._items.index(item)
+        place = self._places.get(id(item))
+        if place is None or self._items[place] is not item:
+            # One read back with the turn (not added here): found once.
+            place = next(i for i, kept in enumerate(self._items) if kept is item)
+            self._places[id(item)] = place
+        return place
 
     def holds(self, item: dict[str, Any]) -> bool:
         """Whether ``item`` is one of the turn's, without joining any text."""
-        return any(kept is item for kept in self._items)
+        place = self._places.get(id(item))
+        return place is not None and self._items[place] is item
 
     def grow(self, item: dict[str, Any], text: str) -> None:
         """
@@ -391,6 +429,8 @@ class SessionFace:
         self.idempotency = IdempotencyBook()
         self.required: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.failed = False
+        #: Fired each time the agent failed and the face went dormant.
+        self.fallen: Waiters[None] = Waiters()
         #: A restored session's agent is being started again.
         self.reviving = False
         #: A restored session's last event id as its file had it (0: none).
@@ -715,6 +755,9 @@ class SessionFace:
         if self._open is not None and self._open_key != key:
             self._close_open("commentary")
         if self._open is None:
+            if turn.full:
+                self._stop(turn, "max_items")
+                return
             self._open_item(turn, role)
             self._open_key = key
         item = self._open
@@ -769,7 +812,7 @@ class SessionFace:
                 "summary": [{"type": "summary_text", "text": ""}],
             }
         item["_stream"] = self.redactor.stream()
-        turn.items.append(item)
+        turn.add(item)
         self._open = item
         common = self._item_ref(turn, item)
         shown = _public(item)
@@ -864,7 +907,7 @@ class SessionFace:
             "agent.session.turn.item.done",
             session_id=self.id,
             turn_id=turn.id,
-            output_index=turn.items.index(item),
+            output_index=turn.index_of(item),
             item=_public(item),
         )
 
@@ -874,6 +917,9 @@ class SessionFace:
         if turn is None or not isinstance(tool_call_id, str):
             return
         self._close_open("commentary")
+        if turn.full:
+            self._stop(turn, "max_items")
+            return
         kind = data.get("kind") or "other"
         raw_input = _update_of(data.get("raw")).get("rawInput")
         if kind == "execute":
@@ -911,13 +957,13 @@ class SessionFace:
         else:
             item["arguments"] = self._redacted(item["arguments"])
         item["_tool_call_id"] = tool_call_id
-        turn.items.append(item)
+        turn.add(item)
         self._tools[tool_call_id] = item
         self._emit(
             "agent.session.turn.item.added",
             session_id=self.id,
             turn_id=turn.id,
-            output_index=turn.items.index(item),
+            output_index=turn.index_of(item),
             item=_public(item),
         )
         if data.get("status") in ("completed", "failed"):
@@ -960,7 +1006,7 @@ class SessionFace:
             "agent.session.turn.item.done",
             session_id=self.id,
             turn_id=turn.id,
-            output_index=turn.items.index(item),
+            output_index=turn.index_of(item),
             item=_public(item),
         )
 
@@ -1079,6 +1125,18 @@ class SessionFace:
             turn.status = "in_progress"
             self._emit_session("agent.session.in_progress")
 
+    def _stop(self, turn: WireTurn, why: str) -> None:
+        """Stop ``turn`` for ``why`` (a bound of its own), once."""
+        if turn.stopped_by is None:
+            turn.stopped_by = why
+            self.engine.turn_control.cancel(why)
+
+    def _cancelling(self, data: dict[str, Any]) -> None:
+        """A turn is being cancelled: by its time limit, its error will say."""
+        turn = self.current
+        if turn is not None and data.get("by") == "max_turn_seconds":
+            turn.stopped_by = turn.stopped_by or "max_turn_seconds"
+
     def _turn_ended(self, data: dict[str, Any]) -> None:
         turn = self.current
         if turn is None or turn.engine_id != data.get("turn_id"):
@@ -1100,6 +1158,11 @@ class SessionFace:
             status = "cancelled"
         else:
             status = "completed"
+        if turn.stopped_by == "max_items":
+            status = "failed"  # even when it ended before the cancel came
+        if turn.stopped_by is not None and status != "completed":
+            # Stopped by a bound, not by its caller: the error says which.
+            turn.error = _STOPPED[turn.stopped_by]()
         for request_id in [
             r for r, a in self.required.items() if a["turn_id"] == turn.id
         ]:
@@ -1149,11 +1212,48 @@ class SessionFace:
 
     def _closed(self) -> None:
         self._unsubscribe()
+        if self.failed and not self.log.closed:
+            self._fell()
+            return
         for turn in list(self.queue):
             self._finish(turn, "cancelled", None)
         self.queue.clear()
         if not self.log.closed:
             self.log.close()
+
+    def _fell(self) -> None:
+        """
+        The agent failed on its own (it crashed, or was killed at a turn's
+        ``max_turn_seconds``) and its session has ended: the face goes
+        dormant, as after a restart, so the session (or conversation) is
+        not lost with its agent: its turns, items and log are kept, it is
+        ``idle``, and new input starts its agent again (:meth:`revive`,
+        resuming the agent's own session when it can).
+        """
+        engine = self.engine
+        self._unsubscribe = _nothing
+        turn = self.current
+        if turn is not None and not turn.ended:
+            turn.error = turn.error or {
+                "code": "sandbox_error",
+                "message": "the agent is gone",
+            }
+            self._finish(turn, "failed", turn.usage)
+        self.current = None
+        self._open = self._open_key = None
+        self._tools.clear()
+        self.engine = cast("AgentSession", Dormant(engine.cwd, engine.acp_session_id))
+        self.failed = False
+        self._idle()
+        self.fallen.fire(None)
+
+    @property
+    def falling(self) -> bool:
+        """
+        Whether the agent is failing or being killed (a turn it would not
+        end was stopped): it is about to go, and the face to go dormant.
+        """
+        return not self.dormant and (self.failed or self.engine.error is not None)
 
     def end_restored(self, message: str) -> None:
         """
@@ -1267,6 +1367,7 @@ _FOLD = {
     "permission.requested": SessionFace._permission_requested,
     "permission.resolved": SessionFace._permission_resolved,
     "turn.ended": SessionFace._turn_ended,
+    "turn.cancelling": SessionFace._cancelling,
     "session.state": SessionFace._session_failed,
     "session.idle_timeout": SessionFace._idled_out,
     "terminal.started": SessionFace._terminal_started,

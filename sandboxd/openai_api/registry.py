@@ -192,6 +192,23 @@ class Registry:
             and not f.can_sleep
         )
 
+    def awaiting_approval(self, owner: str | None = None) -> int:
+        """
+        How many of :meth:`serving_turns` (``owner``'s, or anyone's) wait
+        for an approval their caller has not answered: they keep their
+        agent until it is answered, cancelled or deleted, or until the
+        policy's ``permission_timeout_seconds``.
+        """
+        return sum(
+            1
+            for f in self.faces.values()
+            if f.hidden
+            and owner in (None, f.owner)
+            and not f.dormant
+            and not f.log.closed
+            and bool(f.required)
+        )
+
     def changed(self, face: SessionFace) -> None:
         """A session changed without an event (its metadata): keep the change."""
         if self.store is not None:
@@ -384,6 +401,7 @@ def _made(manager: AgentManager) -> Registry:
     manager.before_stop.append(made.deliveries.stop)
     manager.room_makers.append(made.make_room)
     manager.slots_in_use.append(made.serving_turns)
+    manager.slots_waiting.append(made.awaiting_approval)
     return made
 
 

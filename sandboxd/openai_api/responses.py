@@ -17,8 +17,8 @@ is ``failed``.  A conversation whose idle agent gave its slot up to a new
 agent at ``max_sessions`` (:meth:`.Registry.make_room`) is continued the
 same way, with or without a state dir.  Each identity keeps at most
 :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY` responses
-(the oldest is forgotten); a conversation's file is bounded as every
-session's.
+(the oldest that have ended are forgotten, never a running one); a
+conversation's file is bounded as every session's.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
-from sandboxd.errors import ApiError, bad_request, not_found
+from sandboxd.errors import ApiError, Code, bad_request, limit_exceeded, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
 from sandboxd.openai_api.envelope import stream_error
@@ -57,7 +57,7 @@ from sandboxd.openai_api.registry import (
     page,
     restored_first,
 )
-from sandboxd.openai_api.routes import open_session, revive, submit_text
+from sandboxd.openai_api.routes import open_session, submit_text, wake
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
@@ -159,6 +159,12 @@ class WireResponse:
         self.settled: Waiters[None] = Waiters()
         self._unsubscribe = face.log.subscribe(self._on_event)
         turn.waiters.wait().addCallback(self._ended)
+        #: The response's stream as it is sent live, numbered and sent
+        #: nowhere: its numbers stay known when the log drops its events
+        #: (a stream rebuilt from the response ends on the live number).
+        self.numbering: ResponseStream | None = ResponseStream(
+            self, cast(SSEChannel, _Nowhere()), _UNSENT
+        )
 
     #: What a response's record keeps (its face and turn are kept by id).
     _KEPT = (
@@ -199,6 +205,7 @@ class WireResponse:
         response.weight = json_size(response.input_items)
         response.settled = Waiters()
         response._unsubscribe = lambda: None
+        response.numbering = None
         if response.paused_at is not None and response.turn.status == "failed":
             # It asked for approvals the restart took away: it shows its end.
             response.approvals, response.paused_at, response.items_until = (
@@ -565,13 +572,14 @@ async def _create(
                 "start a new response",
                 param="previous_response_id",
             )
-        if face.dormant:
-            # Read back after a restart, or its agent gave its slot up to
-            # another: its agent starts again.
-            await revive(request, face)
+        _room(request, json_size(items))
+        # Read back after a restart, its agent gave its slot up to another,
+        # or failed: its agent starts again.
+        await wake(request, face)
         face.require_live()
     else:
         agent = _agent(request, body)
+        _room(request, json_size(items))
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
         )
@@ -718,25 +726,70 @@ async def wait_for_turn(request: ServerRequest, waited: Deferred[Any]) -> None:
     )
 
 
+def _room(request: ServerRequest, weight: int) -> None:
+    """
+    Refuse a new response when the caller's bound
+    (:data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY`
+    responses, :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY`
+    of input) is held by responses still queued or running: those are
+    never forgotten (a poller would lose its job and the job its agent), so
+    the caller waits for one to end, or cancels one.
+
+    :param weight: the new response's input's bytes.
+    :raises ApiError: 429 ``concurrency_limited`` with ``Retry-After``.
+    """
+    reg = door(request)
+    _materialize(reg)
+    running = [
+        r
+        for r in reg.responses.values()
+        if r.owner == owner_of(request) and not r.turn.ended
+    ]
+    count = defaults.OPENAI_RESPONSES_PER_IDENTITY
+    limit = defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
+    held = sum(r.weight for r in running)
+    if len(running) < count and (not running or held + weight <= limit):
+        return
+    seconds = defaults.AGENT_SLOT_RETRY_SECONDS
+    raise limit_exceeded(
+        429,
+        f"{len(running)} of your responses are queued or running, holding "
+        f"{held} bytes of input; each identity keeps at most {count} responses "
+        f"and {limit} bytes of their input, and one that has not ended is never "
+        "forgotten: retry once one ends, or cancel one",
+        Code.CONCURRENCY_LIMITED,
+        limit=count,
+        headers={"Retry-After": str(seconds)},
+        retry_after=seconds,
+    )
+
+
 def _bound(request: ServerRequest) -> None:
     """
     At most :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY`
     responses of the caller, whose input items weigh at most
     :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY`:
-    the oldest are forgotten (with their kept record: the next write of
-    their conversation leaves them out; a conversation left with none ends).
+    the oldest that have ended are forgotten (with their kept record: the
+    next write of their conversation leaves them out; a conversation left
+    with none ends).  One still queued or running is never forgotten, so
+    its turn is never cut by its owner's newer responses; :func:`_room`
+    refused the new one when those alone fill the bound.
     """
     reg = door(request)
     _materialize(reg)
     mine = [r for r in reg.responses.values() if r.owner == owner_of(request)]
+    newest = mine[-1] if mine else None
     weight = sum(r.weight for r in mine)
-    while mine and (
-        len(mine) > defaults.OPENAI_RESPONSES_PER_IDENTITY
-        or weight > defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
-    ):
-        if len(mine) == 1:
-            break  # the one just made stays, whatever it weighs
-        gone = mine.pop(0)
+    count = len(mine)
+    for gone in mine:
+        if not (
+            count > defaults.OPENAI_RESPONSES_PER_IDENTITY
+            or weight > defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
+        ):
+            break
+        if gone is newest or not gone.turn.ended:
+            continue  # the one just made stays, whatever it weighs
+        count -= 1
         weight -= gone.weight
         reg.responses.pop(gone.id, None)
         reg.changed(gone.face)
@@ -808,7 +861,11 @@ class ResponseStream(Follower):
         self.number = 0
         self.skip = skip
         self.finished = False
-        self.announced: set[str] = set()
+        #: The items this stream added (id → output index), and those it
+        #: said were done: each index is added once and done once.
+        self.announced: dict[str, int] = {}
+        self.closed: set[str] = set()
+        self.gapped = False
         self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
             channel, "encode_event", frame
         )
@@ -841,6 +898,31 @@ class ResponseStream(Follower):
         data = {"type": type, "sequence_number": number, **fields}
         return self.encode(type, data)
 
+    def on_gap(self, gap: tuple[int, int]) -> None:
+        """
+        Events of a response still running were dropped from its log: a
+        Responses stream has no ``gap`` event, so nothing is said; the
+        items whose beginning went are added as they are done, whole, and
+        the text events of theirs that are left are not sent (an item's
+        text may not come before it is added).
+        """
+        self.gapped = True
+
+    def interrupt(self, message: str) -> None:
+        """
+        The stream is cut with its response still running (the daemon
+        stops, and closes the Responses WebSockets before it ends the
+        agents): ``response.failed`` saying why is its last event.
+        """
+        if self.finished or not self.channel.open:
+            return
+        self.finished = True
+        shown = self.response.describe()
+        shown.update(
+            status="failed", error={"code": "server_error", "message": message}
+        )
+        self.channel.write_raw(self.send_event("response.failed", response=shown))
+
     def _error_frame(self, error: ApiError) -> bytes:
         fields = stream_error(error)
         del fields["type"]
@@ -867,8 +949,10 @@ class ResponseStream(Follower):
             if index < 0:
                 return b""
             ref["output_index"] = index
+        if self.gapped and "item_id" in data and data["item_id"] not in self.announced:
+            return b""  # its beginning was dropped: it comes whole, when done
         if kind == "item.added":
-            self.announced.add(data["item"]["id"])
+            self.announced[data["item"]["id"]] = ref["output_index"]
             return self.send_event(
                 "response.output_item.added",
                 output_index=ref["output_index"],
@@ -876,9 +960,10 @@ class ResponseStream(Follower):
             )
         if kind == "item.done":
             added = b""
+            self.closed.add(data["item"]["id"])
             if data["item"]["id"] not in self.announced:
                 # Added before this response began (the call an approval let run).
-                self.announced.add(data["item"]["id"])
+                self.announced[data["item"]["id"]] = ref["output_index"]
                 added = self.send_event(
                     "response.output_item.added",
                     output_index=ref["output_index"],
@@ -918,6 +1003,22 @@ class ResponseStream(Follower):
         response = self.response
         out = b""
         start = len(response.own_items())
+        # The call that asks was added to this stream as it began; it is
+        # shown as the approval request (and as the call it becomes in the
+        # response that answers), so here it is closed as it stands, and
+        # the requests take the indexes after it: the SDK's stream helper
+        # refuses an index added twice, or one added and never done.
+        items = {item["id"]: item for item in response.turn.items}
+        for item_id, index in sorted(self.announced.items(), key=lambda kv: kv[1]):
+            start = max(start, index + 1)
+            if item_id in self.closed or item_id not in items:
+                continue
+            self.closed.add(item_id)
+            out += self.send_event(
+                "response.output_item.done",
+                output_index=index,
+                item=output_item(items[item_id]),
+            )
         for offset, action in enumerate(response.approvals):
             item = approval_item(action)
             for type in ("response.output_item.added", "response.output_item.done"):
@@ -934,9 +1035,145 @@ class ResponseStream(Follower):
 
 def _streamer(response: WireResponse, skip: int) -> Any:
     def start(channel: SSEChannel) -> Deferred[None]:
+        gap, _ = response.face.log.since(response.log_from)
+        if gap is not None and response.done:
+            # Its first events are gone from the log: followed, the stream
+            # would lack the items' beginnings and text.
+            return rebuilt(response, channel, skip)
         return ResponseStream(response, channel, skip).done
 
     return start
+
+
+#: A frame number past any stream's: nothing is sent (see ``numbering``).
+_UNSENT = 2**62
+
+
+class _Nowhere:
+    """The channel of a stream only numbered, never sent (``numbering``)."""
+
+    open = True
+
+    def __init__(self) -> None:
+        self.done: Deferred[None] = Deferred()
+
+    def send(self, event: str, data: Any, id: int | None = None) -> None:
+        """Nothing is sent."""
+
+    def write_raw(self, data: Any) -> None:
+        """Nothing is written."""
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Never disconnected."""
+
+    def register_producer(self, producer: Any) -> None:
+        """Never slow."""
+
+    def close(self) -> None:
+        """The stream ended."""
+        self.open = False
+
+
+def rebuilt(response: WireResponse, channel: SSEChannel, skip: int) -> Deferred[None]:
+    """
+    The stream of a response that has ended and whose first events its
+    log dropped (it outgrew the session's ``max_event_bytes``, or was read
+    back after a restart): rebuilt from the response, each item added,
+    its whole text as one delta, then done, then the response's end.
+    Every frame has its type, in the live stream's order; the last one has
+    the live stream's number, the others increasing before it, so a
+    client resuming with ``starting_after`` still gets the end.
+    """
+    frames: list[tuple[str, dict[str, Any]]] = []
+    own = response.own_items()
+    for index, item in enumerate(own):
+        shown = output_item(item)
+        head = {**shown, "status": "in_progress"}
+        ref = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            head["content"] = []
+        elif item["type"] == "reasoning":
+            head["summary"] = []
+        frames.append(
+            ("response.output_item.added", {"output_index": index, "item": head})
+        )
+        if item["type"] == "message":
+            for i, part in enumerate(shown["content"]):
+                at = {**ref, "content_index": i}
+                empty = {**part, "text": ""}
+                frames.append(("response.content_part.added", {**at, "part": empty}))
+                if part["text"]:
+                    frames.append(
+                        (
+                            "response.output_text.delta",
+                            {**at, "delta": part["text"], "logprobs": []},
+                        )
+                    )
+                frames.append(
+                    (
+                        "response.output_text.done",
+                        {**at, "text": part["text"], "logprobs": []},
+                    )
+                )
+                frames.append(("response.content_part.done", {**at, "part": part}))
+        elif item["type"] == "reasoning":
+            for i, part in enumerate(shown["summary"]):
+                at = {**ref, "summary_index": i}
+                frames.append(
+                    (
+                        "response.reasoning_summary_part.added",
+                        {**at, "part": {**part, "text": ""}},
+                    )
+                )
+                if part["text"]:
+                    frames.append(
+                        (
+                            "response.reasoning_summary_text.delta",
+                            {**at, "delta": part["text"]},
+                        )
+                    )
+                frames.append(
+                    (
+                        "response.reasoning_summary_text.done",
+                        {**at, "text": part["text"]},
+                    )
+                )
+                frames.append(
+                    ("response.reasoning_summary_part.done", {**at, "part": part})
+                )
+        frames.append(
+            ("response.output_item.done", {"output_index": index, "item": shown})
+        )
+    for offset, action in enumerate(response.approvals):
+        item = approval_item(action)
+        for type in ("response.output_item.added", "response.output_item.done"):
+            frames.append((type, {"output_index": len(own) + offset, "item": item}))
+    status = response.describe()["status"]
+    terminal = {"failed": "response.failed", "cancelled": "response.incomplete"}
+    frames.append(
+        (terminal.get(status, "response.completed"), {"response": response.describe()})
+    )
+    live = response.numbering
+    last = live.number - 1 if live is not None and live.finished else 0
+    # Two frames (created, in progress) come first, as in every stream.
+    first = max(2, last - len(frames) + 1)
+    encode: Callable[[str, dict[str, Any]], bytes] = getattr(
+        channel, "encode_event", frame
+    )
+    shown = response.describe()
+    if shown["status"] not in ("queued", "in_progress"):
+        shown["status"] = "in_progress"
+    shown.update(output=[], usage=None, completed_at=None)
+    numbered = [
+        (0, "response.created", {"response": shown}),
+        (1, "response.in_progress", {"response": shown}),
+    ] + [(first + i, type, fields) for i, (type, fields) in enumerate(frames)]
+    for number, type, fields in numbered:
+        if number > skip:
+            data = {"type": type, "sequence_number": number, **fields}
+            channel.write_raw(encode(type, data))
+    channel.close()
+    return channel.done
 
 
 # -- the other routes ----------------------------------------------------------
@@ -964,7 +1201,11 @@ async def agents_responses_get(request: ServerRequest) -> Any:
     skip = -1
     if raw:
         if not raw.isdigit():
-            raise bad_request("starting_after must be a number", param="starting_after")
+            raise bad_request(
+                "starting_after must be a sequence number (0 or more), as the "
+                "stream's events carry",
+                param="starting_after",
+            )
         skip = int(raw)
     response = owned_response(request, request.path_params["response_id"])
     if stream:

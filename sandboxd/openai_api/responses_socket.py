@@ -231,6 +231,8 @@ class Lane:
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
         self._on_disconnect: list[Any] = []
+        #: What writes the response's events here (its stream).
+        self.producer: Any = None
 
     def encode_event(self, type: str, data: dict[str, Any]) -> bytes:
         """One event's frame: its JSON (escaped: never a bare newline), a newline."""
@@ -268,6 +270,7 @@ class Lane:
 
     def register_producer(self, producer: Any, on_stop: Any = None) -> None:
         """A slow client pauses ``producer``."""
+        self.producer = producer
         self.socket.flow.target = producer
         if self.socket.flow.paused:
             producer.pauseProducing()
@@ -916,6 +919,12 @@ class ResponsesSocketFactory(WebSocketServerFactory):
         if not open_now:
             return None
         for socket in open_now:
+            lane = socket.lane
+            interrupt = getattr(lane.producer, "interrupt", None) if lane else None
+            if interrupt is not None:
+                # Its turn is cut by the stop: the client is told so, as an
+                # HTTP stream is, not left with a socket that just ends.
+                interrupt("the daemon stopped while this response was running")
             socket.close_with(GOING_AWAY, "the daemon is stopping")
         done: Deferred[Any] = DeferredList(
             [socket.ended for socket in open_now], consumeErrors=True

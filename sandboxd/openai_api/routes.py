@@ -17,6 +17,7 @@ import attrs
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import agent_environment, build_prompt
+from sandboxd.agents.session import within
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     ApiError,
@@ -53,6 +54,7 @@ from sandboxd.openai_api.registry import (
     restored_first,
 )
 from sandboxd.openai_api.stream import follow, resume_after
+from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.params import declared_types, flag
 
@@ -280,6 +282,22 @@ async def open_session(
         artifacts.attach(face)  # a response's session has no artifacts route
     door(request).add(face)
     return face
+
+
+async def wake(request: ServerRequest, face: SessionFace) -> None:
+    """
+    New input for ``face``: an agent that is failing (killed for a turn it
+    would not end, crashed) is let go first (a moment); a dormant one is
+    started again (:func:`revive`).
+    """
+    if face.falling:
+        await within(
+            request.context.reactor,
+            face.fallen.wait(),
+            defaults.KILL_GRACE_SECONDS + 1,
+        )
+    if face.dormant:
+        await revive(request, face)
 
 
 async def revive(request: ServerRequest, face: SessionFace) -> None:
@@ -515,8 +533,7 @@ async def agents_sessions_events_create(request: ServerRequest) -> ServerRespons
     if cancel:
         face.cancel()
     if text:
-        if face.dormant:
-            await revive(request, face)
+        await wake(request, face)
         submit_text(request, face, text)
     face.idempotency.store(key, body, True)
     return accepted()

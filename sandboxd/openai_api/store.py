@@ -104,9 +104,10 @@ def snapshot(
     face: SessionFace, responses: list[dict[str, Any]] | None = None
 ) -> bytes | None:
     """
-    The session as the bytes of its file; None when even without its
-    events it is over :data:`OPENAI_STATE_FILE_BYTES` (then the last file
-    written stays).
+    The session as the bytes of its file, at most
+    :data:`OPENAI_STATE_FILE_BYTES`: its oldest events go first, then its
+    longest texts are cut (saying so); None when even that is not enough
+    (then the last file written stays).
 
     :param responses: the stored responses of a conversation (a hidden
         session's), kept in its file with it.
@@ -140,7 +141,39 @@ def snapshot(
     while len(data) > defaults.OPENAI_STATE_FILE_BYTES and record["events"]:
         record["events"] = record["events"][len(record["events"]) // 2 + 1 :]
         data = json.dumps(record, separators=(",", ":")).encode()
+    # Still too large: one long text (an answer, a command's output, a
+    # prompt) outweighs the rest.  The conversation is kept with its
+    # longest texts cut, each saying so, rather than not kept at all (its
+    # responses would be unknown after a restart).
+    whole = record["turns"], record["responses"]
+    cap = defaults.OPENAI_STATE_FILE_BYTES // 2
+    while len(data) > defaults.OPENAI_STATE_FILE_BYTES and cap >= _SHORTEST_CUT:
+        record["turns"], record["responses"] = _cut(whole, cap)
+        data = json.dumps(record, separators=(",", ":")).encode()
+        cap //= 2
     return data if len(data) <= defaults.OPENAI_STATE_FILE_BYTES else None
+
+
+#: The shortest a kept text is cut to (below that a file that is still too
+#: large has too many items, not too long ones).
+_SHORTEST_CUT = 1024
+
+
+def _cut(value: Any, cap: int) -> Any:
+    """
+    A copy of ``value`` (JSON) whose strings longer than ``cap`` characters
+    keep their end, after a line that says how much went (as a tool's
+    output is kept, :func:`~sandboxd.openai_api.face._kept`).
+    """
+    if isinstance(value, str):
+        if len(value) <= cap:
+            return value
+        return f"[{len(value) - cap} characters not kept]\n" + value[-cap:]
+    if isinstance(value, dict):
+        return {k: _cut(v, cap) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cut(v, cap) for v in value]
+    return value
 
 
 def restore(record: dict[str, Any]) -> SessionFace:

@@ -60,6 +60,14 @@ class WireFollower(Follower):
         self.start = after
         super().__init__(face.log, channel, after, _format)
 
+    def on_gap(self, gap: tuple[int, int]) -> None:
+        """
+        The ``gap`` frame with a ``type``, as every event of the door's
+        streams has: the SDK's ``sessions.events.stream`` yields it as an
+        event whose ``type`` a client can switch on.
+        """
+        self.channel.send("gap", {"type": "gap", "from": gap[0], "to": gap[1]})
+
     def _pump(self) -> None:
         super()._pump()
         if self.channel.open and self._rests():

@@ -342,6 +342,11 @@ OPENAI_STATE_SESSIONS = 100
 #: A tool call's output (or error) a ``/v1`` item keeps, in characters: its
 #: end, which says how it ended (an agent may send a whole file as one).
 OPENAI_ITEM_OUTPUT_CHARS = 1 * MIB
+#: The items (messages, thoughts, tool calls) one ``/v1`` turn may make:
+#: an agent that goes past it is stopped, as a cancel stops it, and its
+#: turn ends with an error saying so (a runaway agent would grow the
+#: turn's items for as long as it ran).
+OPENAI_TURN_ITEMS = 2000
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
 OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0

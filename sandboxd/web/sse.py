@@ -366,7 +366,7 @@ class Follower:
     def _pump(self) -> None:
         gap, events = self.log.since(self.sent)
         if gap is not None:
-            self.channel.send("gap", {"from": gap[0], "to": gap[1]})
+            self.on_gap(gap)
             # Said once, even when no event follows it yet (an id from
             # before a log that numbers from a later start).
             self.sent = max(self.sent, gap[1])
@@ -385,6 +385,14 @@ class Follower:
             if last:
                 self.channel.write_raw(last)
             self.channel.close()
+
+    def on_gap(self, gap: tuple[int, int]) -> None:
+        """
+        Events ``gap`` (from, to) were dropped before they were sent: a
+        ``gap`` frame says so (a stream whose events have a shape of their
+        own says it its own way).
+        """
+        self.channel.send("gap", {"from": gap[0], "to": gap[1]})
 
     def pauseProducing(self) -> None:
         """The client is slow: stop writing; the log keeps the events."""

@@ -242,6 +242,44 @@ class ResponseApprovalTests(OpenAICase):
         self.assertEqual(final.output_text, "edited notes.txt (allow)")
 
     @inlineCallbacks
+    def test_asked_with_the_stream_helper(self) -> Any:
+        """
+        The SDK's ``responses.stream`` helper receives a response that ends
+        asking for an approval: every output index is added once and done
+        once, and its final response holds the request, which the helper
+        then answers.
+        """
+        path = self.notes()
+        client = self.client()
+
+        def run() -> Any:
+            with client.responses.stream(
+                model="fake", input=f"edit {path} new text"
+            ) as stream:
+                asked = list(stream)
+                final = stream.get_final_response()
+            [request] = [i for i in final.output if i.type == "mcp_approval_request"]
+            with client.responses.stream(
+                model="fake",
+                previous_response_id=final.id,
+                input=[approval_response(request.id, True)],
+            ) as stream:
+                list(stream)
+                answered = stream.get_final_response()
+            return asked, final, answered
+
+        asked, final, answered = yield self.sdk(run)
+        added = [
+            e.output_index for e in asked if e.type == "response.output_item.added"
+        ]
+        done = [e.output_index for e in asked if e.type == "response.output_item.done"]
+        self.assertEqual(len(added), len(set(added)))
+        self.assertEqual(sorted(added), sorted(done))
+        self.assertEqual(asked[-1].type, "response.completed")
+        self.assertEqual([i.type for i in final.output], ["mcp_approval_request"])
+        self.assertEqual(answered.output_text, "edited notes.txt (allow)")
+
+    @inlineCallbacks
     def test_refusals(self) -> Any:
         """
         While a response waits for approval, a plain message to its

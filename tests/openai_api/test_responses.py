@@ -354,7 +354,8 @@ class ResponseTests(OpenAICase):
     def test_background_and_refusals(self) -> Any:
         """
         A background response answers at once and completes later; tools,
-        an unknown model and a second turn to cancel are refused clearly.
+        an unknown model, a second turn to cancel and a negative
+        ``starting_after`` are refused clearly.
         """
         client = self.client()
 
@@ -377,6 +378,11 @@ class ResponseTests(OpenAICase):
                     )
                 ),
                 caught(
+                    lambda: client.responses.retrieve(
+                        response.id, stream=True, starting_after=-5
+                    )
+                ),
+                caught(
                     lambda: client.responses.create(
                         model="fake",
                         input="x",
@@ -385,7 +391,7 @@ class ResponseTests(OpenAICase):
                 ),
             )
 
-        response, done, cancel, unknown, tools = yield self.sdk(run)
+        response, done, cancel, unknown, negative, tools = yield self.sdk(run)
         self.assertIn(response.status, ("queued", "in_progress"))
         self.assertEqual(done.output_text, "later")
         self.assertEqual(
@@ -395,6 +401,10 @@ class ResponseTests(OpenAICase):
             (unknown.status_code, unknown.body["code"]), (404, "not_found")
         )
         self.assertEqual((tools.status_code, tools.body["param"]), (400, "tools"))
+        self.assertEqual(
+            (negative.status_code, negative.body["param"]), (400, "starting_after")
+        )
+        self.assertIn("sequence number (0 or more)", negative.message)
 
 
 class SlotTests(OpenAICase):
@@ -596,6 +606,70 @@ class ShareTests(OpenAICase):
         answered = yield later
         self.assertEqual(answered.output_text, "later")
 
+    @inlineCallbacks
+    def test_burst_of_creates_asks_for_a_retry(self) -> Any:
+        """
+        A burst of creates past the caller's share, sent while the first
+        ones' agents still start (no response holds them yet): each one
+        refused is a 429 that asks for a retry, never one telling a caller
+        with no sessions to close one.
+        """
+        client = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+        self.addCleanup(lambda: open(gate, "w").close())
+        burst = [
+            self.sdk(
+                caught,
+                lambda n=n: client.responses.create(
+                    model="fake", input=f"waitfor {gate} echo {n}", background=True
+                ),
+            )
+            for n in range(4)
+        ]
+        results = yield DeferredList(burst)
+        refused = [r for _, r in results if isinstance(r, Exception)]
+        self.assertEqual(len(refused), 2, refused)
+        for error in refused:
+            self.assertEqual(
+                (error.status_code, error.body["code"]), (429, "too_many_sessions")
+            )
+            self.assertEqual(error.response.headers["x-should-retry"], "true")
+            self.assertNotIn("close one", error.message)
+
+    @inlineCallbacks
+    def test_unanswered_approvals_say_so(self) -> Any:
+        """
+        With the caller's share held by responses that wait for approvals
+        it has not answered, a new response is a 429 that says so and what
+        frees them, and does not ask for a retry (retrying frees nothing).
+        """
+        client = self.client()
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+
+        def run() -> Any:
+            asked = [
+                client.responses.create(model="fake", input=f"edit {path} {n}")
+                for n in "12"
+            ]
+            refused = caught(
+                lambda: client.responses.create(model="fake", input="echo more")
+            )
+            return asked, refused
+
+        asked, refused = yield self.sdk(run)
+        self.assertEqual(
+            [[i.type for i in a.output] for a in asked],
+            [["mcp_approval_request"]] * 2,
+        )
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "too_many_sessions")
+        )
+        self.assertIn("2 of your responses wait for an approval", refused.message)
+        self.assertNotIn("in progress", refused.message)
+        self.assertEqual(refused.response.headers["x-should-retry"], "false")
+
 
 class QueueBoundTests(OpenAICase):
     """A policy's ``limits.max_queued`` bounds the turns waiting in a conversation."""
@@ -673,3 +747,201 @@ class IdledOutTests(OpenAICase):
             )
         )
         self.assertEqual((second.status, second.output_text), ("completed", "two"))
+
+
+class KeptBoundTests(OpenAICase):
+    """The per-identity bound on kept responses never cuts a running one."""
+
+    policy = openai_policy(limits={"max_sessions": 8, "max_per_identity": 6})
+
+    @inlineCallbacks
+    def test_running_background_response_outlives_newer_ones(self) -> Any:
+        """
+        Past the bound, the oldest responses that have ended are forgotten,
+        never a background one still running: it is still retrievable and
+        cancellable, its agent still works.  When responses still running
+        alone fill the bound, a new create is a 429 ``concurrency_limited``
+        that asks for a retry, and nothing was started for it.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "OPENAI_RESPONSES_PER_IDENTITY", 3)
+        client = self.client()
+        gate = os.path.join(self.base_dir, "gate")
+
+        def run() -> Any:
+            slow = client.responses.create(
+                model="fake", input=f"waitfor {gate} echo late", background=True
+            )
+            quick = [
+                client.responses.create(model="fake", input=f"echo {n}")
+                for n in range(4)
+            ]
+            still = client.responses.retrieve(slow.id)
+            oldest = caught(lambda: client.responses.retrieve(quick[0].id))
+            newest = client.responses.retrieve(quick[-1].id)
+            more = [
+                client.responses.create(
+                    model="fake", input=f"waitfor {gate} echo {n}", background=True
+                )
+                for n in "ab"
+            ]
+            refused = caught(
+                lambda: client.responses.create(model="fake", input="echo refused")
+            )
+            with open(gate, "w"):
+                pass
+            for _ in range(200):
+                done = client.responses.retrieve(slow.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return still, oldest, newest, more, refused, done
+
+        still, oldest, newest, more, refused, done = yield self.sdk(run)
+        self.assertEqual(still.status, "in_progress")
+        self.assertEqual(oldest.status_code, 404)
+        self.assertEqual(newest.output_text, "3")
+        self.assertEqual([m.status for m in more], ["in_progress", "in_progress"])
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (429, "concurrency_limited")
+        )
+        self.assertIn("3 of your responses are queued or running", refused.message)
+        self.assertEqual(refused.response.headers["x-should-retry"], "true")
+        self.assertEqual(done.status, "completed")
+        self.assertTrue(done.output_text.endswith("late"))
+
+
+class OutgrownLogTests(OpenAICase):
+    """A response whose events outgrew its conversation's log, streamed again."""
+
+    policy = openai_policy(limits={"max_event_bytes": 8192})
+
+    @inlineCallbacks
+    def test_streamed_again_whole(self) -> Any:
+        """
+        Streamed again, a finished response whose first events the log
+        dropped is rebuilt: every frame typed, its items added before their
+        text, the whole text in its deltas, numbers increasing and the end
+        numbered as it was live, so ``starting_after`` the live end's
+        predecessor still gives the end; the SDK's stream helper follows it.
+        """
+        client = self.client()
+        text = "y" * 6000
+
+        def run() -> Any:
+            with client.responses.create(
+                model="fake", input=f"echo {text}", stream=True
+            ) as stream:
+                live = list(stream)
+            rid = live[-1].response.id
+            with client.responses.retrieve(rid, stream=True) as stream:
+                again = list(stream)
+            last = live[-1].sequence_number
+            with client.responses.retrieve(
+                rid, stream=True, starting_after=last - 1
+            ) as stream:
+                tail = list(stream)
+            with client.responses.stream(response_id=rid) as stream:
+                list(stream)
+                final = stream.get_final_response()
+            return live, again, tail, final
+
+        live, again, tail, final = yield self.sdk(run)
+        self.assertEqual(live[-1].type, "response.completed")
+        types = [e.type for e in again]
+        self.assertNotIn(None, types)
+        self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+        self.assertLess(
+            types.index("response.output_item.added"),
+            types.index("response.output_text.delta"),
+        )
+        deltas = [e.delta for e in again if e.type == "response.output_text.delta"]
+        self.assertEqual("".join(deltas), text)
+        numbers = [e.sequence_number for e in again]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        self.assertEqual(
+            (again[-1].type, numbers[-1]),
+            ("response.completed", live[-1].sequence_number),
+        )
+        self.assertEqual(
+            [(e.type, e.sequence_number) for e in tail],
+            [("response.completed", live[-1].sequence_number)],
+        )
+        self.assertEqual(final.output_text, text)
+
+
+class AgentGoneTests(OpenAICase):
+    """A conversation whose agent died mid-turn goes on."""
+
+    policy = openai_policy(limits={"max_turn_seconds": 2})
+
+    @inlineCallbacks
+    def test_continued_after_its_agent_exited_or_was_killed(self) -> Any:
+        """
+        A response whose agent exits mid-turn is ``failed``; the next one
+        continuing it starts the agent again and is answered, as after a
+        restart.  The same once a turn's agent is killed at
+        ``max_turn_seconds``.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "AGENT_CANCEL_GRACE_SECONDS", 0.5)
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(model="fake", input="echo one")
+            crashed = client.responses.create(
+                model="fake", input="exit", previous_response_id=first.id
+            )
+            after_crash = client.responses.create(
+                model="fake", input="echo two", previous_response_id=crashed.id
+            )
+            killed = client.responses.create(
+                model="fake", input="stubborn", previous_response_id=after_crash.id
+            )
+            after_kill = client.responses.create(
+                model="fake", input="echo three", previous_response_id=killed.id
+            )
+            return crashed, after_crash, killed, after_kill
+
+        crashed, after_crash, killed, after_kill = yield self.sdk(run)
+        self.assertEqual(crashed.status, "failed")
+        self.assertEqual(
+            (after_crash.status, after_crash.output_text), ("completed", "two")
+        )
+        self.assertNotEqual(killed.status, "completed")
+        self.assertIn("max_turn_seconds", killed.error.message)
+        self.assertEqual(
+            (after_kill.status, after_kill.output_text), ("completed", "three")
+        )
+
+
+class TurnItemsBoundTests(OpenAICase):
+    """A turn's items are bounded."""
+
+    @inlineCallbacks
+    def test_turn_past_its_items_is_stopped(self) -> Any:
+        """
+        An agent that makes more items in one turn than
+        ``OPENAI_TURN_ITEMS`` is stopped: its response is ``failed`` with
+        an error saying why, holding the items up to the bound; the
+        conversation goes on.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "OPENAI_TURN_ITEMS", 1)
+        client = self.client()
+
+        def run() -> Any:
+            stopped = client.responses.create(model="fake", input="think")
+            after = client.responses.create(
+                model="fake", input="echo after", previous_response_id=stopped.id
+            )
+            return stopped, after
+
+        stopped, after = yield self.sdk(run)
+        self.assertEqual(stopped.status, "failed")
+        self.assertIn("as many as a turn may", stopped.error.message)
+        self.assertEqual([i.type for i in stopped.output], ["reasoning"])
+        self.assertEqual((after.status, after.output_text), ("completed", "after"))

@@ -791,9 +791,10 @@ class StopTests(RestartCase, SocketCase):
     @inlineCallbacks
     def test_stop_closes_1001(self) -> Any:
         """
-        A socket streaming a response when the daemon stops gets a close
-        frame 1001 (going away) saying why, not a cut connection, and the
-        stop does not wait past the close's bound.
+        A socket streaming a response when the daemon stops gets the
+        response's ``response.failed``, then a close frame 1001 (going
+        away) saying why, not a cut connection, and the stop does not wait
+        past the close's bound.
         """
         import json
         import time
@@ -816,14 +817,19 @@ class StopTests(RestartCase, SocketCase):
                 started = time.monotonic()
                 blockingCallFromThread(reactor, self.restart)
                 stopped = time.monotonic() - started
+                last: list[Any] = []
 
                 def drain() -> Any:
                     while True:
-                        ws.recv(timeout=10)
+                        last.append(json.loads(ws.recv(timeout=10)))
 
-                return caught(drain), stopped
+                return caught(drain), stopped, last
 
-        closed, stopped = yield self.sdk(run)
+        closed, stopped, last = yield self.sdk(run)
+        # The response it streamed ends as an HTTP stream's would: failed.
+        self.assertEqual(last[-1]["type"], "response.failed")
+        self.assertEqual(last[-1]["response"]["status"], "failed")
+        self.assertIn("daemon stopped", last[-1]["response"]["error"]["message"])
         self.assertIsInstance(closed, ConnectionClosed)
         self.assertEqual(closed.rcvd.code, 1001)
         self.assertEqual(closed.rcvd.reason, "the daemon is stopping")

@@ -172,6 +172,48 @@ class RestartTests(RestartCase):
         self.assertEqual(turns, ["completed", "completed"])
 
     @inlineCallbacks
+    def test_conversation_with_one_long_answer_is_kept(self) -> Any:
+        """
+        A conversation holding an answer too long for its file is still
+        kept: after a restart every response of it reads back (the long
+        answer cut, saying so, its end kept) and the latest continues.
+        """
+        self.patch(defaults, "OPENAI_STATE_FILE_BYTES", 64 * 1024)
+        client = self.client()
+        long = "x" * 100_000 + "end"
+
+        def before() -> Any:
+            first = client.responses.create(model="fake", input="echo first")
+            big = client.responses.create(
+                model="fake", input=f"echo {long}", previous_response_id=first.id
+            )
+            last = client.responses.create(
+                model="fake", input="echo last", previous_response_id=big.id
+            )
+            return first, big, last
+
+        first, big, last = yield self.sdk(before)
+        self.assertEqual(big.output_text, long)
+        yield self.restart()
+        again = self.client()
+
+        def after() -> Any:
+            got = [again.responses.retrieve(r.id) for r in (first, big, last)]
+            more = again.responses.create(
+                model="fake", input="echo more", previous_response_id=last.id
+            )
+            return got, more
+
+        got, more = yield self.sdk(after)
+        self.assertEqual([g.status for g in got], ["completed"] * 3)
+        self.assertEqual(got[0].output_text, "first")
+        self.assertTrue(got[1].output_text.startswith("["), got[1].output_text[:80])
+        self.assertIn("characters not kept]", got[1].output_text[:80])
+        self.assertTrue(got[1].output_text.endswith("xend"))
+        self.assertEqual(got[2].output_text, "last")
+        self.assertEqual(more.output_text, "more")
+
+    @inlineCallbacks
     def test_resume_after_a_seq_from_before(self) -> Any:
         """
         A client that read part of the events before the restart resumes

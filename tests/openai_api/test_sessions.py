@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import httpx
@@ -1210,3 +1211,66 @@ class DefaultAgentTests(SynchronousTestCase):
             json.dump({"default": "gemini", "note": "longer"}, f)
         self.assertEqual(runtimes.default_agent(env), "gemini")
         self.assertEqual(runtimes._configured.cache_info().misses, reads + 1)
+
+
+class GapTests(OpenAICase):
+    """A session's events resumed from before what its log still holds."""
+
+    policy = openai_policy(limits={"max_event_bytes": 8192})
+
+    @inlineCallbacks
+    def test_gap_has_a_type(self) -> Any:
+        """
+        Resumed from before what the log kept, the stream starts with a
+        ``gap`` that the SDK yields with ``type == "gap"`` and the range
+        dropped, then the events kept.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="echo " + "z" * 6000) as stream:
+                list(stream)
+            with sessions.events.stream(session.id, extra_query={"after": "0"}) as s:
+                return list(s)
+
+        events = yield self.sdk(run)
+        self.assertEqual(events[0].type, "gap")
+        self.assertEqual(events[0].to_dict()["from"], 1)
+        self.assertNotIn(None, [e.type for e in events])
+
+
+class AgentGoneTests(OpenAICase):
+    """A session whose agent died mid-turn takes the next message."""
+
+    @inlineCallbacks
+    def test_next_message_after_the_agent_exited(self) -> Any:
+        """
+        The agent exits mid-turn: the turn is ``failed``, the session is
+        ``idle`` again (not failed for good), and the next message starts
+        its agent again and completes, as after a restart.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="exit") as stream:
+                list(stream)
+            for _ in range(100):
+                after_crash = sessions.retrieve(session.id)
+                if after_crash.status != "in_progress":
+                    break
+                time.sleep(0.05)
+            with sessions.stream(session.id, input="echo again") as stream:
+                list(stream)
+            turns = list(sessions.turns.list(session.id, order="asc"))
+            texts = [i.output_text for i in sessions.items.list(session.id)]
+            return after_crash, sessions.retrieve(session.id), turns, texts
+
+        after_crash, last, turns, texts = yield self.sdk(run)
+        self.assertEqual(after_crash.status, "idle")
+        self.assertEqual([t.status for t in turns], ["failed", "completed"])
+        self.assertEqual(last.status, "idle")
+        self.assertIn("again", texts)
