@@ -1,0 +1,142 @@
+"""
+The web console across the end of its link, in headless Chromium against a
+real daemon on loopback: what a person typed survives a new link, a new
+URL pasted into the same tab is taken, terminals come back, the
+identity's other terminals can be attached or ended, and the keyboard can
+leave a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.webui.test_browser import (
+    SHOTS,
+    ConsoleCase,
+    wait_true,
+)
+
+#: The login screen, shown.
+LOGIN = "[data-testid=login]:not([hidden])"
+
+
+class NewLinkCase(ConsoleCase):
+    """Helpers to end a console link and mint the next one from the browser's thread."""
+
+    def revoke(self) -> None:
+        """Revoke the link the page uses, as its owner would."""
+        reply = self.call("DELETE", f"/auth/links/{self.link_id}")
+        self.assertEqual(reply.status, 200, reply.body)
+
+    def next_link(self) -> str:
+        """A new console link's token (what a person pastes)."""
+        reply = self.call("POST", "/auth/links", {"audience": "console"})
+        self.assertEqual(reply.status, 201, reply.body)
+        self.link_id = reply.json()["link_id"]
+        return str(reply.json()["token"])
+
+    def log_in_again(self, page: Any) -> None:
+        """Paste a new link on the login screen and open it."""
+        page.fill("[data-testid=login-link]", self.next_link())
+        page.click("[data-testid=login-submit]")
+        page.wait_for_selector("[data-testid=login]", state="hidden")
+
+
+class DraftTests(NewLinkCase):
+    """An edit being typed when the link ends."""
+
+    @inlineCallbacks
+    def test_edit_survives_a_new_link(self) -> Any:
+        """
+        The link ends while a file is being edited: Save shows the login
+        screen and the editor stays on screen with the text; a new link
+        pasted there takes over without reloading the page, and Save then
+        writes the text to the file.
+        """
+        url = yield self.link()
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("line one\n")
+        draft = "line one\na paragraph typed for a long while\n"
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.evaluate("window.sameDocument = true")
+            page.click("[data-testid=nav-files]")
+            page.click("[data-testid=file-entry][data-name='notes.txt']")
+            page.wait_for_selector("[data-testid=file-text]")
+            page.click("[data-testid=file-edit]")
+            page.fill("[data-testid=file-editor]", draft)
+            self.revoke()
+            page.click("[data-testid=file-save]")
+            page.wait_for_selector(LOGIN)
+            seen["editor_shown"] = page.is_visible("[data-testid=file-editor]")
+            seen["on_screen"] = page.input_value("[data-testid=file-editor]")
+            page.screenshot(path=os.path.join(SHOTS, "login-over-editor.png"))
+            self.log_in_again(page)
+            seen["same_document"] = page.evaluate("window.sameDocument === true")
+            seen["kept"] = page.input_value("[data-testid=file-editor]")
+            page.click("[data-testid=file-save]")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=file-save-status]').textContent.startsWith('Saved')",
+            )
+
+        seen = yield self.browse(steps)
+        self.assertTrue(seen["editor_shown"])
+        self.assertEqual(seen["on_screen"], draft)
+        self.assertTrue(seen["same_document"])
+        self.assertEqual(seen["kept"], draft)
+        with open(path) as f:
+            self.assertEqual(f.read(), draft)
+        self.assertNoCspViolation(
+            {**seen, "console": [m for m in seen["console"] if "401" not in m]}
+        )
+
+
+class PastedUrlTests(NewLinkCase):
+    """A new ``/ui/#link=...`` URL pasted into a tab already on the console."""
+
+    @inlineCallbacks
+    def test_new_url_in_the_same_tab(self) -> Any:
+        """
+        On the login screen after the link ended, and on a bare ``/ui/``,
+        pasting a new URL (only the fragment changes, so the browser does
+        not reload) logs the page in and takes the link out of the address
+        bar.
+        """
+        url = yield self.link()
+        bare = f"{self.daemon.url}/ui/"
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            seen["first_identity"] = page.text_content("[data-testid=identity]")
+            self.revoke()
+            # The Files page's first listing finds the link gone.
+            page.click("[data-testid=nav-files]")
+            page.wait_for_selector(LOGIN)
+            page.goto(f"{bare}#link={self.next_link()}")
+            page.wait_for_selector("[data-testid=login]", state="hidden")
+            seen["after_expiry_url"] = page.url
+            seen["identity"] = page.text_content("[data-testid=identity]")
+            # A tab with no link at all.
+            page.evaluate("sessionStorage.clear()")
+            page.goto(bare)
+            page.reload()
+            page.wait_for_selector(LOGIN)
+            page.goto(f"{bare}#link={self.next_link()}")
+            page.wait_for_selector("body[data-ready=true]")
+            seen["bare_url"] = page.url
+            seen["bare_login_shown"] = page.is_visible("[data-testid=login]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["after_expiry_url"], bare)
+        self.assertTrue(seen["identity"].startswith("link:"))
+        self.assertNotEqual(seen["identity"], seen["first_identity"])
+        self.assertEqual(seen["bare_url"], bare)
+        self.assertFalse(seen["bare_login_shown"])
