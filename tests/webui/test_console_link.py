@@ -13,9 +13,12 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from tests.lsp.test_connect import close_timers
 from tests.webui.test_browser import (
     SHOTS,
     ConsoleCase,
+    screen_text,
+    wait_screen,
     wait_true,
 )
 
@@ -140,3 +143,67 @@ class PastedUrlTests(NewLinkCase):
         self.assertNotEqual(seen["identity"], seen["first_identity"])
         self.assertEqual(seen["bare_url"], bare)
         self.assertFalse(seen["bare_login_shown"])
+
+
+def statuses(page: Any) -> list[Any]:
+    """Each terminal's session and status."""
+    return list(
+        page.evaluate(
+            "[...document.querySelectorAll('[data-testid=terminal]')]"
+            ".map(e => [e.dataset.session, e.dataset.status])"
+        )
+    )
+
+
+class ReattachTests(NewLinkCase):
+    """Terminals across the end of a link."""
+
+    @inlineCallbacks
+    def test_new_link_reattaches(self) -> Any:
+        """
+        A terminal whose link is revoked ends saying so, but its shell runs
+        on; a new link pasted on the login screen re-attaches it, with no
+        line twice, and it takes input again.
+        """
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.type("echo BEFORE-$((1+1))\n")
+            wait_screen(page, "BEFORE-2")
+            sid = page.get_attribute("[data-testid=terminal]", "data-session")
+            seen["sid"] = sid
+            self.revoke()
+            page.wait_for_selector(LOGIN)
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status^='closed:']", timeout=15000
+            )
+            seen["lost"] = statuses(page)
+            seen["daemon_lists"] = [
+                s["id"] for s in self.call("GET", "/pty/sessions").json()["sessions"]
+            ]
+            self.log_in_again(page)
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            seen["back"] = statuses(page)
+            seen["remembered"] = page.evaluate(
+                "sessionStorage.getItem('sandboxd.console.terminals')"
+            )
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.type("echo AFTER-$((2+2))\n")
+            wait_screen(page, "AFTER-4")
+            seen["screen"] = screen_text(page)
+
+        seen = yield self.browse(steps)
+        # The daemon closed the revoked link's socket: let autobahn's close timer run out.
+        yield close_timers()
+        sid = seen["sid"]
+        self.assertEqual(seen["lost"], [[sid, "closed: the link was revoked"]])
+        self.assertIn(sid, seen["daemon_lists"])
+        self.assertEqual(seen["back"], [[sid, "connected"]])
+        self.assertIn(sid, seen["remembered"])
+        # The scrollback once: the command line shows ``$((1+1))``, its output "BEFORE-2".
+        self.assertEqual(seen["screen"].count("BEFORE-2"), 1)

@@ -82,15 +82,17 @@ class TerminalTab {
       } else if (ws.bufferedAmount > 0) {
         this.page.banner(`The connection to the terminal dropped with ${ws.bufferedAmount} bytes of input unsent; check what arrived.`);
       }
-      if (e.code === 1000 || e.code === 1008) {
-        this.setStatus(e.code === 1000 ? "ended" : `closed: ${e.reason}`);
-        if (e.code === 1008) {
-          this.page.forget(this);
-          // Refused by the daemon (a link revoked or expired, an identity
-          // taken out of the policy): ask the API, which shows the login
-          // screen when the link itself no longer works.
-          this.api.fetch("GET", "/capabilities").catch(() => {});
-        }
+      if (e.code === 1000) { this.setStatus("ended"); return; }
+      if (e.code === 1008) {
+        this.setStatus(`closed: ${e.reason}`);
+        // Refused by the daemon.  Ask the API: when the link itself no
+        // longer works (expired, revoked) the login screen shows and the
+        // session, which runs on, is kept for a new link to re-attach;
+        // otherwise this terminal is no longer this link's to use.
+        this.api.fetch("GET", "/capabilities").then(
+          () => this.page.forget(this),
+          () => { if (this.api.lost) this.giveUp(); else this.page.forget(this); },
+        );
         return;
       }
       this.retries += 1;
@@ -182,7 +184,16 @@ class TerminalTab {
     if (this.outboxSize) this.page.banner(`${this.outboxSize} characters typed in the terminal were not sent: the link no longer works.`);
     this.outbox = [];
     this.outboxSize = 0;
-    this.setStatus(LINK_LOST);
+    // The daemon's own reason (the link expired, was revoked) says more.
+    if (!(this.status || "").startsWith("closed: ")) this.setStatus(LINK_LOST);
+  }
+
+  /** A new link: attach again, from the offset the screen had reached. */
+  reattach() {
+    if (this.closed || this.ws) return;
+    clearTimeout(this.timer);
+    this.retries = 0;
+    this.connect();
   }
 
   setStatus(text) {
@@ -221,14 +232,29 @@ export class TerminalsPage {
 
   async start() {
     const kept = JSON.parse(sessionStorage.getItem(OPEN) || "[]");
-    let live = [];
-    try {
-      const listed = await this.api.json("GET", "/pty/sessions");
-      live = (listed.sessions || []).map((s) => s.session_id || s.id);
-    } catch (_) { /* fall back to what this tab remembers */ live = kept; }
+    const listed = await this.list();
+    const live = listed ? listed.map((s) => s.id) : kept; // else what this tab remembers
     for (const id of kept.filter((k) => live.includes(k))) this.add(id);
     this.remember();
     if (this.tabs.length) this.show(this.tabs[0]);
+  }
+
+  /** The identity's live sessions, or null when they cannot be listed. */
+  async list() {
+    try {
+      const listed = await this.api.json("GET", "/pty/sessions");
+      return (listed.sessions || []).map((s) => ({ ...s, id: s.session_id || s.id })).filter((s) => s.alive !== false);
+    } catch (_) { return null; }
+  }
+
+  /** A new link: re-attach the tabs the old one lost. */
+  async relinked() {
+    const listed = await this.list();
+    const live = listed ? listed.map((s) => s.id) : null;
+    for (const tab of [...this.tabs]) {
+      if (!live || live.includes(tab.id)) tab.reattach();
+      else if (!tab.ws) { this.forget(tab); tab.dispose(); }
+    }
   }
 
   async create() {
