@@ -207,3 +207,58 @@ class ReattachTests(NewLinkCase):
         self.assertIn(sid, seen["remembered"])
         # The scrollback once: the command line shows ``$((1+1))``, its output "BEFORE-2".
         self.assertEqual(seen["screen"].count("BEFORE-2"), 1)
+
+
+class OtherSessionsTests(ConsoleCase):
+    """The identity's terminals that no tab of this page shows."""
+
+    @inlineCallbacks
+    def test_attach_and_end_other_sessions(self) -> Any:
+        """
+        Terminals opened elsewhere (a browser tab closed since, an agent)
+        are listed on the Terminals page; Attach shows one with its
+        scrollback, End ends another's shell, freeing the identity's share.
+        """
+        url = yield self.link()
+        made = []
+        for _ in range(2):
+            reply = yield self.request(
+                "POST", "/pty/sessions", {"cols": 80, "rows": 24}
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            made.append(reply.json()["session_id"])
+        kept, ended = made
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.wait_for_selector("[data-testid=terminal-other]")
+            seen["listed"] = sorted(
+                page.eval_on_selector_all(
+                    "[data-testid=terminal-other]",
+                    "els => els.map(e => e.dataset.session)",
+                )
+            )
+            seen["tabs_before"] = page.locator("[data-testid=terminal]").count()
+            page.click(f"[data-testid=terminal-end][data-session='{ended}']")
+            page.wait_for_selector(
+                f"[data-testid=terminal-other][data-session='{ended}']",
+                state="detached",
+            )
+            seen["ended_status"] = self.call("GET", f"/pty/sessions/{ended}").status
+            page.click(f"[data-testid=terminal-attach][data-session='{kept}']")
+            page.wait_for_selector(
+                f"[data-testid=terminal][data-session='{kept}'][data-status=connected]"
+            )
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.type("echo ATTACHED-$((3*3))\n")
+            wait_screen(page, "ATTACHED-9")
+            seen["others_after"] = page.locator("[data-testid=terminal-other]").count()
+            page.screenshot(path=os.path.join(SHOTS, "terminals-others.png"))
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["listed"], sorted(made))
+        self.assertEqual(seen["tabs_before"], 0)
+        self.assertEqual(seen["ended_status"], 404)
+        self.assertEqual(seen["others_after"], 0)
+        self.assertNoCspViolation(seen)

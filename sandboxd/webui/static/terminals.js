@@ -225,7 +225,10 @@ export class TerminalsPage {
     this.tabBar = h("div", { class: "termtabs" });
     this.newButton = h("button", { type: "button", testid: "terminal-new", onclick: () => this.create() }, "+ New terminal");
     this.area = h("div", { class: "terms", testid: "terminal-area" });
-    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.area);
+    // The identity's other sessions: opened in another browser tab (maybe
+    // closed since), by an agent, or before this tab's link was replaced.
+    this.others = h("div", { class: "others", testid: "terminal-others", hidden: true });
+    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.others, this.area);
     new ResizeObserver(() => this.current && this.current.resize()).observe(this.area);
     api.whenLost(() => { for (const tab of this.tabs) tab.giveUp(); });
   }
@@ -237,6 +240,7 @@ export class TerminalsPage {
     for (const id of kept.filter((k) => live.includes(k))) this.add(id);
     this.remember();
     if (this.tabs.length) this.show(this.tabs[0]);
+    this.showOthers(listed);
   }
 
   /** The identity's live sessions, or null when they cannot be listed. */
@@ -247,7 +251,38 @@ export class TerminalsPage {
     } catch (_) { return null; }
   }
 
-  /** A new link: re-attach the tabs the old one lost. */
+  /**
+   * Offer the sessions no tab here shows, to attach to or to end: a
+   * session outlives the browser tab that opened it, and holds a share of
+   * the identity's terminals until it ends.
+   */
+  async showOthers(listed) {
+    if (listed === undefined) listed = await this.list();
+    if (!listed) return;
+    const open = new Set(this.tabs.map((t) => t.id));
+    const rows = listed.filter((s) => !open.has(s.id)).map((s) => h("span", { class: "other", testid: "terminal-other", "data-session": s.id },
+      h("span", { class: "dim" }, `shell ${s.id.slice(0, 6)}${s.created_at ? ` from ${new Date(s.created_at * 1000).toLocaleTimeString()}` : ""}${s.clients ? `, open elsewhere (${s.clients})` : ""}`),
+      h("button", { type: "button", testid: "terminal-attach", "data-session": s.id, onclick: () => this.attach(s.id) }, "Attach"),
+      h("button", { type: "button", testid: "terminal-end", "data-session": s.id, title: "End this terminal", onclick: () => this.end(s.id) }, "End")));
+    clear(this.others).append(h("span", { class: "dim" }, "Also running:"), ...rows,
+      h("button", { type: "button", testid: "terminal-refresh", title: "List the terminals again", onclick: () => this.showOthers() }, "Refresh"));
+    this.others.hidden = !rows.length;
+  }
+
+  attach(id) {
+    if (!this.tabs.some((t) => t.id === id)) this.add(id);
+    this.remember();
+    this.show(this.tabs.find((t) => t.id === id));
+    this.showOthers();
+  }
+
+  async end(id) {
+    try { await this.api.fetch("DELETE", `/pty/sessions/${encodeURIComponent(id)}`); }
+    catch (e) { this.banner(`Could not end the terminal: ${e.message}`); }
+    this.showOthers();
+  }
+
+  /** A new link: re-attach the tabs the old one lost, and list the rest. */
   async relinked() {
     const listed = await this.list();
     const live = listed ? listed.map((s) => s.id) : null;
@@ -255,6 +290,7 @@ export class TerminalsPage {
       if (!live || live.includes(tab.id)) tab.reattach();
       else if (!tab.ws) { this.forget(tab); tab.dispose(); }
     }
+    this.showOthers(listed);
   }
 
   async create() {
@@ -264,6 +300,7 @@ export class TerminalsPage {
       this.remember();
     } catch (e) {
       this.banner(`Could not open a terminal: ${e.message}`);
+      this.showOthers();
     }
   }
 
@@ -287,12 +324,16 @@ export class TerminalsPage {
     requestAnimationFrame(() => { tab.resize(); tab.term.focus(); });
   }
 
-  visible() { if (this.current) requestAnimationFrame(() => this.current.resize()); }
+  visible() {
+    if (this.current) requestAnimationFrame(() => this.current.resize());
+    this.showOthers();
+  }
 
   async close(tab) {
     this.forget(tab);
     tab.dispose();
     try { await this.api.fetch("DELETE", `/pty/sessions/${encodeURIComponent(tab.id)}`); } catch (_) { /* gone already */ }
+    this.showOthers();
   }
 
   forget(tab) {
