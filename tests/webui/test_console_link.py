@@ -262,3 +262,49 @@ class OtherSessionsTests(ConsoleCase):
         self.assertEqual(seen["ended_status"], 404)
         self.assertEqual(seen["others_after"], 0)
         self.assertNoCspViolation(seen)
+
+
+class TerminalKeyboardTests(ConsoleCase):
+    """Leaving a terminal without a mouse."""
+
+    @inlineCallbacks
+    def test_escape_then_tab_leaves(self) -> Any:
+        """
+        Tab and Escape alone stay in the terminal (the shell needs them);
+        Escape then Tab, or Escape then Shift+Tab, moves the focus to the
+        terminal's tab, and Enter there goes back in.
+        """
+        url = yield self.link()
+        focused = (
+            "(() => { const e = document.activeElement;"
+            " return (e.dataset && e.dataset.testid) || e.className; })()"
+        )
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            page.click("[data-testid=terminal] .xterm")
+            page.keyboard.press("Tab")
+            page.keyboard.press("Escape")
+            seen["alone"] = page.evaluate(focused)
+            page.keyboard.press("Tab")
+            seen["escape_tab"] = page.evaluate(focused)
+            page.keyboard.press("Enter")
+            page.wait_for_timeout(100)
+            seen["back_in"] = page.evaluate(focused)
+            page.keyboard.press("Escape")
+            page.keyboard.press("Shift+Tab")
+            seen["escape_shift_tab"] = page.evaluate(focused)
+            seen["hint"] = page.evaluate(
+                "(document.querySelector('[data-testid=terminal-keys]') || {}).textContent"
+            )
+
+        seen = yield self.browse(steps)
+        self.assertIn("xterm-helper-textarea", seen["alone"])
+        self.assertEqual(seen["escape_tab"], "terminal-tab")
+        self.assertIn("xterm-helper-textarea", seen["back_in"])
+        self.assertEqual(seen["escape_shift_tab"], "terminal-tab")
+        self.assertIn("Esc then Tab", seen["hint"])
+        self.assertNoCspViolation(seen)

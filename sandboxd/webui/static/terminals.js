@@ -59,6 +59,7 @@ class TerminalTab {
     this.el = h("div", { class: "term", testid: "terminal", "data-session": id });
     this.term.open(this.el);
     this.term.onData((data) => this.input(data));
+    this.term.attachCustomKeyEventHandler((e) => this.key(e));
     this.term.onResize(({ cols, rows }) => this.send({ type: "resize", cols, rows }));
     this.button = h("button", { type: "button", testid: "terminal-tab", "data-session": id, onclick: () => page.show(this) }, `shell ${id.slice(0, 6)}`);
     this.closer = h("button", { type: "button", testid: "terminal-close", title: "Close this terminal", onclick: () => page.close(this) }, "×");
@@ -164,6 +165,22 @@ class TerminalTab {
     if (this.outbox.length) this.flushTimer = setTimeout(() => this.flush(), 20);
   }
 
+  /**
+   * Escape then Tab (or Shift+Tab) leaves the terminal for its tab in the
+   * bar, as CodeMirror's Escape-then-Tab does: every other key, Tab and
+   * Escape alone included, goes to the shell, which needs them.
+   */
+  key(e) {
+    if (e.type !== "keydown") return true;
+    const leave = e.key === "Tab" && this.escaped && !e.ctrlKey && !e.altKey && !e.metaKey;
+    if (!["Shift", "Control", "Alt", "Meta"].includes(e.key)) this.escaped = e.key === "Escape";
+    if (!leave) return true;
+    e.preventDefault();
+    this.escaped = false;
+    this.button.focus();
+    return false;
+  }
+
   resize() {
     if (this.el.offsetParent === null) return; // hidden: xterm cannot measure
     try { this.fit.fit(); } catch (_) { /* not laid out yet */ }
@@ -228,7 +245,8 @@ export class TerminalsPage {
     // The identity's other sessions: opened in another browser tab (maybe
     // closed since), by an agent, or before this tab's link was replaced.
     this.others = h("div", { class: "others", testid: "terminal-others", hidden: true });
-    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.others, this.area);
+    const keys = h("span", { class: "status dim", testid: "terminal-keys" }, "Esc then Tab leaves a terminal");
+    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl, keys), this.others, this.area);
     new ResizeObserver(() => this.current && this.current.resize()).observe(this.area);
     api.whenLost(() => { for (const tab of this.tabs) tab.giveUp(); });
   }
