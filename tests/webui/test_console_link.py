@@ -83,6 +83,7 @@ class DraftTests(NewLinkCase):
             self.log_in_again(page)
             seen["same_document"] = page.evaluate("window.sameDocument === true")
             seen["kept"] = page.input_value("[data-testid=file-editor]")
+            seen["banner_after"] = page.is_visible("[data-testid=banner]")
             page.click("[data-testid=file-save]")
             wait_true(
                 page,
@@ -94,6 +95,8 @@ class DraftTests(NewLinkCase):
         self.assertEqual(seen["on_screen"], draft)
         self.assertTrue(seen["same_document"])
         self.assertEqual(seen["kept"], draft)
+        # The old link's "could not save" is gone with it.
+        self.assertFalse(seen["banner_after"])
         with open(path) as f:
             self.assertEqual(f.read(), draft)
         self.assertNoCspViolation(

@@ -98,6 +98,8 @@ async function useLink(value) {
   showIdentity(doc);
   $("login").hidden = true;
   document.getElementById("app").hidden = false;
+  // An error shown is the old link's refusal: the new link answers it.
+  if (!$("banner").hidden && $("banner").dataset.kind === "error") banner("");
   if (allowedIds(doc) !== before) {
     banner("This link may do other things than the last one: reload the page to see its controls.", "link-changed");
   }
