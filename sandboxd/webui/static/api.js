@@ -3,13 +3,21 @@
 
 const KEY = "sandboxd.console.link";
 
+/**
+ * The link in the URL's fragment (``#link=...``), or null; it leaves the
+ * address bar (and the tab's history) at once.
+ */
+export function linkFromHash() {
+  const match = /(?:^#|&)link=([^&]+)/.exec(location.hash);
+  if (!match) return null;
+  history.replaceState(null, "", location.pathname + location.search);
+  return decodeURIComponent(match[1]);
+}
+
 /** Move a link from the URL's fragment to sessionStorage; the current link or null. */
 export function takeLink() {
-  const match = /(?:^#|&)link=([^&]+)/.exec(location.hash);
-  if (match) {
-    sessionStorage.setItem(KEY, decodeURIComponent(match[1]));
-    history.replaceState(null, "", location.pathname + location.search);
-  }
+  const link = linkFromHash();
+  if (link) sessionStorage.setItem(KEY, link);
   return sessionStorage.getItem(KEY);
 }
 
@@ -44,8 +52,17 @@ export class Api {
     this.lostHandlers = [];
   }
 
-  /** Call ``handler`` (once) when the link stops working. */
+  /** Call ``handler`` each time the link in use stops working. */
   whenLost(handler) { this.lostHandlers.push(handler); }
+
+  /**
+   * Go on with ``link`` (a new one, checked by the caller): the pages keep
+   * what they show and what is typed in them, which a reload would lose.
+   */
+  relink(link) {
+    this.link = link;
+    this.lost = false;
+  }
 
   url(path, query) {
     const url = new URL(path, location.origin);
@@ -68,8 +85,9 @@ export class Api {
     } else if (body !== undefined) {
       init.body = body;
     }
+    const link = this.link;
     const response = await fetch(this.url(path, query), init);
-    if (!response.ok && response.status !== 304) throw await this.failure(response.status, await response.text());
+    if (!response.ok && response.status !== 304) throw await this.failure(response.status, await response.text(), link);
     if (!READS.has(method)) this.onChanged();
     return response;
   }
@@ -79,14 +97,16 @@ export class Api {
     return response.json();
   }
 
-  async failure(status, text) {
+  /** The error of a failed call made with ``link``; a refused link is reported once. */
+  async failure(status, text, link) {
     let parsed = null;
     try { parsed = JSON.parse(text); } catch (_) { parsed = { error: text }; }
     const error = new ApiError(status, parsed);
-    if (status === 401 && AUTH_LOST.has(error.code) && !this.lost) {
+    // A call made with a link replaced since says nothing about the new one.
+    if (status === 401 && AUTH_LOST.has(error.code) && !this.lost && link === this.link) {
       this.lost = true;
       this.onAuthLost(error);
-      for (const handler of this.lostHandlers.splice(0)) handler(error);
+      for (const handler of this.lostHandlers) handler(error);
     }
     return error;
   }
@@ -94,15 +114,16 @@ export class Api {
   /** Upload ``file`` to ``path`` with progress (fetch cannot report upload progress). */
   upload(path, file, onProgress) {
     return new Promise((resolve, reject) => {
+      const link = this.link;
       const xhr = new XMLHttpRequest();
       xhr.open("POST", this.url("/files/raw", { path, overwrite: "true" }));
-      xhr.setRequestHeader("Authorization", `Bearer ${this.link}`);
+      xhr.setRequestHeader("Authorization", `Bearer ${link}`);
       xhr.setRequestHeader("Content-Type", "application/octet-stream");
       xhr.upload.onprogress = (e) => { if (e.lengthComputable) onProgress(e.loaded, e.total); };
       xhr.onerror = () => reject(new ApiError(0, { error: "the connection failed" }));
       xhr.onload = async () => {
         if (xhr.status >= 200 && xhr.status < 300) { this.onChanged(); resolve(JSON.parse(xhr.responseText)); }
-        else reject(await this.failure(xhr.status, xhr.responseText));
+        else reject(await this.failure(xhr.status, xhr.responseText, link));
       };
       xhr.send(file);
     });

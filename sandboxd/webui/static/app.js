@@ -1,7 +1,7 @@
 // The console's entry: log in with a link, ask /capabilities what it may
 // do, and build only the pages (and the buttons) it allows.
 
-import { Api, takeLink, saveLink, forgetLink } from "./api.js";
+import { Api, takeLink, linkFromHash, saveLink, forgetLink } from "./api.js";
 import { TerminalsPage } from "./terminals.js";
 import { FilesPage } from "./files.js";
 import { ProcessesPage } from "./processes.js";
@@ -30,10 +30,24 @@ class Capabilities {
   allows(need) { return Array.isArray(need) ? need.some((id) => this.allowed(id)) : this.allowed(need); }
 }
 
-function showLogin(reason) {
+const EXPIRED = "This link has expired: ask for a new one.";
+
+/** What the console runs on once it is built: its API, what the link may do, its pages. */
+let built = null;
+
+/**
+ * Ask for a link.  Once the console is built the pages stay as they are,
+ * under the login screen, with what is typed in them (an edit, a cell not
+ * run yet): a new link takes over in place.  Logging out hides them.
+ */
+function showLogin(reason, hideApp) {
   $("login-reason").textContent = reason || "";
   $("login").hidden = false;
-  document.getElementById("app").hidden = true;
+  $("login").classList.toggle("again", Boolean(built) && !hideApp);
+  if (!built || hideApp) document.getElementById("app").hidden = true;
+  $("login-link").value = "";
+  // Not while the pages stay: the person may be typing in one of them.
+  if (document.getElementById("app").hidden) $("login-link").focus();
 }
 
 function banner(text, testid) {
@@ -45,25 +59,69 @@ function banner(text, testid) {
   if (text && !testid) banner.timer = setTimeout(() => { el.hidden = true; }, 15000);
 }
 
+function lostReason(error) {
+  return error.code === "link_expired" ? EXPIRED : `This link no longer works (${error.message}).`;
+}
+
+/** The endpoints a capabilities document allows, as one comparable string. */
+function allowedIds(doc) {
+  return Object.entries(doc.endpoints || {}).filter(([, e]) => e && e.allowed).map(([id]) => id).sort().join(" ");
+}
+
+function showIdentity(doc) {
+  const identity = doc.identity || {};
+  $("identity").textContent = `${identity.id || "?"} · ${(identity.scopes || []).join(" ")}`;
+}
+
+/**
+ * A new link, pasted on the login screen or in a new URL's fragment.
+ * Before the console is built there is nothing to keep: load it with the
+ * link.  After, check the link and go on with it in place.
+ */
+async function useLink(value) {
+  if (!value) return;
+  if (!built) { saveLink(value); location.reload(); return; }
+  let doc;
+  try {
+    doc = await new Api(value, () => {}).json("GET", "/capabilities");
+  } catch (e) {
+    const why = e.status === 401 ? lostReason(e) : `Cannot reach the daemon: ${e.message}`;
+    // While the link in use still works, it stays in use.
+    if (built.api.lost) showLogin(why);
+    else banner(`The new link was not taken. ${why}`);
+    return;
+  }
+  saveLink(value);
+  const before = allowedIds(built.caps.doc);
+  built.caps.doc = doc;
+  built.api.relink(value);
+  showIdentity(doc);
+  $("login").hidden = true;
+  document.getElementById("app").hidden = false;
+  // An error shown is the old link's refusal: the new link answers it.
+  if (!$("banner").hidden && $("banner").dataset.kind === "error") banner("");
+  if (allowedIds(doc) !== before) {
+    banner("This link may do other things than the last one: reload the page to see its controls.", "link-changed");
+  }
+  for (const page of Object.values(built.started)) if (page.relinked) page.relinked();
+}
+
 function loginControls() {
   $("login-submit").addEventListener("click", () => {
-    const value = $("login-link").value.trim().replace(/^.*#link=/, "");
-    if (!value) return;
-    saveLink(value);
-    location.reload();
+    useLink($("login-link").value.trim().replace(/^.*#link=/, ""));
   });
+  $("login-link").addEventListener("keydown", (e) => { if (e.key === "Enter") $("login-submit").click(); });
+  // A new URL pasted into this tab changes only the fragment: no reload.
+  window.addEventListener("hashchange", () => { useLink(linkFromHash()); });
 }
 
 async function main() {
   loginControls();
   const link = takeLink();
   if (!link) { showLogin(""); return; }
-  let lost = false;
   const api = new Api(link, (error) => {
-    if (lost) return;
-    lost = true;
     forgetLink();
-    showLogin(error.code === "link_expired" ? "This link has expired: ask for a new one." : `This link no longer works (${error.message}).`);
+    showLogin(lostReason(error));
   }, () => {
     // An error is about what failed last; once something the person asked
     // for worked, it would only mislead.  Notices (an edit conflict, a
@@ -75,12 +133,11 @@ async function main() {
   try {
     caps = new Capabilities(await api.json("GET", "/capabilities"));
   } catch (e) {
-    if (!lost) showLogin(`Cannot reach the daemon: ${e.message}`);
+    if (!api.lost) showLogin(`Cannot reach the daemon: ${e.message}`);
     return;
   }
-  const identity = caps.doc.identity || {};
-  $("identity").textContent = `${identity.id || "?"} · ${(identity.scopes || []).join(" ")}`;
-  $("logout").addEventListener("click", () => { forgetLink(); showLogin("Logged out."); });
+  showIdentity(caps.doc);
+  $("logout").addEventListener("click", () => { forgetLink(); api.lost = true; showLogin("Logged out.", true); });
   $("banner").addEventListener("click", () => banner(""));
   document.getElementById("app").hidden = false;
   $("login").hidden = true;
@@ -92,14 +149,15 @@ async function main() {
     pages[name] = new spec.make($(`page-${name}`), api, caps, banner);
     nav.addEventListener("click", () => show(name));
   }
+  const started = {};
+  built = { api, caps, started };
   const names = Object.keys(pages);
   if (!names.length) { $("nothing-allowed").hidden = false; return; }
-  const started = {};
   function show(name) {
     for (const section of document.querySelectorAll("section.page")) section.hidden = section.dataset.page !== name;
     for (const nav of document.querySelectorAll("nav [data-page]")) nav.setAttribute("aria-selected", String(nav.dataset.page === name));
     sessionStorage.setItem("sandboxd.console.page", name);
-    if (!started[name]) { started[name] = true; pages[name].start(); }
+    if (!started[name]) { started[name] = pages[name]; pages[name].start(); }
     else pages[name].visible();
   }
   const last = sessionStorage.getItem("sandboxd.console.page");

@@ -59,6 +59,7 @@ class TerminalTab {
     this.el = h("div", { class: "term", testid: "terminal", "data-session": id });
     this.term.open(this.el);
     this.term.onData((data) => this.input(data));
+    this.term.attachCustomKeyEventHandler((e) => this.key(e));
     this.term.onResize(({ cols, rows }) => this.send({ type: "resize", cols, rows }));
     this.button = h("button", { type: "button", testid: "terminal-tab", "data-session": id, onclick: () => page.show(this) }, `shell ${id.slice(0, 6)}`);
     this.closer = h("button", { type: "button", testid: "terminal-close", title: "Close this terminal", onclick: () => page.close(this) }, "×");
@@ -82,15 +83,17 @@ class TerminalTab {
       } else if (ws.bufferedAmount > 0) {
         this.page.banner(`The connection to the terminal dropped with ${ws.bufferedAmount} bytes of input unsent; check what arrived.`);
       }
-      if (e.code === 1000 || e.code === 1008) {
-        this.setStatus(e.code === 1000 ? "ended" : `closed: ${e.reason}`);
-        if (e.code === 1008) {
-          this.page.forget(this);
-          // Refused by the daemon (a link revoked or expired, an identity
-          // taken out of the policy): ask the API, which shows the login
-          // screen when the link itself no longer works.
-          this.api.fetch("GET", "/capabilities").catch(() => {});
-        }
+      if (e.code === 1000) { this.setStatus("ended"); return; }
+      if (e.code === 1008) {
+        this.setStatus(`closed: ${e.reason}`);
+        // Refused by the daemon.  Ask the API: when the link itself no
+        // longer works (expired, revoked) the login screen shows and the
+        // session, which runs on, is kept for a new link to re-attach;
+        // otherwise this terminal is no longer this link's to use.
+        this.api.fetch("GET", "/capabilities").then(
+          () => this.page.forget(this),
+          () => { if (this.api.lost) this.giveUp(); else this.page.forget(this); },
+        );
         return;
       }
       this.retries += 1;
@@ -162,6 +165,22 @@ class TerminalTab {
     if (this.outbox.length) this.flushTimer = setTimeout(() => this.flush(), 20);
   }
 
+  /**
+   * Escape then Tab (or Shift+Tab) leaves the terminal for its tab in the
+   * bar, as CodeMirror's Escape-then-Tab does: every other key, Tab and
+   * Escape alone included, goes to the shell, which needs them.
+   */
+  key(e) {
+    if (e.type !== "keydown") return true;
+    const leave = e.key === "Tab" && this.escaped && !e.ctrlKey && !e.altKey && !e.metaKey;
+    if (!["Shift", "Control", "Alt", "Meta"].includes(e.key)) this.escaped = e.key === "Escape";
+    if (!leave) return true;
+    e.preventDefault();
+    this.escaped = false;
+    this.button.focus();
+    return false;
+  }
+
   resize() {
     if (this.el.offsetParent === null) return; // hidden: xterm cannot measure
     try { this.fit.fit(); } catch (_) { /* not laid out yet */ }
@@ -182,7 +201,16 @@ class TerminalTab {
     if (this.outboxSize) this.page.banner(`${this.outboxSize} characters typed in the terminal were not sent: the link no longer works.`);
     this.outbox = [];
     this.outboxSize = 0;
-    this.setStatus(LINK_LOST);
+    // The daemon's own reason (the link expired, was revoked) says more.
+    if (!(this.status || "").startsWith("closed: ")) this.setStatus(LINK_LOST);
+  }
+
+  /** A new link: attach again, from the offset the screen had reached. */
+  reattach() {
+    if (this.closed || this.ws) return;
+    clearTimeout(this.timer);
+    this.retries = 0;
+    this.connect();
   }
 
   setStatus(text) {
@@ -214,21 +242,73 @@ export class TerminalsPage {
     this.tabBar = h("div", { class: "termtabs" });
     this.newButton = h("button", { type: "button", testid: "terminal-new", onclick: () => this.create() }, "+ New terminal");
     this.area = h("div", { class: "terms", testid: "terminal-area" });
-    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.area);
+    // The identity's other sessions: opened in another browser tab (maybe
+    // closed since), by an agent, or before this tab's link was replaced.
+    this.others = h("div", { class: "others", testid: "terminal-others", hidden: true });
+    const keys = h("span", { class: "status dim", testid: "terminal-keys" }, "Esc then Tab leaves a terminal");
+    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl, keys), this.others, this.area);
     new ResizeObserver(() => this.current && this.current.resize()).observe(this.area);
     api.whenLost(() => { for (const tab of this.tabs) tab.giveUp(); });
   }
 
   async start() {
     const kept = JSON.parse(sessionStorage.getItem(OPEN) || "[]");
-    let live = [];
-    try {
-      const listed = await this.api.json("GET", "/pty/sessions");
-      live = (listed.sessions || []).map((s) => s.session_id || s.id);
-    } catch (_) { /* fall back to what this tab remembers */ live = kept; }
+    const listed = await this.list();
+    const live = listed ? listed.map((s) => s.id) : kept; // else what this tab remembers
     for (const id of kept.filter((k) => live.includes(k))) this.add(id);
     this.remember();
     if (this.tabs.length) this.show(this.tabs[0]);
+    this.showOthers(listed);
+  }
+
+  /** The identity's live sessions, or null when they cannot be listed. */
+  async list() {
+    try {
+      const listed = await this.api.json("GET", "/pty/sessions");
+      return (listed.sessions || []).map((s) => ({ ...s, id: s.session_id || s.id })).filter((s) => s.alive !== false);
+    } catch (_) { return null; }
+  }
+
+  /**
+   * Offer the sessions no tab here shows, to attach to or to end: a
+   * session outlives the browser tab that opened it, and holds a share of
+   * the identity's terminals until it ends.
+   */
+  async showOthers(listed) {
+    if (listed === undefined) listed = await this.list();
+    if (!listed) return;
+    const open = new Set(this.tabs.map((t) => t.id));
+    const rows = listed.filter((s) => !open.has(s.id)).map((s) => h("span", { class: "other", testid: "terminal-other", "data-session": s.id },
+      h("span", { class: "dim" }, `shell ${s.id.slice(0, 6)}${s.created_at ? ` from ${new Date(s.created_at * 1000).toLocaleTimeString()}` : ""}${s.clients ? `, open elsewhere (${s.clients})` : ""}`),
+      h("button", { type: "button", testid: "terminal-attach", "data-session": s.id, onclick: () => this.attach(s.id) }, "Attach"),
+      h("button", { type: "button", testid: "terminal-end", "data-session": s.id, title: "End this terminal", onclick: () => this.end(s.id) }, "End")));
+    clear(this.others).append(h("span", { class: "dim" }, "Also running:"), ...rows,
+      h("button", { type: "button", testid: "terminal-refresh", title: "List the terminals again", onclick: () => this.showOthers() }, "Refresh"));
+    this.others.hidden = !rows.length;
+  }
+
+  attach(id) {
+    if (!this.tabs.some((t) => t.id === id)) this.add(id);
+    this.remember();
+    this.show(this.tabs.find((t) => t.id === id));
+    this.showOthers();
+  }
+
+  async end(id) {
+    try { await this.api.fetch("DELETE", `/pty/sessions/${encodeURIComponent(id)}`); }
+    catch (e) { this.banner(`Could not end the terminal: ${e.message}`); }
+    this.showOthers();
+  }
+
+  /** A new link: re-attach the tabs the old one lost, and list the rest. */
+  async relinked() {
+    const listed = await this.list();
+    const live = listed ? listed.map((s) => s.id) : null;
+    for (const tab of [...this.tabs]) {
+      if (!live || live.includes(tab.id)) tab.reattach();
+      else if (!tab.ws) { this.forget(tab); tab.dispose(); }
+    }
+    this.showOthers(listed);
   }
 
   async create() {
@@ -238,6 +318,7 @@ export class TerminalsPage {
       this.remember();
     } catch (e) {
       this.banner(`Could not open a terminal: ${e.message}`);
+      this.showOthers();
     }
   }
 
@@ -261,12 +342,16 @@ export class TerminalsPage {
     requestAnimationFrame(() => { tab.resize(); tab.term.focus(); });
   }
 
-  visible() { if (this.current) requestAnimationFrame(() => this.current.resize()); }
+  visible() {
+    if (this.current) requestAnimationFrame(() => this.current.resize());
+    this.showOthers();
+  }
 
   async close(tab) {
     this.forget(tab);
     tab.dispose();
     try { await this.api.fetch("DELETE", `/pty/sessions/${encodeURIComponent(tab.id)}`); } catch (_) { /* gone already */ }
+    this.showOthers();
   }
 
   forget(tab) {
