@@ -79,7 +79,7 @@ class PreviewService(PolicyListener):
 
     def url(self, port: int, label: str | None) -> str:
         """Where a browser opens ``port``'s preview."""
-        return self.routes.url(port, label, self.door_port)
+        return self.routes.url(port, label, self.door_port, self.secure)
 
     def link_url(self, port: int, token: str) -> str:
         """The URL that opens a private preview with a link."""
