@@ -51,7 +51,9 @@ class PreviewService(PolicyListener):
     ) -> None:
         super().__init__(context, description)
         self.limits = limits
-        self.exposures = ExposureTable(context.reactor.seconds)
+        self.exposures = ExposureTable(
+            context.reactor.seconds, context.reactor.callLater
+        )
         self.agent, self.pool = make_agent(context.reactor)
         self.raw = RawPool(context.reactor)
         self.door_port: int | None = None

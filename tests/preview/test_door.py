@@ -868,6 +868,29 @@ class WebSocketTests(DoorCase):
         self.assertEqual(code, 1001)
         self.assertEqual(reason, f"port {self.app_port} is no longer exposed")
 
+    @inlineCallbacks
+    def test_expiry_closes_open_sockets_on_time(self) -> None:
+        """
+        An exposure's ``ttl_seconds`` ends its open WebSocket (1001, the
+        reason) and its event stream when it passes, with no other
+        request to the door or the API to notice it.
+        """
+        reply = yield self.expose(ttl_seconds=2)
+        self.assertEqual(reply.status, 201, reply.body)
+        exposed = time.monotonic()
+        response = yield self.send("GET", "/sse")
+        collect = Collect()
+        response.deliverBody(collect)
+        ws = yield deferToThread(self.connect)
+        self.addCleanup(ws.close)
+        ws.settimeout(8)
+        code, reason = yield deferToThread(close_frame_of, ws)
+        yield collect.done
+        self.assertEqual(code, 1001)
+        self.assertEqual(reason, f"the preview of port {self.app_port} expired")
+        self.assertFalse(collect.reason.check(ResponseDone), collect.reason)
+        self.assertLess(time.monotonic() - exposed, 10)
+
 
 def close_frame_of(ws: Any) -> tuple[int | None, str]:
     """The code and reason of the close frame ``ws`` gets next (None: closed without one)."""
