@@ -99,6 +99,10 @@ LOOPBACKS = ("127.0.0.1", "::1")
 #: header lines (:attr:`Exchange.derived`).
 _HOST = "host"
 
+#: Client-address headers the door sets itself (``X-Forwarded-*`` too):
+#: a browser's own would reach the app as the address the door vouches for.
+_SET_BY_DOOR = frozenset({b"forwarded", b"x-real-ip"})
+
 #: The door's name in the metrics (as :func:`gate.audit` counts it).
 _PREVIEW = str(gate.Door.PREVIEW)
 
@@ -300,6 +304,9 @@ class Exchange:
     code: str | None = None
     rule: str | None = None
     upgrade = False
+    #: The status is the app's own answer (a 404 of its own is no
+    #: refusal of the door's: the audit line says ``allow``).
+    from_app = False
     #: Where the app is tried, in order (the first refused is dropped).
     addresses: tuple[str, ...] = LOOPBACKS
     _timer: Any = None
@@ -417,7 +424,8 @@ class Exchange:
                 # 421 is an error in the page's console on every load.
                 self.redirect = (204, [(b"cache-control", b"max-age=86400")])
                 return
-            raise misdirected(gate.host_name(self.host))
+            name = gate.host_name(self.host)
+            raise misdirected(name, self.service.routes.path_hosts(name))
         self.target = target
         if target.prefix and self._slash_missing(target):
             # ``/p/3000`` is the preview's root without its slash: the
@@ -430,7 +438,17 @@ class Exchange:
             self.redirect = (301, [(b"location", location)])
             return
         rule = self.context.policy.rules["preview_proxy"]
-        self.service.check_port(target.port, rule)
+        try:
+            self.service.check_port(target.port, rule)
+        except ApiError:
+            # To a stranger, the ports never previewed (the daemon's own
+            # among them) look like any other it may not open: a 403
+            # would map the daemon's ports.  (A public exposure the
+            # policy now denies is no secret: its visitors hear why.)
+            shown = self.service.exposures.by_port.get(target.port)
+            if (shown is None or not shown.public) and not self._known_caller(target):
+                raise link_refused("this preview needs a link or a token") from None
+            raise
         exposure = self.service.exposures.by_port.get(target.port)
         if exposure is not None:
             exposure = self.service.exposures.get(target.port)  # expired?
@@ -845,7 +863,7 @@ class Exchange:
         for lower, values in fields.items():
             if lower in drop:
                 continue
-            if lower.startswith(b"x-forwarded-") or lower == b"forwarded":
+            if lower.startswith(b"x-forwarded-") or lower in _SET_BY_DOOR:
                 if lower == b"x-forwarded-for":
                     before = values
                 continue
@@ -862,6 +880,7 @@ class Exchange:
         client = self.client.encode()
         chain = b", ".join([*before, client]) if before else client
         lines.append(b"X-Forwarded-For: " + chain)
+        lines.append(b"X-Real-IP: " + client)
         lines.append(
             b"X-Forwarded-Proto: https"
             if self.service.secure
@@ -1015,6 +1034,7 @@ class Exchange:
             return
         self.request.relay_answer(answer)
         self.status = answer.code
+        self.from_app = True
         length = answer.length
         if length is not None and length > LARGE_BODY_BYTES and self.upstream:
             # Twisted reads 64 KiB per recv: a large download would be many
@@ -1037,6 +1057,7 @@ class Exchange:
         if self.gone or self.finished or self.refusal is not None:
             return
         self.status = answer.code
+        self.from_app = True
         self.bytes_out += len(body)
         self.finished = True
         self.request.answer_whole(answer, body)
@@ -1118,6 +1139,7 @@ class Exchange:
             out.append((b"content-length", [str(length).encode()]))
         self.request.relay_head(response.code, response.phrase, out)
         self.status = response.code
+        self.from_app = True
         self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
         response.deliverBody(self.relay)
 
@@ -1208,7 +1230,8 @@ class Exchange:
 
     def _revoked(self, error: ApiError) -> None:
         """
-        A reload no longer lets the caller in: an answer the app has not
+        The caller is no longer let in (a reload, its link revoked or
+        expired: ``error`` says which): an answer the app has not
         begun is the refusal instead; one already under way (an event
         stream, a download) is cut short, so the browser sees it broken,
         never complete, and meets the refusal when it asks again.
@@ -1217,10 +1240,11 @@ class Exchange:
         if self.gone or self.finished or self.answered_early:
             return
         log.info(
-            "preview: {method} {path} of {identity} ended by the policy reload",
+            "preview: {method} {path} of {identity} ended: {why}",
             method=self.method.decode("latin-1"),
             path=self.raw_target.partition(b"?")[0].decode("latin-1"),
             identity=self.identity.id if self.identity is not None else "",
+            why=error.message,
         )
         if self.status == 0 and self.processed:
             self.refusal = error
@@ -1291,7 +1315,11 @@ class Exchange:
             self.exposure.bytes_in += self.bytes_in
             self.exposure.bytes_out += self.bytes_out
         rule = self.context.policy.rules["preview_proxy"]
-        if not should_record(rule.audit, status) and not self.context.tracer.exporting:
+        refused = False if self.from_app else None
+        if (
+            not should_record(rule.audit, status, refused)
+            and not self.context.tracer.exporting
+        ):
             # Counted, as every exchange is; neither a record nor a span
             # is built.
             self.context.metrics.request(
@@ -1316,6 +1344,7 @@ class Exchange:
             status=status,
             code=str(code) if code else None,
             decided_by=decided_by,
+            refused=refused,
             started=self.started,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,

@@ -275,6 +275,7 @@ class Upgrade:
         """A refusal of the upgrade (401, 404...) as an ordinary response."""
         exchange = self.exchange
         exchange.upgrade = False
+        exchange.from_app = True
         request = exchange.request
         request.setResponseCode(status, reason)
         request.defaultContentType = None

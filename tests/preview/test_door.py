@@ -288,6 +288,84 @@ class RoutingAndAuthTests(DoorCase):
         )
 
     @inlineCallbacks
+    def test_no_daemon_port_oracle_without_a_credential(self) -> None:
+        """
+        The daemon's own ports and the browser's debugging port answer a
+        stranger the same 401 as any port it may not open (a 403 would
+        map them); a caller who logs in still hears 403 ``port_not_allowed``.
+        """
+        for port in (self.daemon.port, self.door_port, 9222):
+            response, body = yield self.fetch(
+                "GET", "/", host=self.host(port), token=None
+            )
+            self.assertEqual(
+                (response.code, json.loads(body)["code"]), (401, "link_invalid"), port
+            )
+            response, body = yield self.fetch("GET", "/", host=self.host(port))
+            self.assertEqual(
+                (response.code, json.loads(body)["code"]), (403, "port_not_allowed")
+            )
+
+    @inlineCallbacks
+    def test_path_mode_bad_path_blames_the_path(self) -> None:
+        """
+        On a door's own name, a path that names no port is a 421 that says
+        so (the Host is right: ``/p/PORT/`` works on it).
+        """
+        for path in ("/p/abc/", "/p/", "/elsewhere"):
+            response, body = yield self.fetch(
+                "GET", path, host=f"127.0.0.1:{self.door_port}"
+            )
+            error = json.loads(body)
+            self.assertEqual(
+                (response.code, error["code"]), (421, "misdirected_request")
+            )
+            self.assertIn("the path names no preview", error["error"])
+            self.assertIn("/p/PORT/", error["error"])
+
+    @inlineCallbacks
+    def test_client_address_headers_are_the_doors(self) -> None:
+        """
+        A client's ``X-Real-IP`` never reaches the app: the app gets the
+        address the door saw, as with ``X-Forwarded-For``, on a request
+        with a body or without.
+        """
+        yield self.expose()
+        sent = {"x-real-ip": "6.6.6.6", "x-forwarded-for": "6.6.6.6"}
+        _, body = yield self.fetch("GET", "/headers", headers=sent)
+        seen = json.loads(body)["headers"]
+        self.assertEqual(seen["x-real-ip"], ["127.0.0.1"])
+        self.assertEqual(seen["x-forwarded-for"], ["6.6.6.6, 127.0.0.1"])
+        _, body = yield self.fetch(
+            "POST", "/headers", headers=sent, body=FileBodyProducer(io.BytesIO(b"x"))
+        )
+        seen = json.loads(body)["headers"]
+        self.assertEqual(seen["x-real-ip"], ["127.0.0.1"])
+
+    @inlineCallbacks
+    def test_the_apps_own_errors_are_allowed(self) -> None:
+        """
+        The app's own 404 (for a GET, and a POST that streams its body)
+        is audited ``decision: allow`` with no code: nothing refused it.
+        """
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/nothing")
+        self.assertEqual(response.code, 404)
+        response, _ = yield self.fetch(
+            "POST", "/nothing", body=FileBodyProducer(io.BytesIO(b"x"))
+        )
+        self.assertEqual(response.code, 404)
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "preview" and r["path"] == "/nothing"
+        ]
+        self.assertEqual(
+            [(r["status"], r["decision"], r["code"]) for r in lines],
+            [(404, "allow", None)] * 2,
+        )
+
+    @inlineCallbacks
     def test_two_identities_are_ambiguous(self) -> None:
         """
         ``X-Access-Token`` and ``Authorization: Bearer`` logging in as two
@@ -994,6 +1072,43 @@ class StreamReloadTests(DoorCase):
         self.assertEqual(json.loads(body)["code"], "unauthorized")
         again, _ = yield self.fetch("GET", "/")
         self.assertEqual(again.code, 401)
+
+    @inlineCallbacks
+    def test_revoked_link_ends_its_stream_and_says_so(self) -> None:
+        """
+        Revoking a link cuts the event stream it opened, and the daemon's
+        log says it was the link's revocation (no reload happened).
+        """
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        said: list[str] = []
+
+        def observe(event: Any) -> None:
+            if event.get("log_namespace") == "sandboxd.preview":
+                said.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()
+        cookie = f"sbx_p_{self.app_port}={link['token']}"
+        response = yield self.send(
+            "GET", "/sse", token=None, headers={"cookie": cookie}
+        )
+        self.assertEqual(response.code, 200)
+        events = Collect()
+        response.deliverBody(events)
+        while not events.times:
+            yield deferLater(reactor, 0.05, lambda: None)
+        gone = yield self.request("DELETE", f"/auth/links/{link['link_id']}")
+        self.assertEqual(gone.status, 200, gone.body)
+        yield events.done
+        self.assertFalse(events.reason.check(ResponseDone), events.reason)
+        ended = [line for line in said if "GET /sse" in line]
+        self.assertEqual(len(ended), 1, said)
+        self.assertIn("revoked", ended[0])
+        self.assertNotIn("reload", ended[0])
 
 
 class WebSocketLimitTests(DoorCase):
