@@ -803,6 +803,8 @@ class Exchange:
                 values = h.cookies_without_ours(values)
                 if not values:
                     continue
+            elif lower == b"origin":
+                values = self._app_origin(values)
             out.append((name, values))
         if self.exposure.host_header == "preserve":
             host = self.host
@@ -874,6 +876,8 @@ class Exchange:
                 values = h.cookies_without_ours(values)
                 if not values:
                     continue
+            elif lower == b"origin":
+                values = self._app_origin(values)
             name = canonical(lower)
             for value in values:
                 lines.append(name + b": " + value)
@@ -894,6 +898,26 @@ class Exchange:
             lines.append(b"X-Forwarded-Prefix: " + target.prefix.encode())
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
+
+    def _app_origin(self, values: list[bytes]) -> list[bytes]:
+        """
+        ``Origin`` as the app gets it: with the default ``host_header``
+        (``upstream``) the app sees ``Host: localhost:PORT``, so the
+        preview's own origin becomes ``http://localhost:PORT`` with it.
+        Apps that check a WebSocket's (or a form's) Origin against Host
+        (tornado, and so Jupyter) would otherwise refuse every one through
+        the door.  Any other origin (another site's page) is passed as it
+        came, for the app to judge.
+        """
+        exposure, target = self.exposure, self.target
+        if exposure is None or target is None or exposure.host_header == "preserve":
+            return values
+        own = b"http://localhost:%d" % target.port
+        secure = self.service.secure
+        return [
+            own if gate.same_origin(v.decode("latin-1"), self.host, secure) else v
+            for v in values
+        ]
 
     def _ours(self, values: list[bytes]) -> bool:
         """Whether an ``Authorization`` header carried our credential."""

@@ -3,9 +3,9 @@
 ``Upgrade`` requests (WebSocket, and any other): raw TCP after the app's 101.
 
 The Agent cannot carry a 101, so the door opens its own connection to the
-app, writes the request head (the Host rule and the credential stripping of
-plain requests, ``Origin`` kept), and reads the app's response head.  A 101
-goes to the browser as the app wrote it (less a cookie the door would
+app, writes the request head (the Host rule, ``Origin`` with it, and the
+credential stripping of plain requests), and reads the app's response
+head.  A 101 goes to the browser as the app wrote it (less a cookie the door would
 refuse), the browser's connection is taken over from the HTTP channel
 (:meth:`sandboxd.web.channel.SandboxChannel.take_over`), and from then on
 bytes are copied both ways with each socket the other's producer (the

@@ -11,6 +11,8 @@ import json
 import os
 import resource
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -984,6 +986,87 @@ def close_frame_of(ws: Any) -> tuple[int | None, str]:
                 int.from_bytes(frame.data[:2], "big"),
                 frame.data[2:].decode("utf-8"),
             )
+
+
+TORNADO_APP = """
+import sys, tornado.ioloop, tornado.web, tornado.websocket
+
+class Echo(tornado.websocket.WebSocketHandler):
+    def on_message(self, message):
+        self.write_message(message)
+
+app = tornado.web.Application([(r"/ws", Echo)])
+app.listen(int(sys.argv[1]), address="127.0.0.1")
+tornado.ioloop.IOLoop.current().start()
+"""
+
+
+class OriginCheckingAppTests(DoorCase):
+    """An app that checks a WebSocket's Origin against its Host (tornado's default)."""
+
+    timeout = 60
+
+    @inlineCallbacks
+    def test_tornado_websocket_through_the_door(self) -> None:
+        """
+        A page's WebSocket (its ``Origin`` the preview's own) reaches a
+        tornado app through a default exposure, whose Host the door
+        rewrites: the Origin goes with it.  Another site's Origin is
+        passed as it came, and tornado refuses it (403) as it would
+        directly.
+        """
+        try:
+            import tornado  # noqa: F401
+        except ImportError:
+            self.skipTest("tornado is not installed")
+        port = free_port()
+        app = subprocess.Popen(
+            [sys.executable, "-c", TORNADO_APP, str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def stop() -> None:
+            app.kill()
+            app.wait(timeout=10)
+
+        self.addCleanup(stop)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.fail("the tornado app did not listen within 30 s")
+                yield deferLater(reactor, 0.1, lambda: None)
+        reply = yield self.expose(port=port)
+        self.assertEqual(reply.status, 201, reply.body)
+
+        def talk(origin: str) -> str:
+            import websocket
+
+            try:
+                ws = websocket.create_connection(
+                    f"ws://127.0.0.1:{self.door_port}/ws",
+                    host=self.host(port),
+                    origin=origin,
+                    header=[f"X-Access-Token: {TOKEN}"],
+                    timeout=10,
+                )
+            except websocket.WebSocketBadStatusException as e:
+                return f"refused {e.status_code}"
+            try:
+                ws.send("hi")
+                return str(ws.recv())
+            finally:
+                ws.close()
+
+        own = yield deferToThread(talk, f"http://{self.host(port)}")
+        self.assertEqual(own, "hi")
+        foreign = yield deferToThread(talk, "http://elsewhere.example")
+        self.assertEqual(foreign, "refused 403")
 
 
 class WebSocketReloadTests(DoorCase):
