@@ -175,6 +175,23 @@ def error_page(error: ApiError) -> bytes:
     ).encode()
 
 
+def wants_events(accept: bytes | None) -> bool:
+    """Whether the client is an ``EventSource`` (it asked for an event stream)."""
+    return accept is not None and b"text/event-stream" in accept
+
+
+def retry_events(error: ApiError) -> bytes:
+    """
+    An event stream that only says why and when to come back: for an
+    ``EventSource`` a 502 or 504 (any status but 200) is final, while a
+    stream that ends is retried, as a refused connection is when the page
+    talks to the app directly.  A dev server restarting (nodemon,
+    ``--reload``) must not leave the page's live parts dead for good.
+    """
+    why = " ".join(f"{error.code}: {error.message}".split())
+    return f": {why}\nretry: {PREVIEW_RETRY_SECONDS * 1000}\n\n".encode()
+
+
 def error_response(
     error: ApiError, accept: bytes | None
 ) -> tuple[bytes, bytes, dict[str, str]]:
@@ -1201,7 +1218,11 @@ class Exchange:
         self.status = error.status
         self.code = str(error.code) if error.code else None
         self.rule = error.rule
-        kind, body, extra = error_response(error, self._accept())
+        accept = self._accept()
+        if error.status in (502, 504) and wants_events(accept):
+            self._respond_retry(error)
+            return
+        kind, body, extra = error_response(error, accept)
         request = self.request
         request.setResponseCode(error.status)
         request.setHeader(b"content-type", kind)
@@ -1209,6 +1230,24 @@ class Exchange:
         request.setHeader(b"cache-control", b"no-store")
         for key, value in extra.items():
             request.setHeader(key.encode(), value.encode())
+        self.bytes_out += len(body)
+        request.write(body)
+        self.finished = True
+        request.finish()
+
+    def _respond_retry(self, error: ApiError) -> None:
+        """
+        The app is not answering an ``EventSource``: 200, an event stream
+        naming the error in a comment and the ``retry`` delay, then its
+        end (see :func:`retry_events`).  The audit line keeps the code.
+        """
+        body = retry_events(error)
+        request = self.request
+        self.status = 200
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"content-length", str(len(body)).encode())
+        request.setHeader(b"cache-control", b"no-store")
         self.bytes_out += len(body)
         request.write(body)
         self.finished = True
