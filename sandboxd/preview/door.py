@@ -64,6 +64,8 @@ from sandboxd.policy.defaults import (
     LARGE_READ_BYTES,
     PREVIEW_DERIVED_ENTRIES,
     PREVIEW_RETRY_SECONDS,
+    PREVIEW_WS_RECLAIM_IDLE_SECONDS,
+    identity_cap,
 )
 from sandboxd.preview import headers as h
 from sandboxd.preview.answer import Answer, NotHttp, Rules
@@ -527,19 +529,74 @@ class Exchange:
 
     def _check_room(self, rule: EffectiveRule) -> None:
         """
-        :raises ApiError: 429 when ``limits.max_sessions`` upgraded
-            connections (WebSockets) are open through the door.
+        Room for one more upgraded connection (WebSocket): at most
+        ``limits.max_sessions`` through the door, and one holder (an
+        identity with the links it minted; every visitor of a public
+        preview together as ``anonymous``) at most its share of them
+        (``max_per_identity``: half when more than one can hold any), so
+        that strangers on a public preview cannot lock its owner or the
+        other identities out.  A socket idle for
+        ``PREVIEW_WS_RECLAIM_IDLE_SECONDS`` gives its place to the new
+        one (its holder's own when the share is full) rather than hold
+        it until ``ws_idle_timeout_seconds``.
+
+        :raises ApiError: 429 ``too_many_sessions`` naming the bound.
         """
         limit = rule.limits.max_sessions
-        open_now = sum(e.websockets for e in self.service.exposures.by_port.values())
-        if limit is not None and open_now >= limit:
+        if limit is None:
+            return
+        exposures = self.service.exposures.by_port.values()
+        spliced: list[Any] = [
+            item
+            for exposure in exposures
+            for item in exposure.open
+            if getattr(item, "holder", None) is not None
+        ]
+        holder = self.identity.root if self.identity is not None else "anonymous"
+        holders = len(self.context.policy.tokens.ids())
+        if any(exposure.public for exposure in exposures):
+            holders += 1
+        share = identity_cap(limit, holders, rule.limits.max_per_identity)
+        mine = [item for item in spliced if item.holder == holder]
+        if len(mine) >= share:
+            if self._reclaim(mine):
+                return
+            who = (
+                "visitors of public previews have"
+                if holder == "anonymous"
+                else "you have"
+            )
             raise limit_exceeded(
                 429,
-                f"{open_now} WebSockets are open through the preview door",
+                f"{who} {len(mine)} WebSockets open through the preview door, "
+                f"the share of {limit} one holder may have (max_per_identity); "
+                "close one first",
+                Code.TOO_MANY_SESSIONS,
+                limit_rule(rule, "max_per_identity"),
+                limit="max_per_identity",
+            )
+        if len(spliced) >= limit and not self._reclaim(spliced):
+            raise limit_exceeded(
+                429,
+                f"{len(spliced)} WebSockets are open through the preview door",
                 Code.TOO_MANY_SESSIONS,
                 limit_rule(rule, "max_sessions"),
                 limit=limit,
             )
+
+    def _reclaim(self, candidates: list[Any]) -> bool:
+        """
+        Close the longest idle of ``candidates`` (spliced upgrades) when it
+        passed no byte for ``PREVIEW_WS_RECLAIM_IDLE_SECONDS``; whether one was.
+        """
+        if not candidates:
+            return False
+        idlest = min(candidates, key=lambda item: item.last_active)
+        quiet = self.context.reactor.seconds() - idlest.last_active
+        if quiet < PREVIEW_WS_RECLAIM_IDLE_SECONDS:
+            return False
+        idlest.close(f"closed after {int(quiet)} s idle, to make room for a new one")
+        return True
 
     def _admit(self, exposure: Exposure, target: Target) -> None:
         """The gate, with the first credential that passes (see the module)."""

@@ -145,6 +145,9 @@ class Upgrade:
         self.last_active = 0.0
         self._idle: Any = None
         self.idle_closed = False
+        #: Whose place it holds among the door's WebSockets once spliced
+        #: (an identity's root, or ``anonymous``), None before and after.
+        self.holder: str | None = None
 
     def start(self) -> None:
         """Connect to the app (IPv4 loopback, then IPv6)."""
@@ -253,6 +256,9 @@ class Upgrade:
         app.registerProducer(browser, True)
         if exchange.exposure is not None:
             exchange.exposure.websockets += 1
+        identity = exchange.identity
+        self.holder = identity.root if identity is not None else "anonymous"
+        self.last_active = self.context.reactor.seconds()
         if exchange.identity is not None:
             self.held = held_connections.hold(
                 self.context,
@@ -462,6 +468,7 @@ class Upgrade:
             return
         self._done = True
         self.closed = True
+        self.holder = None
         self._stop_timer()
         held_connections.release(self.context, self.held)
         exchange = self.exchange

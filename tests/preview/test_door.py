@@ -1223,6 +1223,102 @@ class WebSocketLimitTests(DoorCase):
         self.assertIn("too_many_sessions", refused)
 
 
+class WebSocketShareTests(DoorCase):
+    """
+    One holder (an identity, or every visitor of a public preview
+    together) holds at most its share of the door's WebSockets.
+    """
+
+    policy = {
+        **POLICY,
+        "endpoints": {"preview_proxy": {"limits": {"max_sessions": 4}}},
+    }
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.private = App()
+        self.private_port = self.private.listen()
+        self.addCleanup(self.private.stop)
+        yield self.expose(public=True)
+        yield self.expose(port=self.private_port)
+
+    def open_ws(self, port: int, token: str | None) -> Any:
+        """A WebSocket to ``port``'s preview (run in a thread); its refusal as text."""
+        import websocket
+
+        try:
+            return websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws",
+                host=self.host(port),
+                header=[f"X-Access-Token: {token}"] if token else [],
+                subprotocols=["echo.v1"],
+                timeout=10,
+            )
+        except websocket.WebSocketBadStatusException as e:
+            return f"{e.status_code} {e.resp_body!r}"
+
+    @inlineCallbacks
+    def test_strangers_cannot_lock_the_owner_out(self) -> None:
+        """
+        Visitors of a public preview get their share of the door's 4
+        WebSockets (2: two tokens and the visitors), then 429 naming
+        ``max_per_identity``; the owner's WebSockets to a private preview
+        still open, up to the door's bound.
+        """
+        anonymous = []
+        for _ in range(2):
+            ws = yield deferToThread(self.open_ws, self.app_port, None)
+            self.assertNotIsInstance(ws, str)
+            self.addCleanup(ws.shutdown)
+            anonymous.append(ws)
+        refused = yield deferToThread(self.open_ws, self.app_port, None)
+        self.assertIsInstance(refused, str)
+        self.assertIn("429", refused)
+        self.assertIn("max_per_identity", refused)
+        for _ in range(2):
+            ws = yield deferToThread(self.open_ws, self.private_port, TOKEN)
+            self.assertNotIsInstance(ws, str)
+            self.addCleanup(ws.shutdown)
+
+            def echo(ws: Any = ws) -> str:
+                ws.send("owner")
+                return str(ws.recv())
+
+            self.assertEqual((yield deferToThread(echo)), "owner")
+
+    @inlineCallbacks
+    def test_an_idle_socket_gives_its_place(self) -> None:
+        """
+        With the visitors' share full of sockets that passed no byte for
+        the reclaim time, a new visitor's WebSocket opens, and the idlest
+        one is closed with 1001 saying why.
+        """
+        from sandboxd.preview import door
+
+        self.patch(door, "PREVIEW_WS_RECLAIM_IDLE_SECONDS", 0.5)
+        idle = yield deferToThread(self.open_ws, self.app_port, None)
+        self.addCleanup(idle.shutdown)
+        yield deferLater(reactor, 0.2, lambda: None)
+        busy = yield deferToThread(self.open_ws, self.app_port, None)
+        self.addCleanup(busy.shutdown)
+        yield deferLater(reactor, 0.4, lambda: None)
+
+        def talk() -> str:
+            busy.send("still here")
+            return str(busy.recv())
+
+        self.assertEqual((yield deferToThread(talk)), "still here")
+        yield deferLater(reactor, 0.3, lambda: None)
+        new = yield deferToThread(self.open_ws, self.app_port, None)
+        self.assertNotIsInstance(new, str)
+        self.addCleanup(new.shutdown)
+        code, reason = yield deferToThread(close_frame_of, idle)
+        self.assertEqual(code, 1001)
+        self.assertIn("idle", reason)
+        self.assertEqual((yield deferToThread(talk)), "still here")
+
+
 class WebSocketIdleTests(DoorCase):
     """``limits.ws_idle_timeout_seconds`` closes a spliced WebSocket nobody uses."""
 
