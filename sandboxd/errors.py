@@ -807,6 +807,23 @@ def upstream_unavailable(port: int, why: str | None = None) -> ApiError:
     )
 
 
+def listens_elsewhere(port: int, addresses: list[str]) -> ApiError:
+    """
+    502 ``upstream_unavailable``: the app listens, but only on addresses
+    the preview door does not reach (it connects to 127.0.0.1, then ::1).
+    """
+    where = ", ".join(addresses)
+    return ApiError(
+        502,
+        f"port {port} listens on {where} only; the preview door reaches 127.0.0.1 "
+        "and ::1: bind the app to 0.0.0.0 or 127.0.0.1",
+        "ConnectionError",
+        Code.UPSTREAM_UNAVAILABLE,
+        port=port,
+        listens_on=addresses,
+    )
+
+
 def server_unavailable(message: str, **extra: Any) -> ApiError:
     """
     502 ``upstream_unavailable`` for a server the daemon speaks to on a

@@ -53,6 +53,7 @@ from sandboxd.errors import (
     limit_exceeded,
     limit_rule,
     link_refused,
+    listens_elsewhere,
     misdirected,
     payload_too_large,
     unexpected,
@@ -70,7 +71,7 @@ from sandboxd.policy.defaults import (
 from sandboxd.preview import headers as h
 from sandboxd.preview.answer import Answer, NotHttp, Rules
 from sandboxd.preview.channel import DoorChannel, DoorRequest, canonical, drained
-from sandboxd.preview.exposures import Exposure
+from sandboxd.preview.exposures import LOOPBACKS, Exposure, reached
 from sandboxd.preview.rawpool import (
     BodyTransport,
     RawConnection,
@@ -93,9 +94,6 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="sandboxd.preview")
 
-#: Where the app is: loopback only, IPv4 first (an app bound to ``::1``
-#: alone, as Node binds ``localhost`` on some systems, is found next).
-LOOPBACKS = ("127.0.0.1", "::1")
 
 #: The key of a request's Host, as read, in a connection's memo of its
 #: header lines (:attr:`Exchange.derived`).
@@ -162,12 +160,16 @@ def error_page(error: ApiError) -> bytes:
         if error.status == 502
         else ""
     )
-    retry = (
-        "<p>Nothing is listening there yet. This page retries every "
-        f"{PREVIEW_RETRY_SECONDS} seconds.</p>"
-        if error.status == 502
-        else ""
-    )
+    retry = ""
+    if error.status == 502:
+        # (An app listening where the door does not reach is no app still
+        # starting: the message says what to change.)
+        nothing = (
+            "" if error.extra.get("listens_on") else "Nothing is listening there yet. "
+        )
+        retry = (
+            f"<p>{nothing}This page retries every {PREVIEW_RETRY_SECONDS} seconds.</p>"
+        )
     title = f"{error.status} {html.escape(reason_phrase(error.status))}"
     return (
         f"<!doctype html><html><head><meta charset=utf-8>{refresh}"
@@ -1095,8 +1097,37 @@ class Exchange:
                 self.addresses = self.addresses[1:]
                 self._send(self.addresses[0])
                 return
-            why = None if refused else _unusable(failure)
-            error = upstream_unavailable(self.target.port, why)
+            if refused:
+                self._refused_everywhere(self.target.port)
+                return
+            error = upstream_unavailable(self.target.port, _unusable(failure))
+        self._unavailable(error)
+
+    def _refused_everywhere(self, port: int) -> None:
+        """
+        Every loopback refused: say so, or, when the app listens only
+        where the door does not connect (the sandbox's own address), say
+        that and how to bind (asked in a thread: the kernel's table of
+        listeners may be read from ``/proc``).
+        """
+        from sandboxd import sysinfo
+
+        def told(found: dict[int, set[str]]) -> None:
+            addresses = found.get(port, set())
+            if reached(addresses):
+                self._unavailable(upstream_unavailable(port))
+            else:
+                self._unavailable(listens_elsewhere(port, sorted(addresses)))
+
+        asked = self.context.in_thread(sysinfo.listening_addresses)
+        asked.addCallbacks(
+            told, lambda _: self._unavailable(upstream_unavailable(port))
+        )
+
+    def _unavailable(self, error: ApiError) -> None:
+        """Answer ``error`` for the app's part (once the request is whole)."""
+        if self.gone or self.answered_early or self.finished:
+            return
         if self.body_producer is not None:
             self.body_producer.stopProducing()
         self.refusal = error

@@ -29,6 +29,22 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import PREVIEW_PORTS
 
+#: Where the door finds an app: loopback only, IPv4 first (an app bound to
+#: ``::1`` alone, as Node binds ``localhost`` on some systems, is found next).
+LOOPBACKS = ("127.0.0.1", "::1")
+
+#: The bound addresses through which a listener takes connections to
+#: :data:`LOOPBACKS` (the wildcards, and IPv4's loopback as IPv6 maps it).
+REACHED_ON = frozenset({*LOOPBACKS, "0.0.0.0", "::", "::ffff:127.0.0.1"})
+
+
+def reached(addresses: set[str]) -> bool:
+    """
+    Whether the door reaches a port listening on ``addresses`` (an empty
+    set: nothing is known to listen, so nothing to say against it).
+    """
+    return not addresses or not addresses.isdisjoint(REACHED_ON)
+
 
 class Closable(Protocol):
     """Something in flight to an exposed port (a request, a WebSocket)."""

@@ -1719,6 +1719,43 @@ class PreviewableTests(DoorCase):
         self.assertTrue(ports[self.app_port]["previewable"])
 
 
+class ElsewhereTests(DoorCase):
+    """An app listening only where the door does not connect (not 127.0.0.1, not ::1)."""
+
+    @inlineCallbacks
+    def test_listed_unpreviewable_and_told_how_to_bind(self) -> None:
+        """
+        An app bound to 127.0.0.2 alone (as one bound to the sandbox's own
+        address) is listed listening but not previewable; exposed, the
+        door's 502 says where it listens and how to bind it, in the JSON
+        error and the browser's page, rather than that nothing listens.
+        """
+        try:
+            listening = reactor.listenTCP(0, self.app.site, interface="127.0.0.2")
+        except Exception as e:  # no 127.0.0.0/8 route beyond .1 here
+            self.skipTest(f"cannot listen on 127.0.0.2: {e}")
+        self.addCleanup(listening.stopListening)
+        port = listening.getHost().port
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[port]["listening"])
+        self.assertFalse(ports[port]["previewable"])
+        made = yield self.expose(port=port)
+        self.assertEqual(made.status, 201, made.body)
+        response, body = yield self.fetch("GET", "/", host=self.host(port))
+        error = json.loads(body)
+        self.assertEqual((response.code, error["code"]), (502, "upstream_unavailable"))
+        self.assertIn(f"port {port} listens on 127.0.0.2 only", error["error"])
+        self.assertIn("bind the app to 0.0.0.0 or 127.0.0.1", error["error"])
+        self.assertEqual(error["listens_on"], ["127.0.0.2"])
+        response, page = yield self.fetch(
+            "GET", "/", host=self.host(port), headers={"accept": "text/html"}
+        )
+        self.assertEqual(response.code, 502)
+        self.assertIn(b"listens on 127.0.0.2 only", page)
+        self.assertNotIn(b"Nothing is listening", page)
+
+
 class NoDoorPreviewableTests(DaemonTestCase):
     """Without the door nothing can be previewed, and the listing says so."""
 

@@ -33,7 +33,8 @@ SCHEMAS: dict[str, Schema] = {
                 "(exposed: false); previewable: a preview of the port can open now "
                 "(the door listens and POST /preview/ports would not answer "
                 "port_not_allowed: not one of the daemon's own ports, inside "
-                "params.ports, outside params.deny_ports)",
+                "params.ports, outside params.deny_ports; and the port listens on "
+                "127.0.0.1, ::1 or a wildcard address, where the door connects)",
                 items="object",
             ),
         ),
@@ -188,7 +189,9 @@ SCHEMAS: dict[str, Schema] = {
                 "upstream_unavailable",
                 "nothing answers on the port (browsers get a page that retries; an"
                 " EventSource a 200 event stream asking it to retry), or the app"
-                " answered something the door cannot pass on (the message says what)",
+                " answered something the door cannot pass on (the message says what),"
+                " or it listens only where the door does not connect (listens_on"
+                " names where, the message how to bind)",
                 "ConnectionError",
             ),
             E(
