@@ -775,14 +775,18 @@ def port_not_exposed(port: int) -> ApiError:
     )
 
 
-def misdirected(host: str) -> ApiError:
-    """421 ``misdirected_request``: a Host the preview door does not serve."""
-    return ApiError(
-        421,
-        f"the Host {host!r} matches no preview",
-        "ValueError",
-        Code.MISDIRECTED_REQUEST,
+def misdirected(host: str, path_mode: bool = False) -> ApiError:
+    """
+    421 ``misdirected_request``: a Host the preview door does not serve,
+    or (``path_mode``) one of the door's own names with a path that names
+    no port.
+    """
+    message = (
+        f"the path names no preview: on {host!r} a preview is at /p/PORT/"
+        if path_mode
+        else f"the Host {host!r} matches no preview"
     )
+    return ApiError(421, message, "ValueError", Code.MISDIRECTED_REQUEST)
 
 
 def upstream_unavailable(port: int, why: str | None = None) -> ApiError:
@@ -800,6 +804,23 @@ def upstream_unavailable(port: int, why: str | None = None) -> ApiError:
         "ConnectionError",
         Code.UPSTREAM_UNAVAILABLE,
         port=port,
+    )
+
+
+def listens_elsewhere(port: int, addresses: list[str]) -> ApiError:
+    """
+    502 ``upstream_unavailable``: the app listens, but only on addresses
+    the preview door does not reach (it connects to 127.0.0.1, then ::1).
+    """
+    where = ", ".join(addresses)
+    return ApiError(
+        502,
+        f"port {port} listens on {where} only; the preview door reaches 127.0.0.1 "
+        "and ::1: bind the app to 0.0.0.0 or 127.0.0.1",
+        "ConnectionError",
+        Code.UPSTREAM_UNAVAILABLE,
+        port=port,
+        listens_on=addresses,
     )
 
 

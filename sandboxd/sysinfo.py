@@ -619,6 +619,17 @@ def listening_ports(proc: str = PROC) -> set[int]:
     return {port for _, _, port, _ in listening_sockets(proc)}
 
 
+def listening_addresses(proc: str = PROC) -> dict[int, set[str]]:
+    """
+    The addresses each listening TCP port (IPv4 or IPv6) is bound to, by
+    port, without the owners (see :func:`listening_ports`).
+    """
+    found: dict[int, set[str]] = {}
+    for _, address, port, _ in listening_sockets(proc):
+        found.setdefault(port, set()).add(address)
+    return found
+
+
 def listening(proc: str = PROC) -> list[Listening]:
     """
     Every listening TCP socket (IPv4 and IPv6) of this network namespace,

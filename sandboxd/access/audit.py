@@ -202,12 +202,17 @@ def redact_query(query: str) -> str:
     )
 
 
-def should_record(mode: str, status: int) -> bool:
-    """``all`` records everything, ``deny`` refusals and failures only."""
+def should_record(mode: str, status: int, refused: bool | None = None) -> bool:
+    """
+    ``all`` records everything, ``deny`` refusals and failures only.
+
+    :param refused: whether the call was refused or failed, when its status
+        does not say (a proxied app's own 404 is neither); None: by status.
+    """
     if mode == "all":
         return True
     if mode == "deny":
-        return status >= 400
+        return status >= 400 if refused is None else refused
     return False
 
 
@@ -366,8 +371,13 @@ def make_record(
     bytes_in: int,
     bytes_out: int,
     client: str,
+    refused: bool | None = None,
 ) -> dict[str, Any]:
-    """The fields of one audit line."""
+    """
+    The fields of one audit line.
+
+    :param refused: see :func:`should_record` (None: by status).
+    """
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "identity": identity,
@@ -377,7 +387,9 @@ def make_record(
         "query": redact_query(query),
         "status": status,
         # The seed's field: whether the call was refused or failed.
-        "decision": "deny" if status >= 400 else "allow",
+        "decision": "deny"
+        if (status >= 400 if refused is None else refused)
+        else "allow",
         "code": code,
         "rule": rule,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),

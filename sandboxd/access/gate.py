@@ -651,6 +651,7 @@ def audit(
     code: str | None,
     decided_by: str | None,
     started: float,
+    refused: bool | None = None,
     bytes_in: int = 0,
     bytes_out: int = 0,
     client: str = "",
@@ -664,6 +665,9 @@ def audit(
     hand it to the tracer (:mod:`sandboxd.access.tracing`).
 
     :param decided_by: the rule that refused the call, if one did.
+    :param refused: whether the call was refused or failed when its status
+        does not say (a proxied app's own error status is neither); None:
+        by status.
     :param extra: door-specific fields (a tool name, a procedure).
     :param headers: the call's headers (lower-cased names), for the
         caller's trace context and request id.
@@ -680,7 +684,7 @@ def audit(
             time.monotonic() - started if started else 0.0,
         )
     mode = rule.audit if rule is not None else "deny"
-    recorded = should_record(mode, status)
+    recorded = should_record(mode, status, refused)
     tracer = context.tracer
     ids = None
     # Every token the daemon knows, wherever a command printed it: a token
@@ -721,6 +725,7 @@ def audit(
         bytes_in=bytes_in,
         bytes_out=bytes_out,
         client=client,
+        refused=refused,
     )
     record["via"] = str(door)
     if identity is not None and identity.on_behalf_of is not None:

@@ -833,6 +833,12 @@ PREVIEW_DERIVED_ENTRIES = 16
 #: Preview: the browser's retry page reloads after this many seconds.
 PREVIEW_RETRY_SECONDS = 2
 
+#: Preview: a WebSocket through the door that passed no byte for this long
+#: gives its place to a new one of the same holder (or any new one, the
+#: door being full) rather than refusing it: an idle socket must not hold
+#: its place for ``ws_idle_timeout_seconds``.
+PREVIEW_WS_RECLAIM_IDLE_SECONDS = 60
+
 #: Preview: Host headers whose port and label the door remembers (per
 #: policy; a Host is matched against the patterns once, not per request).
 PREVIEW_HOST_CACHE = 256

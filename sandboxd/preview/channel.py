@@ -420,6 +420,24 @@ class DoorSite(Contract):
         """Decide and forward one plain request (it answers on ``request``)."""
 
 
+#: The start of HTTP/2's connection preface (RFC 9113 §3.4), which a
+#: client with prior knowledge sends instead of an HTTP/1.1 request.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n"
+
+#: The door's answer to it: an empty SETTINGS frame (the server's
+#: preface), then GOAWAY with HTTP_1_1_REQUIRED (0xd) and why in words,
+#: which a client reports (curl retries over HTTP/1.1) where a closed
+#: connection would be an empty reply with no reason.
+_H2_REFUSAL_TEXT = b"the preview door speaks HTTP/1.1 only"
+_H2_REFUSAL = (
+    b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    + (8 + len(_H2_REFUSAL_TEXT)).to_bytes(3, "big")
+    + b"\x07\x00\x00\x00\x00\x00"
+    + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
+    + _H2_REFUSAL_TEXT
+)
+
+
 class DoorChannel(Protocol):
     """
     One client connection to the door (see the module).
@@ -509,6 +527,11 @@ class DoorChannel(Protocol):
             while self.request is None and self.delegate is None and not self.closing:
                 if self._same_head():
                     continue
+                if self.buffer.startswith(_H2_PREFACE):
+                    self.closing = True
+                    self.transport.write(_H2_REFUSAL)
+                    self.transport.loseConnection()
+                    return
                 try:
                     head = parse_head(self.buffer)
                 except HeadError:

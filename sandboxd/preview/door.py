@@ -53,6 +53,7 @@ from sandboxd.errors import (
     limit_exceeded,
     limit_rule,
     link_refused,
+    listens_elsewhere,
     misdirected,
     payload_too_large,
     unexpected,
@@ -64,11 +65,13 @@ from sandboxd.policy.defaults import (
     LARGE_READ_BYTES,
     PREVIEW_DERIVED_ENTRIES,
     PREVIEW_RETRY_SECONDS,
+    PREVIEW_WS_RECLAIM_IDLE_SECONDS,
+    identity_cap,
 )
 from sandboxd.preview import headers as h
 from sandboxd.preview.answer import Answer, NotHttp, Rules
 from sandboxd.preview.channel import DoorChannel, DoorRequest, canonical, drained
-from sandboxd.preview.exposures import Exposure
+from sandboxd.preview.exposures import LOOPBACKS, Exposure, reached
 from sandboxd.preview.rawpool import (
     BodyTransport,
     RawConnection,
@@ -91,13 +94,14 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="sandboxd.preview")
 
-#: Where the app is: loopback only, IPv4 first (an app bound to ``::1``
-#: alone, as Node binds ``localhost`` on some systems, is found next).
-LOOPBACKS = ("127.0.0.1", "::1")
 
 #: The key of a request's Host, as read, in a connection's memo of its
 #: header lines (:attr:`Exchange.derived`).
 _HOST = "host"
+
+#: Client-address headers the door sets itself (``X-Forwarded-*`` too):
+#: a browser's own would reach the app as the address the door vouches for.
+_SET_BY_DOOR = frozenset({b"forwarded", b"x-real-ip"})
 
 #: The door's name in the metrics (as :func:`gate.audit` counts it).
 _PREVIEW = str(gate.Door.PREVIEW)
@@ -156,12 +160,16 @@ def error_page(error: ApiError) -> bytes:
         if error.status == 502
         else ""
     )
-    retry = (
-        "<p>Nothing is listening there yet. This page retries every "
-        f"{PREVIEW_RETRY_SECONDS} seconds.</p>"
-        if error.status == 502
-        else ""
-    )
+    retry = ""
+    if error.status == 502:
+        # (An app listening where the door does not reach is no app still
+        # starting: the message says what to change.)
+        nothing = (
+            "" if error.extra.get("listens_on") else "Nothing is listening there yet. "
+        )
+        retry = (
+            f"<p>{nothing}This page retries every {PREVIEW_RETRY_SECONDS} seconds.</p>"
+        )
     title = f"{error.status} {html.escape(reason_phrase(error.status))}"
     return (
         f"<!doctype html><html><head><meta charset=utf-8>{refresh}"
@@ -169,6 +177,23 @@ def error_page(error: ApiError) -> bytes:
         f"<p>{html.escape(error.message)}</p>{retry}"
         f"<p><code>{html.escape(str(error.code or ''))}</code></p></body></html>"
     ).encode()
+
+
+def wants_events(accept: bytes | None) -> bool:
+    """Whether the client is an ``EventSource`` (it asked for an event stream)."""
+    return accept is not None and b"text/event-stream" in accept
+
+
+def retry_events(error: ApiError) -> bytes:
+    """
+    An event stream that only says why and when to come back: for an
+    ``EventSource`` a 502 or 504 (any status but 200) is final, while a
+    stream that ends is retried, as a refused connection is when the page
+    talks to the app directly.  A dev server restarting (nodemon,
+    ``--reload``) must not leave the page's live parts dead for good.
+    """
+    why = " ".join(f"{error.code}: {error.message}".split())
+    return f": {why}\nretry: {PREVIEW_RETRY_SECONDS * 1000}\n\n".encode()
 
 
 def error_response(
@@ -300,6 +325,9 @@ class Exchange:
     code: str | None = None
     rule: str | None = None
     upgrade = False
+    #: The status is the app's own answer (a 404 of its own is no
+    #: refusal of the door's: the audit line says ``allow``).
+    from_app = False
     #: Where the app is tried, in order (the first refused is dropped).
     addresses: tuple[str, ...] = LOOPBACKS
     _timer: Any = None
@@ -417,7 +445,8 @@ class Exchange:
                 # 421 is an error in the page's console on every load.
                 self.redirect = (204, [(b"cache-control", b"max-age=86400")])
                 return
-            raise misdirected(gate.host_name(self.host))
+            name = gate.host_name(self.host)
+            raise misdirected(name, self.service.routes.path_hosts(name))
         self.target = target
         if target.prefix and self._slash_missing(target):
             # ``/p/3000`` is the preview's root without its slash: the
@@ -430,7 +459,17 @@ class Exchange:
             self.redirect = (301, [(b"location", location)])
             return
         rule = self.context.policy.rules["preview_proxy"]
-        self.service.check_port(target.port, rule)
+        try:
+            self.service.check_port(target.port, rule)
+        except ApiError:
+            # To a stranger, the ports never previewed (the daemon's own
+            # among them) look like any other it may not open: a 403
+            # would map the daemon's ports.  (A public exposure the
+            # policy now denies is no secret: its visitors hear why.)
+            shown = self.service.exposures.by_port.get(target.port)
+            if (shown is None or not shown.public) and not self._known_caller(target):
+                raise link_refused("this preview needs a link or a token") from None
+            raise
         exposure = self.service.exposures.by_port.get(target.port)
         if exposure is not None:
             exposure = self.service.exposures.get(target.port)  # expired?
@@ -492,19 +531,74 @@ class Exchange:
 
     def _check_room(self, rule: EffectiveRule) -> None:
         """
-        :raises ApiError: 429 when ``limits.max_sessions`` upgraded
-            connections (WebSockets) are open through the door.
+        Room for one more upgraded connection (WebSocket): at most
+        ``limits.max_sessions`` through the door, and one holder (an
+        identity with the links it minted; every visitor of a public
+        preview together as ``anonymous``) at most its share of them
+        (``max_per_identity``: half when more than one can hold any), so
+        that strangers on a public preview cannot lock its owner or the
+        other identities out.  A socket idle for
+        ``PREVIEW_WS_RECLAIM_IDLE_SECONDS`` gives its place to the new
+        one (its holder's own when the share is full) rather than hold
+        it until ``ws_idle_timeout_seconds``.
+
+        :raises ApiError: 429 ``too_many_sessions`` naming the bound.
         """
         limit = rule.limits.max_sessions
-        open_now = sum(e.websockets for e in self.service.exposures.by_port.values())
-        if limit is not None and open_now >= limit:
+        if limit is None:
+            return
+        exposures = self.service.exposures.by_port.values()
+        spliced: list[Any] = [
+            item
+            for exposure in exposures
+            for item in exposure.open
+            if getattr(item, "holder", None) is not None
+        ]
+        holder = self.identity.root if self.identity is not None else "anonymous"
+        holders = len(self.context.policy.tokens.ids())
+        if any(exposure.public for exposure in exposures):
+            holders += 1
+        share = identity_cap(limit, holders, rule.limits.max_per_identity)
+        mine = [item for item in spliced if item.holder == holder]
+        if len(mine) >= share:
+            if self._reclaim(mine):
+                return
+            who = (
+                "visitors of public previews have"
+                if holder == "anonymous"
+                else "you have"
+            )
             raise limit_exceeded(
                 429,
-                f"{open_now} WebSockets are open through the preview door",
+                f"{who} {len(mine)} WebSockets open through the preview door, "
+                f"the share of {limit} one holder may have (max_per_identity); "
+                "close one first",
+                Code.TOO_MANY_SESSIONS,
+                limit_rule(rule, "max_per_identity"),
+                limit="max_per_identity",
+            )
+        if len(spliced) >= limit and not self._reclaim(spliced):
+            raise limit_exceeded(
+                429,
+                f"{len(spliced)} WebSockets are open through the preview door",
                 Code.TOO_MANY_SESSIONS,
                 limit_rule(rule, "max_sessions"),
                 limit=limit,
             )
+
+    def _reclaim(self, candidates: list[Any]) -> bool:
+        """
+        Close the longest idle of ``candidates`` (spliced upgrades) when it
+        passed no byte for ``PREVIEW_WS_RECLAIM_IDLE_SECONDS``; whether one was.
+        """
+        if not candidates:
+            return False
+        idlest = min(candidates, key=lambda item: item.last_active)
+        quiet = self.context.reactor.seconds() - idlest.last_active
+        if quiet < PREVIEW_WS_RECLAIM_IDLE_SECONDS:
+            return False
+        idlest.close(f"closed after {int(quiet)} s idle, to make room for a new one")
+        return True
 
     def _admit(self, exposure: Exposure, target: Target) -> None:
         """The gate, with the first credential that passes (see the module)."""
@@ -785,6 +879,8 @@ class Exchange:
                 values = h.cookies_without_ours(values)
                 if not values:
                     continue
+            elif lower == b"origin":
+                values = self._app_origin(values)
             out.append((name, values))
         if self.exposure.host_header == "preserve":
             host = self.host
@@ -845,7 +941,7 @@ class Exchange:
         for lower, values in fields.items():
             if lower in drop:
                 continue
-            if lower.startswith(b"x-forwarded-") or lower == b"forwarded":
+            if lower.startswith(b"x-forwarded-") or lower in _SET_BY_DOOR:
                 if lower == b"x-forwarded-for":
                     before = values
                 continue
@@ -856,12 +952,15 @@ class Exchange:
                 values = h.cookies_without_ours(values)
                 if not values:
                     continue
+            elif lower == b"origin":
+                values = self._app_origin(values)
             name = canonical(lower)
             for value in values:
                 lines.append(name + b": " + value)
         client = self.client.encode()
         chain = b", ".join([*before, client]) if before else client
         lines.append(b"X-Forwarded-For: " + chain)
+        lines.append(b"X-Real-IP: " + client)
         lines.append(
             b"X-Forwarded-Proto: https"
             if self.service.secure
@@ -875,6 +974,26 @@ class Exchange:
             lines.append(b"X-Forwarded-Prefix: " + target.prefix.encode())
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
+
+    def _app_origin(self, values: list[bytes]) -> list[bytes]:
+        """
+        ``Origin`` as the app gets it: with the default ``host_header``
+        (``upstream``) the app sees ``Host: localhost:PORT``, so the
+        preview's own origin becomes ``http://localhost:PORT`` with it.
+        Apps that check a WebSocket's (or a form's) Origin against Host
+        (tornado, and so Jupyter) would otherwise refuse every one through
+        the door.  Any other origin (another site's page) is passed as it
+        came, for the app to judge.
+        """
+        exposure, target = self.exposure, self.target
+        if exposure is None or target is None or exposure.host_header == "preserve":
+            return values
+        own = b"http://localhost:%d" % target.port
+        secure = self.service.secure
+        return [
+            own if gate.same_origin(v.decode("latin-1"), self.host, secure) else v
+            for v in values
+        ]
 
     def _ours(self, values: list[bytes]) -> bool:
         """Whether an ``Authorization`` header carried our credential."""
@@ -978,8 +1097,37 @@ class Exchange:
                 self.addresses = self.addresses[1:]
                 self._send(self.addresses[0])
                 return
-            why = None if refused else _unusable(failure)
-            error = upstream_unavailable(self.target.port, why)
+            if refused:
+                self._refused_everywhere(self.target.port)
+                return
+            error = upstream_unavailable(self.target.port, _unusable(failure))
+        self._unavailable(error)
+
+    def _refused_everywhere(self, port: int) -> None:
+        """
+        Every loopback refused: say so, or, when the app listens only
+        where the door does not connect (the sandbox's own address), say
+        that and how to bind (asked in a thread: the kernel's table of
+        listeners may be read from ``/proc``).
+        """
+        from sandboxd import sysinfo
+
+        def told(found: dict[int, set[str]]) -> None:
+            addresses = found.get(port, set())
+            if reached(addresses):
+                self._unavailable(upstream_unavailable(port))
+            else:
+                self._unavailable(listens_elsewhere(port, sorted(addresses)))
+
+        asked = self.context.in_thread(sysinfo.listening_addresses)
+        asked.addCallbacks(
+            told, lambda _: self._unavailable(upstream_unavailable(port))
+        )
+
+    def _unavailable(self, error: ApiError) -> None:
+        """Answer ``error`` for the app's part (once the request is whole)."""
+        if self.gone or self.answered_early or self.finished:
+            return
         if self.body_producer is not None:
             self.body_producer.stopProducing()
         self.refusal = error
@@ -1015,6 +1163,7 @@ class Exchange:
             return
         self.request.relay_answer(answer)
         self.status = answer.code
+        self.from_app = True
         length = answer.length
         if length is not None and length > LARGE_BODY_BYTES and self.upstream:
             # Twisted reads 64 KiB per recv: a large download would be many
@@ -1037,6 +1186,7 @@ class Exchange:
         if self.gone or self.finished or self.refusal is not None:
             return
         self.status = answer.code
+        self.from_app = True
         self.bytes_out += len(body)
         self.finished = True
         self.request.answer_whole(answer, body)
@@ -1118,6 +1268,7 @@ class Exchange:
             out.append((b"content-length", [str(length).encode()]))
         self.request.relay_head(response.code, response.phrase, out)
         self.status = response.code
+        self.from_app = True
         self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
         response.deliverBody(self.relay)
 
@@ -1155,7 +1306,11 @@ class Exchange:
         self.status = error.status
         self.code = str(error.code) if error.code else None
         self.rule = error.rule
-        kind, body, extra = error_response(error, self._accept())
+        accept = self._accept()
+        if error.status in (502, 504) and wants_events(accept):
+            self._respond_retry(error)
+            return
+        kind, body, extra = error_response(error, accept)
         request = self.request
         request.setResponseCode(error.status)
         request.setHeader(b"content-type", kind)
@@ -1163,6 +1318,24 @@ class Exchange:
         request.setHeader(b"cache-control", b"no-store")
         for key, value in extra.items():
             request.setHeader(key.encode(), value.encode())
+        self.bytes_out += len(body)
+        request.write(body)
+        self.finished = True
+        request.finish()
+
+    def _respond_retry(self, error: ApiError) -> None:
+        """
+        The app is not answering an ``EventSource``: 200, an event stream
+        naming the error in a comment and the ``retry`` delay, then its
+        end (see :func:`retry_events`).  The audit line keeps the code.
+        """
+        body = retry_events(error)
+        request = self.request
+        self.status = 200
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"content-length", str(len(body)).encode())
+        request.setHeader(b"cache-control", b"no-store")
         self.bytes_out += len(body)
         request.write(body)
         self.finished = True
@@ -1208,7 +1381,8 @@ class Exchange:
 
     def _revoked(self, error: ApiError) -> None:
         """
-        A reload no longer lets the caller in: an answer the app has not
+        The caller is no longer let in (a reload, its link revoked or
+        expired: ``error`` says which): an answer the app has not
         begun is the refusal instead; one already under way (an event
         stream, a download) is cut short, so the browser sees it broken,
         never complete, and meets the refusal when it asks again.
@@ -1217,10 +1391,11 @@ class Exchange:
         if self.gone or self.finished or self.answered_early:
             return
         log.info(
-            "preview: {method} {path} of {identity} ended by the policy reload",
+            "preview: {method} {path} of {identity} ended: {why}",
             method=self.method.decode("latin-1"),
             path=self.raw_target.partition(b"?")[0].decode("latin-1"),
             identity=self.identity.id if self.identity is not None else "",
+            why=error.message,
         )
         if self.status == 0 and self.processed:
             self.refusal = error
@@ -1291,7 +1466,11 @@ class Exchange:
             self.exposure.bytes_in += self.bytes_in
             self.exposure.bytes_out += self.bytes_out
         rule = self.context.policy.rules["preview_proxy"]
-        if not should_record(rule.audit, status) and not self.context.tracer.exporting:
+        refused = False if self.from_app else None
+        if (
+            not should_record(rule.audit, status, refused)
+            and not self.context.tracer.exporting
+        ):
             # Counted, as every exchange is; neither a record nor a span
             # is built.
             self.context.metrics.request(
@@ -1316,6 +1495,7 @@ class Exchange:
             status=status,
             code=str(code) if code else None,
             decided_by=decided_by,
+            refused=refused,
             started=self.started,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,

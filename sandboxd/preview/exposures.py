@@ -29,6 +29,22 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import PREVIEW_PORTS
 
+#: Where the door finds an app: loopback only, IPv4 first (an app bound to
+#: ``::1`` alone, as Node binds ``localhost`` on some systems, is found next).
+LOOPBACKS = ("127.0.0.1", "::1")
+
+#: The bound addresses through which a listener takes connections to
+#: :data:`LOOPBACKS` (the wildcards, and IPv4's loopback as IPv6 maps it).
+REACHED_ON = frozenset({*LOOPBACKS, "0.0.0.0", "::", "::ffff:127.0.0.1"})
+
+
+def reached(addresses: set[str]) -> bool:
+    """
+    Whether the door reaches a port listening on ``addresses`` (an empty
+    set: nothing is known to listen, so nothing to say against it).
+    """
+    return not addresses or not addresses.isdisjoint(REACHED_ON)
+
 
 class Closable(Protocol):
     """Something in flight to an exposed port (a request, a WebSocket)."""
@@ -137,10 +153,29 @@ class Exposure:
 
 
 class ExposureTable:
-    """The exposed ports, by port; expired exposures end when next looked at."""
+    """
+    The exposed ports, by port.  An exposure past its ``ttl_seconds`` ends
+    on a timer, with what is open through it (a WebSocket, an event
+    stream, a download): an exposure for ten minutes must leave the app
+    unreachable after ten minutes, not at the next look-up, which may be
+    never.  A look-up ends it too (the timer may be a moment late).
+    """
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        call_later: Callable[..., Any] | None = None,
+    ) -> None:
+        """
+        :param clock: the time now (seconds).
+        :param call_later: the reactor's ``callLater`` (None: expiry only at
+            a look-up, for tests of the table alone).
+        """
         self._clock = clock
+        self._call_later = call_later
+        #: The timer set for :attr:`_due`, and the time it was set for.
+        self._timer: Any = None
+        self._timer_at: float | None = None
         self.by_port: dict[int, Exposure] = {}
         #: No exposure expires before this (None: none has a ``ttl``), so
         #: that a look-up walks the table only when one may have expired.
@@ -216,7 +251,31 @@ class ExposureTable:
         ends = exposure.expires_at
         if ends is not None and (self._due is None or ends < self._due):
             self._due = ends
+            self._schedule()
         return exposure
+
+    def _schedule(self) -> None:
+        """One timer, at :attr:`_due` (the earliest ``expires_at``)."""
+        if self._call_later is None:
+            return
+        timer = self._timer
+        if timer is not None and timer.active():
+            if self._timer_at == self._due:
+                return
+            timer.cancel()
+        self._timer = self._timer_at = None
+        if self._due is None:
+            return
+        self._timer_at = self._due
+        self._timer = self._call_later(
+            max(0.0, self._due - self._clock()), self._expire
+        )
+
+    def _expire(self) -> None:
+        """The timer: end what is due, and wait for the next one."""
+        self._timer = self._timer_at = None
+        self.prune()
+        self._schedule()
 
     def prune(self) -> None:
         """End the exposures past their ``ttl_seconds``."""
@@ -236,6 +295,7 @@ class ExposureTable:
             elif due is None or ends < due:
                 due = ends
         self._due = due
+        self._schedule()
 
     def get(self, port: int) -> Exposure:
         """
@@ -292,4 +352,5 @@ class ExposureTable:
             exposure.close_all("the preview door closed")
         self.by_port.clear()
         self._due = None
+        self._schedule()
         return ports

@@ -134,15 +134,22 @@ def forwarded(
     port: int | None,
     prefix: str,
 ) -> RawHeaders:
-    """``X-Forwarded-For/-Proto/-Host/-Port`` (and ``-Prefix`` in path mode)."""
+    """
+    ``X-Forwarded-For/-Proto/-Host/-Port`` (and ``-Prefix`` in path mode),
+    and ``X-Real-IP`` (the client, as nginx sets it): the browser's own
+    ``X-Real-IP`` and ``Forwarded`` never reach the app, which would take
+    them for an address the door vouches for (its rate limits, its logs).
+    """
     before = [v for n, vs in headers if n.lower() == b"x-forwarded-for" for v in vs]
     out = [
         (n, vs)
         for n, vs in headers
-        if not n.lower().startswith(b"x-forwarded-") and n.lower() != b"forwarded"
+        if not n.lower().startswith(b"x-forwarded-")
+        and n.lower() not in (b"forwarded", b"x-real-ip")
     ]
     chain = b", ".join([*before, client.encode()]) if before else client.encode()
     out.append((b"X-Forwarded-For", [chain]))
+    out.append((b"X-Real-IP", [client.encode()]))
     out.append((b"X-Forwarded-Proto", [proto.encode()]))
     out.append((b"X-Forwarded-Host", [host.encode("latin-1")]))
     if port is not None:

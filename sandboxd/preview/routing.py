@@ -126,10 +126,16 @@ class Routes:
                 return int(m.group(1)), m.group(2)
         return None
 
-    def url(self, port: int, label: str | None, door_port: int | None) -> str:
+    def url(
+        self, port: int, label: str | None, door_port: int | None, secure: bool = False
+    ) -> str:
         """
         The URL a browser opens for ``port``: the label is in it in every
         mode, since a labelled exposure answers to its label only.
+
+        :param secure: the door listens with TLS: its URLs are ``https``
+            (plain HTTP to a TLS door gets no answer at all, which a
+            browser shows as an empty response with no hint why).
         """
         name = f"{port}-{label}" if label else str(port)
         if self.public_url is not None:
@@ -137,7 +143,8 @@ class Routes:
                 return self.public_url.replace("{port}", name) + "/"
             return f"{self.public_url}/p/{name}/"
         suffix = f":{door_port}" if door_port else ""
-        return f"http://{name}.{self.domain}{suffix}/"
+        scheme = "https" if secure else "http"
+        return f"{scheme}://{name}.{self.domain}{suffix}/"
 
 
 def _target(port: int, label: str | None, prefix: str, path: bytes) -> Target | None:

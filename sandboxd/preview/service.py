@@ -51,7 +51,9 @@ class PreviewService(PolicyListener):
     ) -> None:
         super().__init__(context, description)
         self.limits = limits
-        self.exposures = ExposureTable(context.reactor.seconds)
+        self.exposures = ExposureTable(
+            context.reactor.seconds, context.reactor.callLater
+        )
         self.agent, self.pool = make_agent(context.reactor)
         self.raw = RawPool(context.reactor)
         self.door_port: int | None = None
@@ -79,7 +81,7 @@ class PreviewService(PolicyListener):
 
     def url(self, port: int, label: str | None) -> str:
         """Where a browser opens ``port``'s preview."""
-        return self.routes.url(port, label, self.door_port)
+        return self.routes.url(port, label, self.door_port, self.secure)
 
     def link_url(self, port: int, token: str) -> str:
         """The URL that opens a private preview with a link."""

@@ -3,9 +3,9 @@
 ``Upgrade`` requests (WebSocket, and any other): raw TCP after the app's 101.
 
 The Agent cannot carry a 101, so the door opens its own connection to the
-app, writes the request head (the Host rule and the credential stripping of
-plain requests, ``Origin`` kept), and reads the app's response head.  A 101
-goes to the browser as the app wrote it (less a cookie the door would
+app, writes the request head (the Host rule, ``Origin`` with it, and the
+credential stripping of plain requests), and reads the app's response
+head.  A 101 goes to the browser as the app wrote it (less a cookie the door would
 refuse), the browser's connection is taken over from the HTTP channel
 (:meth:`sandboxd.web.channel.SandboxChannel.take_over`), and from then on
 bytes are copied both ways with each socket the other's producer (the
@@ -145,6 +145,9 @@ class Upgrade:
         self.last_active = 0.0
         self._idle: Any = None
         self.idle_closed = False
+        #: Whose place it holds among the door's WebSockets once spliced
+        #: (an identity's root, or ``anonymous``), None before and after.
+        self.holder: str | None = None
 
     def start(self) -> None:
         """Connect to the app (IPv4 loopback, then IPv6)."""
@@ -253,6 +256,9 @@ class Upgrade:
         app.registerProducer(browser, True)
         if exchange.exposure is not None:
             exchange.exposure.websockets += 1
+        identity = exchange.identity
+        self.holder = identity.root if identity is not None else "anonymous"
+        self.last_active = self.context.reactor.seconds()
         if exchange.identity is not None:
             self.held = held_connections.hold(
                 self.context,
@@ -275,6 +281,7 @@ class Upgrade:
         """A refusal of the upgrade (401, 404...) as an ordinary response."""
         exchange = self.exchange
         exchange.upgrade = False
+        exchange.from_app = True
         request = exchange.request
         request.setResponseCode(status, reason)
         request.defaultContentType = None
@@ -461,6 +468,7 @@ class Upgrade:
             return
         self._done = True
         self.closed = True
+        self.holder = None
         self._stop_timer()
         held_connections.release(self.context, self.held)
         exchange = self.exchange

@@ -84,9 +84,21 @@ def _previewable(request: ServerRequest, door: Any) -> Callable[[int], bool]:
 
 async def preview_ports_list(request: ServerRequest) -> dict[str, Any]:
     """``GET /preview/ports``: every exposure, then every other listening port."""
-    listening = await _listening(request)
+    from sandboxd import sysinfo
+    from sandboxd.preview.exposures import reached
+
+    bound: dict[int, set[str]] = await request.context.in_thread(
+        sysinfo.listening_addresses
+    )
+    listening = set(bound)
     door = request.context.preview
-    previewable = _previewable(request, door)
+    allowed = _previewable(request, door)
+
+    def previewable(port: int) -> bool:
+        # An app bound only to the sandbox's own address listens, but the
+        # door (which connects to loopback) would only ever answer 502.
+        return allowed(port) and reached(bound.get(port, set()))
+
     ports: list[dict[str, Any]] = []
     exposed: set[int] = set()
     if door is not None:

@@ -413,3 +413,29 @@ class BadChunkTests(DoorCase):
         ((status, _fields, body),) = responses(raw)
         self.assertEqual(status, 400)
         self.assertEqual(json.loads(body)["code"], "malformed_request")
+
+
+class PriorKnowledgeTests(DoorCase):
+    """HTTP/2 with prior knowledge gets a refusal it can report, not an empty reply."""
+
+    @inlineCallbacks
+    def test_h2_preface_gets_goaway(self) -> None:
+        """
+        The HTTP/2 connection preface is answered with the server's
+        SETTINGS and a GOAWAY of ``HTTP_1_1_REQUIRED`` (0xd) saying why,
+        then the connection is closed; HTTP/1.1 on the next connection works.
+        """
+        yield self.expose(public=True)
+        settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # empty, stream 0
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings
+        raw, _ = yield deferToThread(talk, self.door_port, preface)
+        self.assertEqual(raw[:9], settings)
+        length = int.from_bytes(raw[9:12], "big")
+        self.assertEqual(raw[12], 0x7)  # GOAWAY
+        payload = raw[18 : 18 + length]
+        self.assertEqual(int.from_bytes(payload[4:8], "big"), 0xD)
+        self.assertIn(b"HTTP/1.1 only", payload[8:])
+        raw, _ = yield deferToThread(
+            talk, self.door_port, get("/", self.host(), "Connection: close")
+        )
+        self.assertEqual(responses(raw)[0][0], 200)

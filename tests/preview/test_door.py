@@ -11,6 +11,8 @@ import json
 import os
 import resource
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -285,6 +287,84 @@ class RoutingAndAuthTests(DoorCase):
         response, body = yield self.fetch("GET", "/", host=self.host(unexposed))
         self.assertEqual(
             (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+
+    @inlineCallbacks
+    def test_no_daemon_port_oracle_without_a_credential(self) -> None:
+        """
+        The daemon's own ports and the browser's debugging port answer a
+        stranger the same 401 as any port it may not open (a 403 would
+        map them); a caller who logs in still hears 403 ``port_not_allowed``.
+        """
+        for port in (self.daemon.port, self.door_port, 9222):
+            response, body = yield self.fetch(
+                "GET", "/", host=self.host(port), token=None
+            )
+            self.assertEqual(
+                (response.code, json.loads(body)["code"]), (401, "link_invalid"), port
+            )
+            response, body = yield self.fetch("GET", "/", host=self.host(port))
+            self.assertEqual(
+                (response.code, json.loads(body)["code"]), (403, "port_not_allowed")
+            )
+
+    @inlineCallbacks
+    def test_path_mode_bad_path_blames_the_path(self) -> None:
+        """
+        On a door's own name, a path that names no port is a 421 that says
+        so (the Host is right: ``/p/PORT/`` works on it).
+        """
+        for path in ("/p/abc/", "/p/", "/elsewhere"):
+            response, body = yield self.fetch(
+                "GET", path, host=f"127.0.0.1:{self.door_port}"
+            )
+            error = json.loads(body)
+            self.assertEqual(
+                (response.code, error["code"]), (421, "misdirected_request")
+            )
+            self.assertIn("the path names no preview", error["error"])
+            self.assertIn("/p/PORT/", error["error"])
+
+    @inlineCallbacks
+    def test_client_address_headers_are_the_doors(self) -> None:
+        """
+        A client's ``X-Real-IP`` never reaches the app: the app gets the
+        address the door saw, as with ``X-Forwarded-For``, on a request
+        with a body or without.
+        """
+        yield self.expose()
+        sent = {"x-real-ip": "6.6.6.6", "x-forwarded-for": "6.6.6.6"}
+        _, body = yield self.fetch("GET", "/headers", headers=sent)
+        seen = json.loads(body)["headers"]
+        self.assertEqual(seen["x-real-ip"], ["127.0.0.1"])
+        self.assertEqual(seen["x-forwarded-for"], ["6.6.6.6, 127.0.0.1"])
+        _, body = yield self.fetch(
+            "POST", "/headers", headers=sent, body=FileBodyProducer(io.BytesIO(b"x"))
+        )
+        seen = json.loads(body)["headers"]
+        self.assertEqual(seen["x-real-ip"], ["127.0.0.1"])
+
+    @inlineCallbacks
+    def test_the_apps_own_errors_are_allowed(self) -> None:
+        """
+        The app's own 404 (for a GET, and a POST that streams its body)
+        is audited ``decision: allow`` with no code: nothing refused it.
+        """
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/nothing")
+        self.assertEqual(response.code, 404)
+        response, _ = yield self.fetch(
+            "POST", "/nothing", body=FileBodyProducer(io.BytesIO(b"x"))
+        )
+        self.assertEqual(response.code, 404)
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "preview" and r["path"] == "/nothing"
+        ]
+        self.assertEqual(
+            [(r["status"], r["decision"], r["code"]) for r in lines],
+            [(404, "allow", None)] * 2,
         )
 
     @inlineCallbacks
@@ -868,6 +948,29 @@ class WebSocketTests(DoorCase):
         self.assertEqual(code, 1001)
         self.assertEqual(reason, f"port {self.app_port} is no longer exposed")
 
+    @inlineCallbacks
+    def test_expiry_closes_open_sockets_on_time(self) -> None:
+        """
+        An exposure's ``ttl_seconds`` ends its open WebSocket (1001, the
+        reason) and its event stream when it passes, with no other
+        request to the door or the API to notice it.
+        """
+        reply = yield self.expose(ttl_seconds=2)
+        self.assertEqual(reply.status, 201, reply.body)
+        exposed = time.monotonic()
+        response = yield self.send("GET", "/sse")
+        collect = Collect()
+        response.deliverBody(collect)
+        ws = yield deferToThread(self.connect)
+        self.addCleanup(ws.close)
+        ws.settimeout(8)
+        code, reason = yield deferToThread(close_frame_of, ws)
+        yield collect.done
+        self.assertEqual(code, 1001)
+        self.assertEqual(reason, f"the preview of port {self.app_port} expired")
+        self.assertFalse(collect.reason.check(ResponseDone), collect.reason)
+        self.assertLess(time.monotonic() - exposed, 10)
+
 
 def close_frame_of(ws: Any) -> tuple[int | None, str]:
     """The code and reason of the close frame ``ws`` gets next (None: closed without one)."""
@@ -883,6 +986,87 @@ def close_frame_of(ws: Any) -> tuple[int | None, str]:
                 int.from_bytes(frame.data[:2], "big"),
                 frame.data[2:].decode("utf-8"),
             )
+
+
+TORNADO_APP = """
+import sys, tornado.ioloop, tornado.web, tornado.websocket
+
+class Echo(tornado.websocket.WebSocketHandler):
+    def on_message(self, message):
+        self.write_message(message)
+
+app = tornado.web.Application([(r"/ws", Echo)])
+app.listen(int(sys.argv[1]), address="127.0.0.1")
+tornado.ioloop.IOLoop.current().start()
+"""
+
+
+class OriginCheckingAppTests(DoorCase):
+    """An app that checks a WebSocket's Origin against its Host (tornado's default)."""
+
+    timeout = 60
+
+    @inlineCallbacks
+    def test_tornado_websocket_through_the_door(self) -> None:
+        """
+        A page's WebSocket (its ``Origin`` the preview's own) reaches a
+        tornado app through a default exposure, whose Host the door
+        rewrites: the Origin goes with it.  Another site's Origin is
+        passed as it came, and tornado refuses it (403) as it would
+        directly.
+        """
+        try:
+            import tornado  # noqa: F401
+        except ImportError:
+            self.skipTest("tornado is not installed")
+        port = free_port()
+        app = subprocess.Popen(
+            [sys.executable, "-c", TORNADO_APP, str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def stop() -> None:
+            app.kill()
+            app.wait(timeout=10)
+
+        self.addCleanup(stop)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.fail("the tornado app did not listen within 30 s")
+                yield deferLater(reactor, 0.1, lambda: None)
+        reply = yield self.expose(port=port)
+        self.assertEqual(reply.status, 201, reply.body)
+
+        def talk(origin: str) -> str:
+            import websocket
+
+            try:
+                ws = websocket.create_connection(
+                    f"ws://127.0.0.1:{self.door_port}/ws",
+                    host=self.host(port),
+                    origin=origin,
+                    header=[f"X-Access-Token: {TOKEN}"],
+                    timeout=10,
+                )
+            except websocket.WebSocketBadStatusException as e:
+                return f"refused {e.status_code}"
+            try:
+                ws.send("hi")
+                return str(ws.recv())
+            finally:
+                ws.close()
+
+        own = yield deferToThread(talk, f"http://{self.host(port)}")
+        self.assertEqual(own, "hi")
+        foreign = yield deferToThread(talk, "http://elsewhere.example")
+        self.assertEqual(foreign, "refused 403")
 
 
 class WebSocketReloadTests(DoorCase):
@@ -972,6 +1156,43 @@ class StreamReloadTests(DoorCase):
         again, _ = yield self.fetch("GET", "/")
         self.assertEqual(again.code, 401)
 
+    @inlineCallbacks
+    def test_revoked_link_ends_its_stream_and_says_so(self) -> None:
+        """
+        Revoking a link cuts the event stream it opened, and the daemon's
+        log says it was the link's revocation (no reload happened).
+        """
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        said: list[str] = []
+
+        def observe(event: Any) -> None:
+            if event.get("log_namespace") == "sandboxd.preview":
+                said.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()
+        cookie = f"sbx_p_{self.app_port}={link['token']}"
+        response = yield self.send(
+            "GET", "/sse", token=None, headers={"cookie": cookie}
+        )
+        self.assertEqual(response.code, 200)
+        events = Collect()
+        response.deliverBody(events)
+        while not events.times:
+            yield deferLater(reactor, 0.05, lambda: None)
+        gone = yield self.request("DELETE", f"/auth/links/{link['link_id']}")
+        self.assertEqual(gone.status, 200, gone.body)
+        yield events.done
+        self.assertFalse(events.reason.check(ResponseDone), events.reason)
+        ended = [line for line in said if "GET /sse" in line]
+        self.assertEqual(len(ended), 1, said)
+        self.assertIn("revoked", ended[0])
+        self.assertNotIn("reload", ended[0])
+
 
 class WebSocketLimitTests(DoorCase):
     """``limits.max_sessions`` of ``preview_proxy`` bounds the open WebSockets."""
@@ -1000,6 +1221,102 @@ class WebSocketLimitTests(DoorCase):
         refused = yield deferToThread(second)
         self.assertIn("429", refused)
         self.assertIn("too_many_sessions", refused)
+
+
+class WebSocketShareTests(DoorCase):
+    """
+    One holder (an identity, or every visitor of a public preview
+    together) holds at most its share of the door's WebSockets.
+    """
+
+    policy = {
+        **POLICY,
+        "endpoints": {"preview_proxy": {"limits": {"max_sessions": 4}}},
+    }
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.private = App()
+        self.private_port = self.private.listen()
+        self.addCleanup(self.private.stop)
+        yield self.expose(public=True)
+        yield self.expose(port=self.private_port)
+
+    def open_ws(self, port: int, token: str | None) -> Any:
+        """A WebSocket to ``port``'s preview (run in a thread); its refusal as text."""
+        import websocket
+
+        try:
+            return websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws",
+                host=self.host(port),
+                header=[f"X-Access-Token: {token}"] if token else [],
+                subprotocols=["echo.v1"],
+                timeout=10,
+            )
+        except websocket.WebSocketBadStatusException as e:
+            return f"{e.status_code} {e.resp_body!r}"
+
+    @inlineCallbacks
+    def test_strangers_cannot_lock_the_owner_out(self) -> None:
+        """
+        Visitors of a public preview get their share of the door's 4
+        WebSockets (2: two tokens and the visitors), then 429 naming
+        ``max_per_identity``; the owner's WebSockets to a private preview
+        still open, up to the door's bound.
+        """
+        anonymous = []
+        for _ in range(2):
+            ws = yield deferToThread(self.open_ws, self.app_port, None)
+            self.assertNotIsInstance(ws, str)
+            self.addCleanup(ws.shutdown)
+            anonymous.append(ws)
+        refused = yield deferToThread(self.open_ws, self.app_port, None)
+        self.assertIsInstance(refused, str)
+        self.assertIn("429", refused)
+        self.assertIn("max_per_identity", refused)
+        for _ in range(2):
+            ws = yield deferToThread(self.open_ws, self.private_port, TOKEN)
+            self.assertNotIsInstance(ws, str)
+            self.addCleanup(ws.shutdown)
+
+            def echo(ws: Any = ws) -> str:
+                ws.send("owner")
+                return str(ws.recv())
+
+            self.assertEqual((yield deferToThread(echo)), "owner")
+
+    @inlineCallbacks
+    def test_an_idle_socket_gives_its_place(self) -> None:
+        """
+        With the visitors' share full of sockets that passed no byte for
+        the reclaim time, a new visitor's WebSocket opens, and the idlest
+        one is closed with 1001 saying why.
+        """
+        from sandboxd.preview import door
+
+        self.patch(door, "PREVIEW_WS_RECLAIM_IDLE_SECONDS", 0.5)
+        idle = yield deferToThread(self.open_ws, self.app_port, None)
+        self.addCleanup(idle.shutdown)
+        yield deferLater(reactor, 0.2, lambda: None)
+        busy = yield deferToThread(self.open_ws, self.app_port, None)
+        self.addCleanup(busy.shutdown)
+        yield deferLater(reactor, 0.4, lambda: None)
+
+        def talk() -> str:
+            busy.send("still here")
+            return str(busy.recv())
+
+        self.assertEqual((yield deferToThread(talk)), "still here")
+        yield deferLater(reactor, 0.3, lambda: None)
+        new = yield deferToThread(self.open_ws, self.app_port, None)
+        self.assertNotIsInstance(new, str)
+        self.addCleanup(new.shutdown)
+        code, reason = yield deferToThread(close_frame_of, idle)
+        self.assertEqual(code, 1001)
+        self.assertIn("idle", reason)
+        self.assertEqual((yield deferToThread(talk)), "still here")
 
 
 class WebSocketIdleTests(DoorCase):
@@ -1400,6 +1717,43 @@ class PreviewableTests(DoorCase):
         ports = {p["port"]: p for p in listed.json()["ports"]}
         self.assertTrue(ports[self.app_port]["exposed"])
         self.assertTrue(ports[self.app_port]["previewable"])
+
+
+class ElsewhereTests(DoorCase):
+    """An app listening only where the door does not connect (not 127.0.0.1, not ::1)."""
+
+    @inlineCallbacks
+    def test_listed_unpreviewable_and_told_how_to_bind(self) -> None:
+        """
+        An app bound to 127.0.0.2 alone (as one bound to the sandbox's own
+        address) is listed listening but not previewable; exposed, the
+        door's 502 says where it listens and how to bind it, in the JSON
+        error and the browser's page, rather than that nothing listens.
+        """
+        try:
+            listening = reactor.listenTCP(0, self.app.site, interface="127.0.0.2")
+        except Exception as e:  # no 127.0.0.0/8 route beyond .1 here
+            self.skipTest(f"cannot listen on 127.0.0.2: {e}")
+        self.addCleanup(listening.stopListening)
+        port = listening.getHost().port
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[port]["listening"])
+        self.assertFalse(ports[port]["previewable"])
+        made = yield self.expose(port=port)
+        self.assertEqual(made.status, 201, made.body)
+        response, body = yield self.fetch("GET", "/", host=self.host(port))
+        error = json.loads(body)
+        self.assertEqual((response.code, error["code"]), (502, "upstream_unavailable"))
+        self.assertIn(f"port {port} listens on 127.0.0.2 only", error["error"])
+        self.assertIn("bind the app to 0.0.0.0 or 127.0.0.1", error["error"])
+        self.assertEqual(error["listens_on"], ["127.0.0.2"])
+        response, page = yield self.fetch(
+            "GET", "/", host=self.host(port), headers={"accept": "text/html"}
+        )
+        self.assertEqual(response.code, 502)
+        self.assertIn(b"listens on 127.0.0.2 only", page)
+        self.assertNotIn(b"Nothing is listening", page)
 
 
 class NoDoorPreviewableTests(DaemonTestCase):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import task
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
@@ -127,6 +128,34 @@ class ExpiryTests(SynchronousTestCase):
         for _ in range(100):
             self.table.get(3000)
         self.assertEqual(ports.walks, walks + 1)
+
+
+class TimerTests(SynchronousTestCase):
+    """With the reactor's timer, an exposure ends at its ttl with nothing looked up."""
+
+    def test_ends_on_time_unasked(self) -> None:
+        """
+        Each exposure ends at its own ttl, what is open through it told
+        why, though the table is never read; one exposed again with a
+        longer ttl outlives its first.
+        """
+        clock = task.Clock()
+        table = ExposureTable(clock.seconds, clock.callLater)
+        first, second = expose(table, 3000, 10), expose(table, 3001, 5)
+        expose(table, 3002, 10)
+        expose(table, 3002, 30)
+        open_first, open_second = Closed(), Closed()
+        first.open.add(open_first)
+        second.open.add(open_second)
+        clock.advance(5)
+        self.assertEqual(open_second.why, "the preview of port 3001 expired")
+        self.assertFalse(open_first.closed)
+        clock.advance(5)
+        self.assertEqual(open_first.why, "the preview of port 3000 expired")
+        self.assertEqual(sorted(table.by_port), [3002])
+        clock.advance(20)
+        self.assertEqual(table.by_port, {})
+        self.assertEqual(clock.getDelayedCalls(), [])
 
 
 class BoundTests(SynchronousTestCase):

@@ -11,6 +11,7 @@ import json
 import os
 import ssl
 import time
+import urllib.parse
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -45,6 +46,36 @@ class TlsDoorTests(DoorCase):
         return http.client.HTTPSConnection(
             "localhost", self.door_port, timeout=30, context=self.context
         )
+
+    @inlineCallbacks
+    def test_urls_handed_out_are_https(self) -> None:
+        """
+        The exposure's URL and a link's URL are ``https``, as the door
+        listens: opened as given, the link sets the door's cookie (the
+        link's 303) rather than meeting a TLS door spoken to in the clear.
+        """
+        exposed = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        url = exposed.json()["url"]
+        self.assertEqual(url, f"https://{self.app_port}.localhost:{self.door_port}/")
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link_url = minted.json()["url"]
+        self.assertTrue(link_url.startswith(url + "?sbx_link="), link_url)
+
+        def open_as_given() -> tuple[int, str]:
+            parts = urllib.parse.urlsplit(link_url)
+            assert parts.scheme == "https", link_url
+            c = self.https()
+            c.request(
+                "GET", f"{parts.path}?{parts.query}", headers={"Host": parts.netloc}
+            )
+            r = c.getresponse()
+            r.read()
+            c.close()
+            return r.status, r.getheader("set-cookie") or ""
+
+        status, cookie = yield deferToThread(open_as_given)
+        self.assertEqual(status, 303)
+        self.assertIn("Secure", cookie)
 
     @inlineCallbacks
     def test_pages_on_one_connection(self) -> None:

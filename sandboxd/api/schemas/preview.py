@@ -33,7 +33,8 @@ SCHEMAS: dict[str, Schema] = {
                 "(exposed: false); previewable: a preview of the port can open now "
                 "(the door listens and POST /preview/ports would not answer "
                 "port_not_allowed: not one of the daemon's own ports, inside "
-                "params.ports, outside params.deny_ports)",
+                "params.ports, outside params.deny_ports; and the port listens on "
+                "127.0.0.1, ::1 or a wildcard address, where the door connects)",
                 items="object",
             ),
         ),
@@ -157,25 +158,40 @@ SCHEMAS: dict[str, Schema] = {
                 "AuthError",
             ),
             E(401, "link_expired", "the link expired", "AuthError"),
-            E(403, "port_not_allowed", "the port may not be previewed"),
+            E(
+                403,
+                "port_not_allowed",
+                "the port may not be previewed (to a caller without a credential:"
+                " 401 link_invalid)",
+            ),
             E(
                 403,
                 "origin_not_allowed",
                 "the door's cookie, from another page's Origin",
             ),
             E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
-            E(421, "misdirected_request", "a Host that names no preview"),
+            E(
+                421,
+                "misdirected_request",
+                "a Host that names no preview, or on the door's own names a path"
+                " that names no port",
+            ),
             E(
                 429,
                 "too_many_sessions",
-                "limits.max_sessions (64) WebSockets are open through the door",
+                "limits.max_sessions (64) WebSockets are open through the door, or"
+                " the holder's share of them (max_per_identity; the public previews'"
+                " visitors are one holder), none idle for a minute",
                 "ResourceError",
             ),
             E(
                 502,
                 "upstream_unavailable",
-                "nothing answers on the port (browsers get a page that retries), or the"
-                " app answered something the door cannot pass on (the message says what)",
+                "nothing answers on the port (browsers get a page that retries; an"
+                " EventSource a 200 event stream asking it to retry), or the app"
+                " answered something the door cannot pass on (the message says what),"
+                " or it listens only where the door does not connect (listens_on"
+                " names where, the message how to bind)",
                 "ConnectionError",
             ),
             E(
