@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -52,6 +53,7 @@ from sandboxd.git import (
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
 from sandboxd.git.remotes import Remote, pin_setting
+from sandboxd.git.target import hold_dir
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
@@ -166,7 +168,12 @@ class GitCall:
     Where one request's git runs, as whom, with which settings and limits.
 
     :ivar cwd: the directory git runs in (the repository, or the parent of
-        a clone's target).
+        a clone's target), as checked.
+    :ivar held: the descriptor of that directory, opened by the guard when
+        it was checked, or None: git starts in the directory held
+        (:func:`~sandboxd.processes.held_directory`), so a link swapped in
+        at ``cwd`` afterwards cannot send it outside the base dir.  The
+        call owns it and closes it when it is dropped.
     """
 
     def __init__(
@@ -176,10 +183,16 @@ class GitCall:
         cwd: str,
         user: Any = None,
         timeout: float | None = None,
+        held: int | None = None,
     ) -> None:
         self.context = context
         self.rule = rule
         self.cwd = cwd
+        self.held = held
+        self._start_in = cwd
+        if held is not None:
+            self._start_in = processes.held_directory(held)
+            weakref.finalize(self, os.close, held)
         self.run_as: RunAs | None = resolve_user(user, rule)
         base = child_environment(context, rule, base=BOOT_ENVIRON)
         self.proxy = proxy_of(base)
@@ -357,7 +370,7 @@ class GitCall:
                     self.argv(args, remote, pin),
                     children=self.context.children,
                     env=env,
-                    cwd=self.cwd,
+                    cwd=self._start_in,
                     timeout=timeout if timeout is not None else self.timeout,
                     idle_timeout=self.idle_timeout if remote is not None else None,
                     max_output_bytes=self.max_output,
@@ -438,7 +451,7 @@ class GitCall:
     def free_bytes(self) -> int | None:
         """The bytes git's user may still write on the work tree's file system."""
         try:
-            st = os.statvfs(self.cwd)
+            st = os.statvfs(self._start_in)
         except OSError:
             return None
         uid, _ = self.uid_gid
@@ -446,8 +459,11 @@ class GitCall:
         return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
 
 
-def repo_path(request: Any, value: Any, name: str = "path") -> str:
-    """A repository path from the request, through the guard, as a directory."""
+def repo_path(request: Any, value: Any, name: str = "path") -> tuple[str, int]:
+    """
+    A repository directory from the request, through the guard: its
+    resolved path and a descriptor held on it (see :func:`hold_dir`).
+    """
     from sandboxd.web import params
 
     text = params.path(value, name, ".", parents=False)
@@ -461,7 +477,14 @@ def repo_path(request: Any, value: Any, name: str = "path") -> str:
                 f"'{name}' names the repository's directory"
             )
         raise not_found(f"not a git repository (no such directory): {text}")
-    return guard.cwd(text)
+    try:
+        return hold_dir(guard, text)
+    except ApiError as e:
+        if e.status in (400, 404):
+            raise not_found(
+                f"not a git repository (no such directory): {text}"
+            ) from None
+        raise
 
 
 def require_text(value: Any, name: str, limit: int) -> str:
@@ -483,7 +506,7 @@ def ref_name(value: Any, name: str) -> str:
         raise bad_request(f"'{name}' must be a non-empty string")
     if value.startswith("-") or any(c in value for c in "\x00\n\r \t~^:?*[\\"):
         if not (
-            name in ("target", "rev", "ref", "source", "start_point")
+            name in ("target", "rev", "ref", "source", "start_point", "commit")
             and _revision(value)
         ):
             raise bad_request(f"'{name}' is not a valid ref name: {value!r}")

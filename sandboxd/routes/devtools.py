@@ -13,6 +13,7 @@ everything that could make a repository run code switched off
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList
@@ -167,8 +168,15 @@ class _Git:
 
         self.request = request
         self.rule: EffectiveRule = request.rule
+        from sandboxd.git.target import hold_dir
+
         path = params.path(request.arg("path"), "path", ".", parents=False)
-        self.cwd = PathGuard(self.rule).cwd(path)
+        guard = PathGuard(self.rule)
+        # git starts in the directory checked, held open: a link swapped in
+        # at its path meanwhile cannot send it outside the base dir.
+        self.cwd, held = hold_dir(guard, guard.cwd(path))
+        weakref.finalize(self, os.close, held)
+        self.start_in = processes.held_directory(held)
         self.env = git.git_environment(
             child_environment(request.context, self.rule, base=BOOT_ENVIRON),
             ceiling=git.ceiling_for(self.cwd, self.rule.base_dir),
@@ -191,7 +199,7 @@ class _Git:
                 argv,
                 children=self.request.context.children,
                 env=self.env,
-                cwd=self.cwd,
+                cwd=self.start_in,
                 timeout=self.timeout,
                 max_output_bytes=max_output_bytes,
                 run_as=self.run_as,

@@ -15,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import os
-import shutil
-from collections.abc import AsyncIterator, Callable, Set
+from collections.abc import AsyncIterator, Set
 from typing import Any
 
 from sandboxd.access.audit import redact_url_secrets
-from sandboxd.access.guard import PathGuard
+from sandboxd.access.guard import PathGuard, os_error
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -61,6 +60,7 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
+from sandboxd.git.target import CloneTarget, hold_dir
 from sandboxd.git.worktree import (
     KeepBudget,
     KeptTree,
@@ -79,9 +79,8 @@ from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 async def _repo(request: ServerRequest, value: Any, op: str = "write") -> GitCall:
     """The call for the repository at ``value`` (404 when it is none)."""
-    call = GitCall(
-        request.context, request.rule, repo_path(request, value), user=_user(request)
-    )
+    path, held = repo_path(request, value)
+    call = GitCall(request.context, request.rule, path, user=_user(request), held=held)
     request.audit["repo"] = call.cwd
     await call.open_repository(op)
     return call
@@ -207,34 +206,51 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
     """``POST /git/init {path, initial_branch?: "main", bare?: false}``."""
     body = request.body
     text = params.path(body.get("path"), "path", parents=False)
-    target = PathGuard(request.rule).check(text, "write")
+    guard = PathGuard(request.rule)
+    target = guard.check(text, "write")
     branch = ref_name(body.get("initial_branch") or "main", "initial_branch")
     bare = params.flag(body.get("bare"), "bare")
-    parent = os.path.dirname(target) or "/"
+    parent, parent_fd = hold_dir(guard, guard.cwd(os.path.dirname(target) or "/"))
     call = GitCall(
-        request.context,
-        request.rule,
-        PathGuard(request.rule).cwd(parent),
-        user=_user(request),
+        request.context, request.rule, parent, user=_user(request), held=parent_fd
     )
     args = ["init", "-q", f"--initial-branch={branch}"]
     if bare:
         args.append("--bare")
-    undo = _init_undo(target, bare)
+    # git works in the directory held, named "." (a name would be looked
+    # up again, through whatever link was put there meanwhile).
+    place = CloneTarget(parent_fd, parent, os.path.basename(target), "the target")
     try:
-        await call.run([*args, "--", target])
-    except ApiError:
-        # Only what git made and gave up on: a call refused before git ran
-        # made nothing (and another call's repository may be there by now);
-        # one cancelled while git runs leaves what git finishes.
-        if call.child is not None:
-            undo()
-        raise
+        place.make(call.uid_gid if os.geteuid() == 0 else None, reuse_full=True)
+        before = [] if place.made else place.entries()
+    except OSError as e:
+        place.close()
+        raise os_error(e, text) from None
+    inner = GitCall(
+        request.context,
+        request.rule,
+        place.path,
+        user=_user(request),
+        held=os.dup(place.fd),
+    )
+    try:
+        try:
+            await inner.run([*args, "--", "."])
+            place.place()
+        except BaseException:
+            # What git made and gave up on, and the directory made for it;
+            # in a directory that was there, only the repository's entries
+            # that were not (another call's repository may be there by
+            # now).  An error answer leaves the sandbox as it was.
+            if place.made or inner.child is not None:
+                keep = set(before) | set(place.entries()) - _init_entries(bare)
+                place.undo(keep)
+            raise
+    finally:
+        place.close()
     # git re-initialises an existing repository and keeps its HEAD (it
     # ignores --initial-branch with a warning): answer the branch it has.
-    head = await call.run(
-        ["-C", target, "symbolic-ref", "--short", "-q", "HEAD"], check=False
-    )
+    head = await inner.run(["symbolic-ref", "--short", "-q", "HEAD"], check=False)
     current: str | None = branch  # git could not read HEAD: what it was asked
     if head.exit_code == 0:
         current = _text(head.stdout).rstrip("\n") or None
@@ -249,33 +265,9 @@ _BARE_ENTRIES = frozenset(
 )
 
 
-def _init_undo(target: str, bare: bool) -> Callable[[], None]:
-    """
-    What undoes a ``git init`` of ``target`` that failed half way (a full
-    disk stops it after its first files): ``target``, when it was not
-    there (its parent is the call's working directory, so it exists);
-    else the repository's entries that were not there (``.git``, or a bare
-    repository's own), never anything else in it.  An error answer leaves
-    the sandbox as it was.
-    """
-    if not os.path.lexists(target):
-        return lambda: shutil.rmtree(target, ignore_errors=True)
-    try:
-        before = set(os.listdir(target))
-    except OSError:
-        return lambda: None
-    entries = _BARE_ENTRIES if bare else frozenset({".git"})
-    new = [os.path.join(target, name) for name in entries - before]
-
-    def remove_new() -> None:
-        for path in new:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-
-    return remove_new
+def _init_entries(bare: bool) -> frozenset[str]:
+    """The entries ``git init`` makes in its directory."""
+    return _BARE_ENTRIES if bare else frozenset({".git"})
 
 
 async def git_add(request: ServerRequest) -> dict[str, Any]:
@@ -1149,7 +1141,7 @@ async def git_clone(request: ServerRequest) -> Any:
     target = guard.check(text, "write")
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise file_exists(f"the clone target exists and is not empty: {text}")
-    parent = guard.cwd(os.path.dirname(target) or "/")
+    parent, parent_fd = hold_dir(guard, guard.cwd(os.path.dirname(target) or "/"))
     args = ["clone", "--progress", "--no-recurse-submodules"]
     if body.get("branch") is not None:
         args += ["--branch", ref_name(body.get("branch"), "branch")]
@@ -1175,40 +1167,70 @@ async def git_clone(request: ServerRequest) -> Any:
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
     user = _user(request)
-    call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
+    call = GitCall(
+        request.context,
+        request.rule,
+        parent,
+        user=user,
+        timeout=timeout,
+        held=parent_fd,
+    )
     request.audit["remote"] = redact_url_secrets(remote.url)
     request.audit["repo"] = target
-
-    existed = os.path.lexists(target)
+    place = CloneTarget(parent_fd, parent, os.path.basename(target))
 
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call
         try:
-            await call.run(
-                [*args, "--", remote.url, target],
+            place.make(call.uid_gid if os.geteuid() == 0 else None)
+        except OSError as e:
+            raise os_error(e, text) from None
+        try:
+            # git works in the directory held, named "." (a name would be
+            # looked up again), then the clone takes the target's name.
+            clone = GitCall(
+                request.context,
+                request.rule,
+                place.path,
+                user=user,
+                timeout=timeout,
+                held=os.dup(place.fd),
+            )
+            job.call = clone
+            await clone.run(
+                [*args, "--", remote.url, "."],
                 remote=remote,
                 pin=pin,
                 secret=secret,
                 observe=job.observe,
             )
+            place.place()
+            repo = GitCall(
+                request.context,
+                request.rule,
+                target,
+                user=user,
+                timeout=timeout,
+                held=os.dup(place.fd),
+            )
+            job.call = repo
+            await repo.open_repository()
+            if commit is not None:
+                await repo.run(["checkout", "-q", "--detach", commit, "--"])
+            branch = await _current_branch(repo)
+            head = await _head(repo)
         except BaseException:
-            # A cancelled or killed clone leaves a partial directory: remove
-            # what this call made, once git's tree is gone.
-            killing = getattr(call.child, "killing", None)
+            # A failed, cancelled or killed clone leaves a partial
+            # directory: remove what this call made, once git's tree is
+            # gone.  An error answer means nothing happened.
+            killing = getattr(job.call.child, "killing", None)
             if killing is not None:
                 await killing
-            if not existed:
-                await request.context.in_thread(shutil.rmtree, target, True)
+            await request.context.in_thread(place.undo)
             raise
-        repo = GitCall(
-            request.context, request.rule, target, user=user, timeout=timeout
-        )
-        job.call = repo
-        await repo.open_repository()
-        if commit is not None:
-            await repo.run(["checkout", "-q", "--detach", commit, "--"])
-        branch = await _current_branch(repo)
-        return {"path": target, "head": {"branch": branch, "commit": await _head(repo)}}
+        finally:
+            place.close()
+        return {"path": target, "head": {"branch": branch, "commit": head}}
 
     job = _start_job(request, "clone", target, secret, work)
     return await _answer(request, job, wait)

@@ -17,11 +17,12 @@ import time
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd import processes
 from sandboxd.git import runner
 from sandboxd.git.askpass import descends_from
 from sandboxd.git.jobs import GitJob
@@ -613,6 +614,99 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
+
+    def when_git_clones(self, act: Any) -> None:
+        """Run ``act`` once, just before the clone's git starts."""
+        real = processes.run_collect
+
+        def act_then_run(clock: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "clone" in argv:
+                act()
+            return real(clock, argv, **kwargs)
+
+        self.patch(processes, "run_collect", act_then_run)
+
+    def leftovers(self) -> list[str]:
+        """The clone's own working directories still in the base dir."""
+        return [n for n in os.listdir(self.base_dir) if ".clone-" in n]
+
+    @inlineCallbacks
+    def test_clone_target_swapped_for_a_link(self) -> Any:
+        """
+        A link to an empty directory outside the base put at the clone's
+        target after the check, before git starts: nothing is written
+        outside; the clone is 409 ``file_exists`` and leaves nothing.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        target = os.path.join(self.base_dir, "tgt")
+        self.when_git_clones(lambda: os.symlink(outside, target))
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "tgt", "wait": 30}
+        )
+        self.assertEqual(os.listdir(outside), [])
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        self.assertTrue(os.path.islink(target))
+        self.assertEqual(self.leftovers(), [])
+
+    @inlineCallbacks
+    def test_clone_never_removes_what_another_made(self) -> Any:
+        """
+        A directory another call makes at the target while the clone runs
+        is kept with its files (the clone is 409 ``file_exists``), and of
+        two clones into one new path one wins and the other leaves it be.
+        """
+        notes = os.path.join(self.base_dir, "proj", "notes.txt")
+
+        def write_notes() -> None:
+            if not os.path.exists(notes):
+                os.makedirs(os.path.dirname(notes))
+                with open(notes, "w") as f:
+                    f.write("mine\n")
+
+        self.when_git_clones(write_notes)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "proj", "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        with open(notes) as f:
+            self.assertEqual(f.read(), "mine\n")
+        self.assertEqual(self.leftovers(), [])
+        self.patch(processes, "run_collect", processes.run.run_collect)
+        body = {"url": self.remote.url(), "path": "twice", "wait": 30}
+        replies = yield DeferredList(
+            [self.request("POST", "/git/clone", body) for _ in range(2)]
+        )
+        statuses = sorted(r.status for _, r in replies)
+        self.assertEqual(statuses, [200, 409], [r.body for _, r in replies])
+        with open(os.path.join(self.base_dir, "twice", "README")) as f:
+            self.assertEqual(f.read(), "hello\n")
+        self.assertEqual(self.leftovers(), [])
+
+    @inlineCallbacks
+    def test_clone_of_a_commit_it_cannot_check_out(self) -> Any:
+        """
+        A clone whose ``commit`` cannot be checked out is an error that
+        leaves no directory behind, so the retry with a good one works;
+        ``commit`` takes a revision as ``git_checkout`` does.
+        """
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm", "commit": "de" * 20, "wait": 30},
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "cm")))
+        self.assertEqual(self.leftovers(), [])
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm", "commit": "HEAD~0", "wait": 30},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIsNone(reply.json()["head"]["branch"])
 
 
 class HostileRemoteConfigTests(RemoteCase):
