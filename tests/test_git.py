@@ -106,6 +106,11 @@ class ParserTests(SynchronousTestCase):
     def test_branch_headers(self) -> None:
         """Fresh repositories, detached heads and gone upstreams parse."""
         self.assertEqual(git.parse_branch("No commits yet on main").branch, "main")
+        empty_clone = git.parse_branch("No commits yet on main...origin/main [gone]")
+        self.assertEqual(
+            (empty_clone.branch, empty_clone.upstream, empty_clone.gone),
+            ("main", "origin/main", True),
+        )
         detached = git.parse_branch("HEAD (no branch)")
         self.assertEqual((detached.branch, detached.detached), ("HEAD", True))
         gone = git.parse_branch("dev...origin/dev [gone]")

@@ -354,7 +354,10 @@ def parse_branch(line: str) -> BranchInfo:
     text = line.strip()
     for prefix in ("No commits yet on ", "Initial commit on "):
         if text.startswith(prefix):
-            return BranchInfo(branch=text[len(prefix) :])
+            # The rest is read as any header is: a fresh clone of an empty
+            # repository says "main...origin/main [gone]" there.
+            text = text[len(prefix) :]
+            break
     if text.startswith("HEAD (no branch)"):
         return BranchInfo(branch="HEAD", detached=True)
     ahead = behind = 0
