@@ -52,7 +52,7 @@ from sandboxd.git import (
 )
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
-from sandboxd.git.remotes import Remote, pin_setting
+from sandboxd.git.remotes import Remote, literal_addresses, pin_setting
 from sandboxd.git.target import hold_dir
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -303,9 +303,19 @@ class GitCall:
     def argv(
         self, args: list[str], remote: Remote | None = None, pin: str = ""
     ) -> list[str]:
-        """git's argv: the safe settings, ours, the address pin, then ``args``."""
+        """
+        git's argv: the safe settings, ours, the address pin, then ``args``.
+
+        A host given as an address literal needs no pin (curl looks nothing
+        up for it), and curl cannot parse a pin for an IPv6 literal at all.
+        """
         extra = list(self.config)
-        if remote is not None and pin and remote.scheme == "https":
+        if (
+            remote is not None
+            and pin
+            and remote.scheme == "https"
+            and literal_addresses(remote) is None
+        ):
             extra.append(pin_setting(remote, pin))
         return git_argv("git", args, extra)
 

@@ -615,6 +615,24 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
 
+    @inlineCallbacks
+    def test_ipv6_literal_remote(self) -> Any:
+        """
+        A remote named by an IPv6 literal is tried (here nothing listens:
+        502 ``remote_error`` ``kind: network``), not refused by git over
+        the daemon's own address pin.
+        """
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": "https://[::1]:9/none.git", "path": "v6", "wait": 30},
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["kind"]), ("remote_error", "network")
+        )
+        self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "v6")))
+
     def when_git_clones(self, act: Any) -> None:
         """Run ``act`` once, just before the clone's git starts."""
         real = processes.run_collect
