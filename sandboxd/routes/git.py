@@ -1465,6 +1465,21 @@ async def git_push(request: ServerRequest) -> Any:
             check=False,
         )
         updated = await _pushed_commits(call, parse_push(result.stdout), branch, sha)
+        refused = [u["ref"] for u in updated if u["status"] == "rejected"]
+        if refused:
+            # git names the remote's commit only for an update it made; a
+            # refused ref is as the remote has it still.
+            listed = await call.run(
+                ["ls-remote", name, *refused],
+                remote=remote,
+                pin=pin,
+                secret=secret,
+                check=False,
+            )
+            theirs = _remote_refs(listed.stdout) if listed.exit_code == 0 else {}
+            for entry in updated:
+                if entry["status"] == "rejected" and entry["old"] is None:
+                    entry["old"] = theirs.get(entry["ref"])
         if result.exit_code != 0:
             text = redact(
                 _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
@@ -1504,12 +1519,22 @@ async def _pushed_commits(
     """
     ``updated`` with whole object names: the branch's ``new`` is the
     commit pushed (or offered, when refused), which git leaves out for a
-    new branch; abbreviations git printed are spelled out.  ``old`` stays
-    null where the remote had no such ref.
+    new branch, and a tag's is the local tag's object; a ref the remote
+    already had as it is was ``old`` there too; abbreviations git printed
+    are spelled out.  ``old`` stays null where the remote had no such ref
+    (a refused one's is filled by the caller).
     """
     for entry in updated:
         if entry["ref"] == f"refs/heads/{branch}":
             entry["new"] = sha
+        elif entry["new"] is None and entry["ref"].startswith("refs/tags/"):
+            found = await call.run(
+                ["rev-parse", "-q", "--verify", "--end-of-options", entry["ref"]],
+                check=False,
+            )
+            entry["new"] = _text(found.stdout).strip() or None
+        if entry["status"] == "up_to_date" and entry["old"] is None:
+            entry["old"] = entry["new"]
         for key in ("old", "new"):
             short = entry.get(key)
             if short and len(short) < len(sha):
@@ -1521,6 +1546,16 @@ async def _pushed_commits(
                 if found.exit_code == 0 and full:
                     entry[key] = full
     return updated
+
+
+def _remote_refs(listing: bytes) -> dict[str, str]:
+    """``ref -> object`` from ``git ls-remote``'s lines."""
+    refs: dict[str, str] = {}
+    for line in _text(listing).splitlines():
+        sha, _, ref = line.partition("\t")
+        if sha and ref:
+            refs[ref] = sha
+    return refs
 
 
 # -- jobs --------------------------------------------------------------------------

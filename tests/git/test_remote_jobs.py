@@ -283,6 +283,11 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(
             reply.json()["updated"][0]["new"], run(work, "rev-parse", "HEAD").strip()
         )
+        # ... and the remote's commit it was refused over, not null (which
+        # would say the branch is new there).
+        self.assertEqual(
+            reply.json()["updated"][0]["old"], run(seed, "rev-parse", "HEAD").strip()
+        )
         # git's reason in words, not porcelain's last line ("Done").
         self.assertIn(
             "refs/heads/main was rejected (fetch first)", reply.json()["error"]
@@ -468,6 +473,20 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(
             [(u["old"], u["new"], u["status"]) for u in pushed],
             [(None, run(work, "rev-parse", "feat").strip(), "ok")],
+        )
+        tags = [u for u in reply.json()["updated"] if u["ref"] == "refs/tags/v1"]
+        self.assertEqual(
+            [(u["old"], u["new"]) for u in tags],
+            [(None, run(work, "rev-parse", "refs/tags/v1").strip())],
+        )
+        # Pushed again: up to date, the remote's commit before is the same.
+        reply = yield self.request(
+            "POST", "/git/push", {"path": "work", "branch": "feat", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            [(u["old"], u["new"], u["status"]) for u in reply.json()["updated"]],
+            [(pushed[0]["new"], pushed[0]["new"], "up_to_date")],
         )
         refs = run(os.path.join(self.remote.root, "repo.git"), "show-ref")
         self.assertIn("refs/heads/feat", refs)
