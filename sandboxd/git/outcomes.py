@@ -16,6 +16,7 @@ from typing import Any
 from sandboxd.access.audit import redact_url_secrets
 from sandboxd.errors import (
     ApiError,
+    file_exists,
     git_conflict,
     git_error,
     insufficient_storage,
@@ -196,6 +197,9 @@ def classify_failure(
             "lock file); try again once it is done: " + said,
             "locked",
         )
+    if "destination path" in lowered and "already exists" in lowered:
+        # A clone whose target was made meanwhile: no branch involved.
+        return file_exists(tail)
     for kind, phrases in _CONFLICT_KINDS:
         if any(p in lowered for p in phrases):
             if kind == "non_fast_forward" and "remote rejected" in lowered:

@@ -142,6 +142,14 @@ class ClassifyTests(SynchronousTestCase):
             False,
         )
         self.check(
+            "Cloning into 'proj'...\nfatal: destination path 'proj' already exists"
+            " and is not an empty directory.",
+            409,
+            "file_exists",
+            None,
+            True,
+        )
+        self.check(
             "CONFLICT (content): Merge conflict in a.txt",
             409,
             "git_conflict",
