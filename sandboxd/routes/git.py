@@ -34,7 +34,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.git import NO_DIFF_PROGRAMS, parse_numstat, truncate_diff
-from sandboxd.git.askpass import Secret, under_prefix
+from sandboxd.git.askpass import Secret, dot_segments, under_prefix
 from sandboxd.git.jobs import GitJob, GitJobTable
 from sandboxd.git.outcomes import (
     BRANCH_FORMAT,
@@ -1007,8 +1007,13 @@ def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
         if spec is None:
             raise bad_request(f"no git credential named {name!r} in the policy")
         if not under_prefix(redact_url_secrets(remote.url), spec.url_prefix):
+            dots = (
+                " (and never to a URL whose path holds '.' or '..' segments)"
+                if dot_segments(remote.url)
+                else ""
+            )
             raise forbidden(
-                f"the credential {name!r} may only be sent to {spec.url_prefix}",
+                f"the credential {name!r} may only be sent to {spec.url_prefix}{dots}",
                 Code.URL_NOT_ALLOWED,
                 rule=f"policy:git.credentials.{name}.url_prefix",
             )

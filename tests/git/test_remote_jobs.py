@@ -1089,6 +1089,25 @@ class PrivateRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 403, reply.body)
         self.assertEqual(reply.json()["code"], "url_not_allowed")
 
+    @inlineCallbacks
+    def test_dot_segments_never_pass_a_prefix(self) -> Any:
+        """
+        A URL whose path holds ``..`` (or ``%2e%2e``) is not under a
+        credential's prefix by its text: git would remove the segment
+        before connecting.  403 ``url_not_allowed`` up front, nothing cloned.
+        """
+        for dots in ("x/../", "x/%2e%2e/", "./"):
+            url = self.remote.url("").rstrip("/") + "/" + dots + "repo.git"
+            reply = yield self.request(
+                "POST",
+                "/git/clone",
+                {"url": url, "path": "d", "auth": {"credential": "test"}, "wait": 30},
+            )
+            self.assertEqual(reply.status, 403, (dots, reply.body))
+            self.assertEqual(reply.json()["code"], "url_not_allowed")
+            self.assertIn("'..' segments", reply.json()["error"])
+            self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "d")))
+
 
 class CancelTests(RemoteCase):
     """A cancel ends git's whole tree; max_jobs bounds what runs."""
