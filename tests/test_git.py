@@ -320,7 +320,10 @@ class GitStatusTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_unmerged(self) -> Any:
-        """A merge conflict shows as unmerged."""
+        """
+        A merge conflict shows as unmerged, and the merge (or a rebase
+        stopped on it) as ``in_progress``.
+        """
         repo = new_repo(os.path.join(self.base_dir, "repo"), {"a.txt": "base\n"})
         run_git(repo, "checkout", "-q", "-b", "other")
         write(os.path.join(repo, "a.txt"), "other\n")
@@ -340,6 +343,20 @@ class GitStatusTests(DaemonTestCase):
             reply.json()["files"],
             [{"path": "a.txt", "status": "unmerged", "staged": False}],
         )
+        self.assertEqual(reply.json()["in_progress"], "merge")
+        run_git(repo, "merge", "--abort")
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertNotIn("in_progress", reply.json())
+        # A rebase stopped on the same conflict, from a terminal.
+        subprocess.run(
+            ["git", "rebase", "other"],
+            cwd=repo,
+            env=_TEST_ENV,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertEqual(reply.json()["in_progress"], "rebase")
 
     @inlineCallbacks
     def test_refusals(self) -> Any:

@@ -187,6 +187,8 @@ class _Git:
         #: The work tree's top (names in git's output are relative to it),
         #: once :meth:`prepare` learnt it; None for a bare repository.
         self.top: str | None = None
+        #: The git dir, once :meth:`prepare` learnt it.
+        self.git_dir: str | None = None
 
     async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
         """Run git; the result, or the error the client sees."""
@@ -235,6 +237,7 @@ class _Git:
         if places is None:
             raise git_error("a path of the repository holds a line break")
         self.top = places.top
+        self.git_dir = places.git_dir
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, "read")
@@ -306,7 +309,7 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
         raise git_error("git status printed more than can be returned")
     # A denied file is not named, as files_list does not name it.
     shown = run.shown if request.rule.paths.deny else None
-    return git.status_result(result.stdout, shown)
+    return git.status_result(result.stdout, shown, git.in_progress(run.git_dir))
 
 
 async def git_diff(request: ServerRequest) -> dict[str, Any]:
