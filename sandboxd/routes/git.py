@@ -492,6 +492,10 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
     args = ["checkout", "-q"]
     if params.flag(body.get("force"), "force"):
         args.append("--force")
+    # A detached HEAD's commits that no ref holds are left behind by a
+    # checkout of anything else (git warns; an agent has no reflog to
+    # find them again): the answer names them.
+    detached_at = None if await _current_branch(call) else await _head(call)
     if params.flag(body.get("create"), "create"):
         args += ["-b", ref]
         await call.run(args)
@@ -499,7 +503,27 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
         args += [ref, "--"]
         await _switch_tree(request, call, args, ref)
     branch = await _current_branch(call)
-    return {"branch": branch, "commit": await _head(call), "detached": branch is None}
+    head = await _head(call)
+    out: dict[str, Any] = {"branch": branch, "commit": head, "detached": branch is None}
+    if detached_at is not None and detached_at != head:
+        lost = await call.run(
+            [
+                "rev-list",
+                f"--max-count={defaults.GIT_LEFT_BEHIND_MAX}",
+                detached_at,
+                "--not",
+                "--branches",
+                "--tags",
+                "--remotes",
+                "HEAD",
+                "--",
+            ],
+            check=False,
+        )
+        left = _text(lost.stdout).split() if lost.exit_code == 0 else []
+        if left:
+            out["left_behind"] = left
+    return out
 
 
 async def _switch_tree(

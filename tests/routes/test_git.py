@@ -157,6 +157,37 @@ class GitLocalTests(DaemonTestCase):
         )
 
     @inlineCallbacks
+    def test_checkout_names_commits_left_behind(self) -> Any:
+        """
+        A checkout away from a detached HEAD names the commits made there
+        that no ref holds (git's warning), newest first; none otherwise.
+        """
+        first = yield self.init_repo()
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": first["commit"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn("left_behind", reply.json())
+        made = []
+        for n in range(2):
+            reply = yield self.request(
+                "POST",
+                "/git/commit",
+                {"path": "repo", "message": f"adrift {n}", "allow_empty": True},
+            )
+            self.assertEqual(reply.json()["branch"], None)
+            made.append(reply.json()["commit"])
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "main"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["left_behind"], made[::-1])
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "main"}
+        )
+        self.assertNotIn("left_behind", reply.json())
+
+    @inlineCallbacks
     def test_protected_branch(self) -> Any:
         """A commit on a protected branch is 403 protected_branch, and nothing is committed."""
         yield self.init_repo()

@@ -401,7 +401,19 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("force", "boolean", "throw away local changes", default=False),
         ),
-        response=(F("branch", nullable=True), F("commit"), F("detached", "boolean")),
+        response=(
+            F("branch", nullable=True),
+            F("commit"),
+            F("detached", "boolean"),
+            F(
+                "left_behind",
+                "array",
+                "the commits of the detached HEAD checked out from that no branch, "
+                "tag or remote branch holds, newest first (at most 100; absent "
+                "when none): make a branch at the first to keep them",
+                items="string",
+            ),
+        ),
         errors=(
             *GIT_LOCAL_ERRORS,
             E(
