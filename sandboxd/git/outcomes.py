@@ -464,6 +464,38 @@ def push_rejection(updated: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "the push was rejected: pull first, then push again"
 
 
+def without_progress(text: str) -> str:
+    """
+    ``text`` without git's progress lines (``Writing objects: 100% ...``,
+    ``Total 3 (delta 0) ...``), which otherwise fill the head of an error
+    message whose words are the remote's and git's.
+    """
+    kept = [
+        line
+        for line in text.replace("\r", "\n").split("\n")
+        if line.strip()
+        and parse_progress(line) is None
+        and not line.startswith(("Total ", "remote: Total "))
+        and not re.match(r"^(remote: )?[A-Za-z ]+: +\d+% \(", line)
+    ]
+    return "\n".join(kept)
+
+
+def remote_message(text: str) -> str | None:
+    """
+    What the remote itself said (its ``remote:`` lines, as a hook that
+    refuses a push prints them), without git's prefix and progress; None
+    when it said nothing.
+    """
+    said = [
+        line[len("remote:") :].strip()
+        for line in without_progress(text).split("\n")
+        if line.startswith("remote:")
+    ]
+    said = [line for line in said if line]
+    return "\n".join(said)[-2000:] or None
+
+
 def push_report(output: bytes) -> str:
     """
     ``push --porcelain``'s stdout for an error message: without the

@@ -1520,9 +1520,19 @@ async def git_push(request: ServerRequest) -> Any:
                 error = conflict_error("non_fast_forward", push_rejection(updated))
                 error.extra["updated"] = updated
                 raise error
-            from sandboxd.git.outcomes import classify_failure
+            from sandboxd.git.outcomes import (
+                classify_failure,
+                remote_message,
+                without_progress,
+            )
 
-            raise classify_failure(text, result.exit_code, True)
+            failure = classify_failure(without_progress(text), result.exit_code, True)
+            if updated:
+                failure.extra["updated"] = updated
+            said = remote_message(text)
+            if said:
+                failure.extra["remote_message"] = said
+            raise failure
         verify = await call.run(
             ["ls-remote", name, f"refs/heads/{branch}"],
             remote=remote,

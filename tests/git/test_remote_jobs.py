@@ -531,7 +531,9 @@ class OpenRemoteTests(RemoteCase):
     def test_push_refused_by_a_hook(self) -> Any:
         """
         A push the remote's hook refuses is 502 ``rejected`` whose message
-        ends with git's line for the ref, not with porcelain's ``Done``.
+        ends with git's line for the ref, not with porcelain's ``Done``,
+        with the hook's words in ``remote_message`` and the refs in
+        ``updated``.
         """
         yield self.clone()
         hook = os.path.join(self.remote.root, "repo.git", "hooks", "pre-receive")
@@ -545,6 +547,13 @@ class OpenRemoteTests(RemoteCase):
         message = reply.json()["error"]
         self.assertIn("no pushes today", message)
         self.assertTrue(message.endswith("(pre-receive hook declined)"), message)
+        # The remote's own words apart, the ref's outcome, no progress lines.
+        self.assertEqual(reply.json()["remote_message"], "no pushes today")
+        self.assertNotIn("Writing objects", message)
+        self.assertEqual(
+            [(u["ref"], u["status"]) for u in reply.json()["updated"]],
+            [("refs/heads/main", "rejected")],
+        )
 
     @inlineCallbacks
     def test_protected_branch_push(self) -> Any:

@@ -196,6 +196,13 @@ SCHEMAS: dict[str, Schema] = {
             E(403, "protected_branch", "the branch matches params.protected_branches"),
             E(403, "param_not_allowed", "force without params.allow_force_push"),
             E(409, "git_conflict", "kind non_fast_forward (with updated)"),
+            E(
+                502,
+                "remote_error",
+                "kind rejected: the remote refused (a hook); with updated, and "
+                "remote_message holding what the remote said",
+                "GitError",
+            ),
         ),
         status=202,
         notes=_GIT_JOB_NOTES,
