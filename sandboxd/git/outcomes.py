@@ -131,6 +131,8 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
             # A checkout or a switch while a merge is left to resolve.
             "resolve your current index first",
             "is unmerged",
+            # A pull (or a commit, a cherry-pick) while one is.
+            "you have unmerged files",
         ),
     ),
     (

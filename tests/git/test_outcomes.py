@@ -150,6 +150,13 @@ class ClassifyTests(SynchronousTestCase):
             True,
         )
         self.check(
+            "error: Pulling is not possible because you have unmerged files.\n"
+            "hint: Fix them up in the work tree",
+            409,
+            "git_conflict",
+            "merge_conflict",
+        )
+        self.check(
             "CONFLICT (content): Merge conflict in a.txt",
             409,
             "git_conflict",
