@@ -1249,8 +1249,11 @@ class RunAsUserTests(RemoteCase):
             },
         )
         self.assertEqual(reply.status, 200, reply.body)
+        nobody = pwd.getpwnam("nobody").pw_uid
         st = os.stat(os.path.join(self.base_dir, "mine", "README"))
-        self.assertEqual(st.st_uid, pwd.getpwnam("nobody").pw_uid)
+        self.assertEqual(st.st_uid, nobody)
+        # The directory the daemon made for the clone is theirs too.
+        self.assertEqual(os.stat(os.path.join(self.base_dir, "mine")).st_uid, nobody)
 
 
 class PrivateNetworkTests(DaemonTestCase):
