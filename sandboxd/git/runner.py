@@ -213,6 +213,9 @@ class GitCall:
             self.protocols.append("ssh")
         self.git_dir: str | None = None
         self.top: str | None = None
+        #: Where a call ``-C top`` starts instead: the top held, once the
+        #: repository is opened (see :meth:`run`).
+        self._top_start: str | None = None
         #: The repository whose writing calls run one at a time (its git
         #: dir), once it is opened for writing.
         self.lock_key: str | None = None
@@ -256,6 +259,13 @@ class GitCall:
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, op)
+        if self.held is not None and places.top is not None:
+            if places.top == self.cwd:
+                self._top_start = self._start_in
+            else:
+                _, top_fd = hold_dir(guard, places.top, op)
+                weakref.finalize(self, os.close, top_fd)
+                self._top_start = processes.held_directory(top_fd)
         if os.path.lexists(places.alternates_file):
             counted = await self.run(["count-objects", "-v"])
             for other in parse_alternates(counted.stdout):
@@ -349,7 +359,15 @@ class GitCall:
             file, so they would stay).
         :param home_config: let git read the user's global configuration
             (for :meth:`identity_from_home` alone).
+
+        ``args`` starting ``-C TOP`` (the repository's top) start git in the
+        top held since the repository was opened instead: git would look
+        the name up again.
         """
+        start_in = self._start_in
+        if args[:1] == ["-C"] and self.top is not None and args[1:2] == [self.top]:
+            if self._top_start is not None:
+                args, start_in = args[2:], self._top_start
         async with self._turn(remote, timeout):
             env = dict(self.env)
             if own_pathspecs:
@@ -380,7 +398,7 @@ class GitCall:
                     self.argv(args, remote, pin),
                     children=self.context.children,
                     env=env,
-                    cwd=self._start_in,
+                    cwd=start_in,
                     timeout=timeout if timeout is not None else self.timeout,
                     idle_timeout=self.idle_timeout if remote is not None else None,
                     max_output_bytes=self.max_output,

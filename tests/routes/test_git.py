@@ -790,6 +790,38 @@ class GitDeniedPathTests(DaemonTestCase):
     skip = "git is not installed" if NO_GIT else None
 
     @inlineCallbacks
+    def test_top_swapped_for_a_link(self) -> Any:
+        """
+        A call named below the repository's top lists the top's files in
+        the top it opened: with the repository renamed away and a link to
+        a clean one put in its place just before that listing, ``git_add``
+        of everything still finds the denied file and stages nothing.
+        """
+        repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(os.path.join(repo, "sub", "secret"))
+        git(repo, "init", "-q", "-b", "main")
+        with open(os.path.join(repo, "sub", "secret", "key"), "w") as f:
+            f.write("key\n")
+        clean = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(clean, "sub"))
+        git(clean, "init", "-q", "-b", "main")
+        real = processes.run_collect
+
+        def swap_then_run(reactor: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "ls-files" in argv and not os.path.islink(repo):
+                os.rename(repo, repo + ".moved")
+                os.symlink(clean, repo)
+            return real(reactor, argv, **kwargs)
+
+        self.patch(processes, "run_collect", swap_then_run)
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo/sub", "all": True}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(git(repo + ".moved", "diff", "--cached", "--name-only"), "")
+
+    @inlineCallbacks
     def test_files_named_from_below_the_top(self) -> Any:
         """
         Restore, add, commit, reset and log naming ``secret/k.txt`` from
