@@ -190,9 +190,11 @@ class GitCall:
         self.cwd = cwd
         self.held = held
         self._start_in = cwd
+        #: What closes the descriptors held (each at most once).
+        self._releases: list[weakref.finalize[Any, Any]] = []
         if held is not None:
             self._start_in = processes.held_directory(held)
-            weakref.finalize(self, os.close, held)
+            self._releases.append(weakref.finalize(self, os.close, held))
         self.run_as: RunAs | None = resolve_user(user, rule)
         base = child_environment(context, rule, base=BOOT_ENVIRON)
         self.proxy = proxy_of(base)
@@ -223,6 +225,15 @@ class GitCall:
         self.child: Any = None
         #: The names the repository's own configuration sets, once opened.
         self.local_names: list[str] | None = None
+
+    def release(self) -> None:
+        """
+        Close the directories held, once no more git runs for this call
+        (a finished job keeps its call to describe it); dropping the call
+        closes them too.
+        """
+        for release in self._releases:
+            release()
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -264,7 +275,7 @@ class GitCall:
                 self._top_start = self._start_in
             else:
                 _, top_fd = hold_dir(guard, places.top, op)
-                weakref.finalize(self, os.close, top_fd)
+                self._releases.append(weakref.finalize(self, os.close, top_fd))
                 self._top_start = processes.held_directory(top_fd)
         if os.path.lexists(places.alternates_file):
             counted = await self.run(["count-objects", "-v"])

@@ -661,6 +661,26 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "v6")))
 
+    @inlineCallbacks
+    def test_finished_job_holds_no_directory(self) -> Any:
+        """
+        A finished job, kept to be described, no longer holds open the
+        directories its git ran in.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        reply = yield self.request("POST", "/git/fetch", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target == work or target.startswith(work + "/"):
+                held.append(target)
+        self.assertEqual(held, [])
+
     def when_git_clones(self, act: Any) -> None:
         """Run ``act`` once, just before the clone's git starts."""
         real = processes.run_collect
