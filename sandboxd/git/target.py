@@ -11,9 +11,10 @@ was only observed may have been made by another call by the time a
 failure cleans up.  So an absent target is cloned into a fresh directory
 of the daemon's own next to it (``mkdir`` fails when the name is taken),
 held by descriptor, and renamed into place only once the clone is whole,
-without replacing anything that appeared there meanwhile.  An existing
-empty directory is held and cloned into as it is; a failure empties it
-again.  Removal goes by descriptor and never through a link.
+without replacing anything that appeared there meanwhile (an empty
+directory is replaced only while it is empty).  An init of an existing
+directory works in it, held.  Removal goes by descriptor and never
+through a link.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class CloneTarget:
         #: The name the directory has in the parent now.
         self.current = name
         self.placed = False
+        #: ``name`` was an empty directory, which :meth:`place` replaces.
+        self.replace_empty = False
 
     @property
     def path(self) -> str:
@@ -67,9 +70,10 @@ class CloneTarget:
 
     def make(self, owner: tuple[int, int] | None, reuse_full: bool = False) -> None:
         """
-        Hold the directory to clone into: ``name`` when it is an empty
-        directory (any directory with ``reuse_full``), else a new one
-        beside it, given to ``owner``.
+        Hold the directory to write: with ``reuse_full``, ``name`` when it
+        is a directory; else a new one beside it, given to ``owner``,
+        which replaces ``name`` when that is an empty directory still
+        (:meth:`place`).
 
         :raises ApiError: 409 ``file_exists`` when ``name`` is anything
             but such a directory (a link included).
@@ -81,11 +85,18 @@ class CloneTarget:
         if st is not None:
             if not stat.S_ISDIR(st.st_mode):
                 raise self.taken()
-            self.fd = os.open(self.name, HELD, dir_fd=self.parent_fd)
-            if not reuse_full and _entries(self.fd):
-                self.close()
-                raise self.taken()
-            return
+            fd = os.open(self.name, HELD, dir_fd=self.parent_fd)
+            if reuse_full:
+                self.fd = fd
+                return
+            try:
+                if _entries(fd):
+                    raise self.taken()
+            finally:
+                os.close(fd)
+            # Written beside and moved over it: a file another call puts
+            # there meanwhile makes the move fail, and stays.
+            self.replace_empty = True
         stem = self.name[:200]
         for _ in range(8):
             candidate = f".{stem}.clone-{secrets.token_hex(6)}"
@@ -122,10 +133,27 @@ class CloneTarget:
         if not self.made or self.placed:
             return
         try:
-            rename_noreplace(self.parent_fd, self.current, self.parent_fd, self.name)
+            if self.replace_empty:
+                # rename(2) replaces a directory only while it is empty.
+                os.rename(
+                    self.current,
+                    self.name,
+                    src_dir_fd=self.parent_fd,
+                    dst_dir_fd=self.parent_fd,
+                )
+            else:
+                rename_noreplace(
+                    self.parent_fd, self.current, self.parent_fd, self.name
+                )
         except OSError as e:
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                 raise self.taken() from None
+            if e.errno == errno.EBUSY:
+                raise file_exists(
+                    f"{self.what} is a mount point, which a clone cannot take the "
+                    f"place of: {os.path.join(self.parent, self.name)}; clone into "
+                    "a directory below it"
+                ) from None
             raise
         self.current = self.name
         self.placed = True
@@ -147,6 +175,9 @@ class CloneTarget:
             mine = os.fstat(self.fd)
             if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
                 shutil.rmtree(self.current, ignore_errors=True, dir_fd=self.parent_fd)
+                if self.placed and self.replace_empty:
+                    # The empty directory it took the place of.
+                    os.mkdir(self.name, 0o777, dir_fd=self.parent_fd)
 
     def entries(self) -> list[str]:
         """The names in the directory held."""

@@ -1233,6 +1233,11 @@ async def git_clone(request: ServerRequest) -> Any:
                 secret=secret,
                 observe=job.observe,
             )
+            if commit is not None:
+                # Before the clone takes its name: a commit it cannot check
+                # out leaves nothing behind.  (The repository is git's own,
+                # just made: this checkout runs as the clone's own did.)
+                await clone.run(["checkout", "-q", "--detach", commit, "--"])
             place.place()
             repo = GitCall(
                 request.context,
@@ -1244,8 +1249,6 @@ async def git_clone(request: ServerRequest) -> Any:
             )
             job.call = repo
             await repo.open_repository()
-            if commit is not None:
-                await repo.run(["checkout", "-q", "--detach", commit, "--"])
             branch = await _current_branch(repo)
             head = await _head(repo)
         except BaseException:

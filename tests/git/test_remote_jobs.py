@@ -727,7 +727,7 @@ class OpenRemoteTests(RemoteCase):
 
         def write_notes() -> None:
             if not os.path.exists(notes):
-                os.makedirs(os.path.dirname(notes))
+                os.makedirs(os.path.dirname(notes), exist_ok=True)
                 with open(notes, "w") as f:
                     f.write("mine\n")
 
@@ -739,6 +739,16 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.json()["code"], "file_exists")
         with open(notes) as f:
             self.assertEqual(f.read(), "mine\n")
+        self.assertEqual(self.leftovers(), [])
+        # The same into an empty directory that was there: a file written
+        # into it while the clone runs stays.
+        os.remove(notes)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "proj", "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        self.assertEqual(os.listdir(os.path.dirname(notes)), ["notes.txt"])
         self.assertEqual(self.leftovers(), [])
         self.patch(processes, "run_collect", processes.run.run_collect)
         body = {"url": self.remote.url(), "path": "twice", "wait": 30}
@@ -773,6 +783,20 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 200, reply.body)
         self.assertIsNone(reply.json()["head"]["branch"])
+        # Into an empty directory that was there: it stays, empty.
+        os.mkdir(os.path.join(self.base_dir, "cm2"))
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm2", "commit": "de" * 20, "wait": 30},
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "cm2")), [])
+        self.assertEqual(self.leftovers(), [])
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "cm2", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
 
 
 class HostileRemoteConfigTests(RemoteCase):
