@@ -106,6 +106,11 @@ class ParserTests(SynchronousTestCase):
     def test_branch_headers(self) -> None:
         """Fresh repositories, detached heads and gone upstreams parse."""
         self.assertEqual(git.parse_branch("No commits yet on main").branch, "main")
+        empty_clone = git.parse_branch("No commits yet on main...origin/main [gone]")
+        self.assertEqual(
+            (empty_clone.branch, empty_clone.upstream, empty_clone.gone),
+            ("main", "origin/main", True),
+        )
         detached = git.parse_branch("HEAD (no branch)")
         self.assertEqual((detached.branch, detached.detached), ("HEAD", True))
         gone = git.parse_branch("dev...origin/dev [gone]")
@@ -315,7 +320,10 @@ class GitStatusTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_unmerged(self) -> Any:
-        """A merge conflict shows as unmerged."""
+        """
+        A merge conflict shows as unmerged, and the merge (or a rebase
+        stopped on it) as ``in_progress``.
+        """
         repo = new_repo(os.path.join(self.base_dir, "repo"), {"a.txt": "base\n"})
         run_git(repo, "checkout", "-q", "-b", "other")
         write(os.path.join(repo, "a.txt"), "other\n")
@@ -335,6 +343,20 @@ class GitStatusTests(DaemonTestCase):
             reply.json()["files"],
             [{"path": "a.txt", "status": "unmerged", "staged": False}],
         )
+        self.assertEqual(reply.json()["in_progress"], "merge")
+        run_git(repo, "merge", "--abort")
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertNotIn("in_progress", reply.json())
+        # A rebase stopped on the same conflict, from a terminal.
+        subprocess.run(
+            ["git", "rebase", "other"],
+            cwd=repo,
+            env=_TEST_ENV,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
+        reply = yield self.request("GET", "/git/status?path=repo")
+        self.assertEqual(reply.json()["in_progress"], "rebase")
 
     @inlineCallbacks
     def test_refusals(self) -> Any:

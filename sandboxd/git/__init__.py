@@ -354,7 +354,10 @@ def parse_branch(line: str) -> BranchInfo:
     text = line.strip()
     for prefix in ("No commits yet on ", "Initial commit on "):
         if text.startswith(prefix):
-            return BranchInfo(branch=text[len(prefix) :])
+            # The rest is read as any header is: a fresh clone of an empty
+            # repository says "main...origin/main [gone]" there.
+            text = text[len(prefix) :]
+            break
     if text.startswith("HEAD (no branch)"):
         return BranchInfo(branch="HEAD", detached=True)
     ahead = behind = 0
@@ -413,11 +416,14 @@ def parse_status(output: bytes) -> tuple[BranchInfo, list[FileStatus]]:
 
 
 def status_result(
-    output: bytes, shown: Callable[[str], bool] | None = None
+    output: bytes,
+    shown: Callable[[str], bool] | None = None,
+    operation: str | None = None,
 ) -> dict[str, Any]:
     """
     The body of ``GET /git/status`` from git's output.
 
+    :param operation: what :func:`in_progress` says, named in the body.
     :param shown: whether a name (relative to the work tree's top) may be
         shown; a file it refuses is left out and counted in ``hidden``, a
         rename's refused old name is left out of its entry.
@@ -441,11 +447,40 @@ def status_result(
     }
     if hidden:
         out["hidden"] = hidden
+    if operation is not None:
+        out["in_progress"] = operation
     if branch.upstream is not None:
         out["upstream"] = branch.upstream
     if branch.detached:
         out["detached"] = True
     return out
+
+
+#: What git leaves in the git dir while an operation waits for the user;
+#: the first match wins (a rebase stopped on a pick may leave a
+#: cherry-pick's mark too).
+_IN_PROGRESS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("rebase", ("rebase-merge", "rebase-apply")),
+    ("merge", ("MERGE_HEAD",)),
+    ("cherry_pick", ("CHERRY_PICK_HEAD",)),
+    ("revert", ("REVERT_HEAD",)),
+    ("bisect", ("BISECT_LOG",)),
+)
+
+
+def in_progress(git_dir: str | None) -> str | None:
+    """
+    The operation a repository is in the middle of (``merge``, ``rebase``,
+    ``cherry_pick``, ``revert``, ``bisect``), as ``git status`` says it in
+    words; None when there is none.  Stopped on a conflict, the next
+    commit concludes (or continues) it, which an agent must know.
+    """
+    if git_dir is None:
+        return None
+    for state, markers in _IN_PROGRESS:
+        if any(os.path.lexists(os.path.join(git_dir, m)) for m in markers):
+            return state
+    return None
 
 
 # -- git diff ----------------------------------------------------------------

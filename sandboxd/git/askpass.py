@@ -26,6 +26,7 @@ import struct
 import sys
 import tempfile
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import attrs
 from twisted.internet.defer import maybeDeferred
@@ -115,13 +116,23 @@ def without_userinfo(url: str) -> str:
     return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
 
 
+def dot_segments(url: str) -> bool:
+    """
+    Whether ``url``'s path holds a ``.`` or ``..`` segment (percent-encoded
+    too): git (curl) removes them before it connects, so the text compared
+    with a prefix is not the URL asked for.
+    """
+    path = urlsplit(url).path
+    return any(unquote(part) in (".", "..") for part in path.split("/"))
+
+
 def under_prefix(url: str, prefix: str) -> bool:
     """
     Whether ``url`` is ``prefix`` or below it, segment-wise: the prefix
     ``https://host/org`` covers ``https://host/org/x`` and ``.../org.git``,
     not ``https://host/organisation``.
     """
-    if not url.startswith(prefix):
+    if not url.startswith(prefix) or dot_segments(url):
         return False
     rest = url[len(prefix) :]
     return (

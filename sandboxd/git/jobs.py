@@ -228,6 +228,12 @@ class GitJobTable:
                 )
             else:
                 job.finish(result, None, "done")
+            finally:
+                # The job is kept to be described; the directories its git
+                # ran in need not stay open for that.
+                release = getattr(job.call, "release", None)
+                if release is not None:
+                    release()
 
         job.deferred = Deferred.fromCoroutine(run())
         return job

@@ -16,6 +16,7 @@ from typing import Any
 from sandboxd.access.audit import redact_url_secrets
 from sandboxd.errors import (
     ApiError,
+    file_exists,
     git_conflict,
     git_error,
     insufficient_storage,
@@ -130,6 +131,8 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
             # A checkout or a switch while a merge is left to resolve.
             "resolve your current index first",
             "is unmerged",
+            # A pull (or a commit, a cherry-pick) while one is.
+            "you have unmerged files",
         ),
     ),
     (
@@ -196,6 +199,9 @@ def classify_failure(
             "lock file); try again once it is done: " + said,
             "locked",
         )
+    if "destination path" in lowered and "already exists" in lowered:
+        # A clone whose target was made meanwhile: no branch involved.
+        return file_exists(tail)
     for kind, phrases in _CONFLICT_KINDS:
         if any(p in lowered for p in phrases):
             if kind == "non_fast_forward" and "remote rejected" in lowered:
@@ -458,6 +464,38 @@ def push_rejection(updated: list[dict[str, Any]]) -> str:
         meaning = _REJECTED_BECAUSE.get(reason, "pull first, then push again")
         parts.append(f"the push of {entry['ref']} was rejected ({reason}): {meaning}")
     return "; ".join(parts) or "the push was rejected: pull first, then push again"
+
+
+def without_progress(text: str) -> str:
+    """
+    ``text`` without git's progress lines (``Writing objects: 100% ...``,
+    ``Total 3 (delta 0) ...``), which otherwise fill the head of an error
+    message whose words are the remote's and git's.
+    """
+    kept = [
+        line
+        for line in text.replace("\r", "\n").split("\n")
+        if line.strip()
+        and parse_progress(line) is None
+        and not line.startswith(("Total ", "remote: Total "))
+        and not re.match(r"^(remote: )?[A-Za-z ]+: +\d+% \(", line)
+    ]
+    return "\n".join(kept)
+
+
+def remote_message(text: str) -> str | None:
+    """
+    What the remote itself said (its ``remote:`` lines, as a hook that
+    refuses a push prints them), without git's prefix and progress; None
+    when it said nothing.
+    """
+    said = [
+        line[len("remote:") :].strip()
+        for line in without_progress(text).split("\n")
+        if line.startswith("remote:")
+    ]
+    said = [line for line in said if line]
+    return "\n".join(said)[-2000:] or None
 
 
 def push_report(output: bytes) -> str:

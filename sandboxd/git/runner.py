@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -51,7 +52,8 @@ from sandboxd.git import (
 )
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
-from sandboxd.git.remotes import Remote, pin_setting
+from sandboxd.git.remotes import Remote, literal_addresses, pin_setting
+from sandboxd.git.target import hold_dir
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
@@ -166,7 +168,12 @@ class GitCall:
     Where one request's git runs, as whom, with which settings and limits.
 
     :ivar cwd: the directory git runs in (the repository, or the parent of
-        a clone's target).
+        a clone's target), as checked.
+    :ivar held: the descriptor of that directory, opened by the guard when
+        it was checked, or None: git starts in the directory held
+        (:func:`~sandboxd.processes.held_directory`), so a link swapped in
+        at ``cwd`` afterwards cannot send it outside the base dir.  The
+        call owns it and closes it when it is dropped.
     """
 
     def __init__(
@@ -176,10 +183,18 @@ class GitCall:
         cwd: str,
         user: Any = None,
         timeout: float | None = None,
+        held: int | None = None,
     ) -> None:
         self.context = context
         self.rule = rule
         self.cwd = cwd
+        self.held = held
+        self._start_in = cwd
+        #: What closes the descriptors held (each at most once).
+        self._releases: list[weakref.finalize[Any, Any]] = []
+        if held is not None:
+            self._start_in = processes.held_directory(held)
+            self._releases.append(weakref.finalize(self, os.close, held))
         self.run_as: RunAs | None = resolve_user(user, rule)
         base = child_environment(context, rule, base=BOOT_ENVIRON)
         self.proxy = proxy_of(base)
@@ -200,6 +215,9 @@ class GitCall:
             self.protocols.append("ssh")
         self.git_dir: str | None = None
         self.top: str | None = None
+        #: Where a call ``-C top`` starts instead: the top held, once the
+        #: repository is opened (see :meth:`run`).
+        self._top_start: str | None = None
         #: The repository whose writing calls run one at a time (its git
         #: dir), once it is opened for writing.
         self.lock_key: str | None = None
@@ -207,6 +225,15 @@ class GitCall:
         self.child: Any = None
         #: The names the repository's own configuration sets, once opened.
         self.local_names: list[str] | None = None
+
+    def release(self) -> None:
+        """
+        Close the directories held, once no more git runs for this call
+        (a finished job keeps its call to describe it); dropping the call
+        closes them too.
+        """
+        for release in self._releases:
+            release()
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -243,6 +270,13 @@ class GitCall:
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, op)
+        if self.held is not None and places.top is not None:
+            if places.top == self.cwd:
+                self._top_start = self._start_in
+            else:
+                _, top_fd = hold_dir(guard, places.top, op)
+                self._releases.append(weakref.finalize(self, os.close, top_fd))
+                self._top_start = processes.held_directory(top_fd)
         if os.path.lexists(places.alternates_file):
             counted = await self.run(["count-objects", "-v"])
             for other in parse_alternates(counted.stdout):
@@ -290,9 +324,19 @@ class GitCall:
     def argv(
         self, args: list[str], remote: Remote | None = None, pin: str = ""
     ) -> list[str]:
-        """git's argv: the safe settings, ours, the address pin, then ``args``."""
+        """
+        git's argv: the safe settings, ours, the address pin, then ``args``.
+
+        A host given as an address literal needs no pin (curl looks nothing
+        up for it), and curl cannot parse a pin for an IPv6 literal at all.
+        """
         extra = list(self.config)
-        if remote is not None and pin and remote.scheme == "https":
+        if (
+            remote is not None
+            and pin
+            and remote.scheme == "https"
+            and literal_addresses(remote) is None
+        ):
             extra.append(pin_setting(remote, pin))
         return git_argv("git", args, extra)
 
@@ -326,7 +370,15 @@ class GitCall:
             file, so they would stay).
         :param home_config: let git read the user's global configuration
             (for :meth:`identity_from_home` alone).
+
+        ``args`` starting ``-C TOP`` (the repository's top) start git in the
+        top held since the repository was opened instead: git would look
+        the name up again.
         """
+        start_in = self._start_in
+        if args[:1] == ["-C"] and self.top is not None and args[1:2] == [self.top]:
+            if self._top_start is not None:
+                args, start_in = args[2:], self._top_start
         async with self._turn(remote, timeout):
             env = dict(self.env)
             if own_pathspecs:
@@ -357,7 +409,7 @@ class GitCall:
                     self.argv(args, remote, pin),
                     children=self.context.children,
                     env=env,
-                    cwd=self.cwd,
+                    cwd=start_in,
                     timeout=timeout if timeout is not None else self.timeout,
                     idle_timeout=self.idle_timeout if remote is not None else None,
                     max_output_bytes=self.max_output,
@@ -438,7 +490,7 @@ class GitCall:
     def free_bytes(self) -> int | None:
         """The bytes git's user may still write on the work tree's file system."""
         try:
-            st = os.statvfs(self.cwd)
+            st = os.statvfs(self._start_in)
         except OSError:
             return None
         uid, _ = self.uid_gid
@@ -446,8 +498,11 @@ class GitCall:
         return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
 
 
-def repo_path(request: Any, value: Any, name: str = "path") -> str:
-    """A repository path from the request, through the guard, as a directory."""
+def repo_path(request: Any, value: Any, name: str = "path") -> tuple[str, int]:
+    """
+    A repository directory from the request, through the guard: its
+    resolved path and a descriptor held on it (see :func:`hold_dir`).
+    """
     from sandboxd.web import params
 
     text = params.path(value, name, ".", parents=False)
@@ -461,7 +516,14 @@ def repo_path(request: Any, value: Any, name: str = "path") -> str:
                 f"'{name}' names the repository's directory"
             )
         raise not_found(f"not a git repository (no such directory): {text}")
-    return guard.cwd(text)
+    try:
+        return hold_dir(guard, text)
+    except ApiError as e:
+        if e.status in (400, 404):
+            raise not_found(
+                f"not a git repository (no such directory): {text}"
+            ) from None
+        raise
 
 
 def require_text(value: Any, name: str, limit: int) -> str:
@@ -483,7 +545,7 @@ def ref_name(value: Any, name: str) -> str:
         raise bad_request(f"'{name}' must be a non-empty string")
     if value.startswith("-") or any(c in value for c in "\x00\n\r \t~^:?*[\\"):
         if not (
-            name in ("target", "rev", "ref", "source", "start_point")
+            name in ("target", "rev", "ref", "source", "start_point", "commit")
             and _revision(value)
         ):
             raise bad_request(f"'{name}' is not a valid ref name: {value!r}")

@@ -868,6 +868,10 @@ GIT_MESSAGE_MAX_BYTES = 64 * KIB
 #: git: the most commits ``git_log`` returns.
 GIT_LOG_MAX = 1000
 
+#: git: the most commits a checkout's answer names as left behind (a
+#: detached HEAD's commits no ref holds), newest first.
+GIT_LEFT_BEHIND_MAX = 100
+
 #: git: the bytes of the user's files a restore or a stash pop keeps in
 #: memory, so that a call that fails half-way can put them back.
 GIT_KEEP_BYTES = 32 * MIB

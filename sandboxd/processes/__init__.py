@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         ENV_PROGRAM,
         RunResult,
         end_all,
+        held_directory,
         run_collect,
         spawn,
     )
@@ -70,6 +71,7 @@ _EXPORTS = {
     "ENV_PROGRAM": "sandboxd.processes.run",
     "RunResult": "sandboxd.processes.run",
     "end_all": "sandboxd.processes.run",
+    "held_directory": "sandboxd.processes.run",
     "run_collect": "sandboxd.processes.run",
     "spawn": "sandboxd.processes.run",
     "Managed": "sandboxd.processes.managed",
@@ -94,6 +96,7 @@ __all__ = [
     "RunResult",
     "count_leftovers",
     "end_all",
+    "held_directory",
     "run_collect",
     "signal_child",
     "signal_exited_tree",

@@ -116,6 +116,25 @@ def _spawn_in(
     spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds, confine)
 
 
+def held_directory(fd: int) -> str:
+    """
+    A ``cwd`` for :func:`spawn` that is the directory the daemon holds open
+    at ``fd``, whatever its path names by the time the child starts.
+
+    A path checked, then handed to a child as text, is looked up again by
+    the child: a directory renamed away and a link put in its place in
+    between sends the child elsewhere.  ``/proc/<daemon>/fd/N`` is a magic
+    link: the kernel's lookup lands on the open directory itself, never on
+    a name.  Every spawn path changes directory before the child switches
+    user (posix_spawn's file actions run before ``setpriv`` is exec'd;
+    Twisted's fork calls ``chdir`` before ``switchUID``; ``env -C`` is used
+    only when no switch happens), so the lookup is made with the daemon's
+    own credentials, which may read its own descriptors.  The caller keeps
+    ``fd`` open until the child has started.
+    """
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
 @functools.cache
 def _devnull() -> int:
     """

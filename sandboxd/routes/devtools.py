@@ -13,6 +13,7 @@ everything that could make a repository run code switched off
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList
@@ -167,8 +168,15 @@ class _Git:
 
         self.request = request
         self.rule: EffectiveRule = request.rule
+        from sandboxd.git.target import hold_dir
+
         path = params.path(request.arg("path"), "path", ".", parents=False)
-        self.cwd = PathGuard(self.rule).cwd(path)
+        guard = PathGuard(self.rule)
+        # git starts in the directory checked, held open: a link swapped in
+        # at its path meanwhile cannot send it outside the base dir.
+        self.cwd, held = hold_dir(guard, guard.cwd(path))
+        weakref.finalize(self, os.close, held)
+        self.start_in = processes.held_directory(held)
         self.env = git.git_environment(
             child_environment(request.context, self.rule, base=BOOT_ENVIRON),
             ceiling=git.ceiling_for(self.cwd, self.rule.base_dir),
@@ -179,6 +187,8 @@ class _Git:
         #: The work tree's top (names in git's output are relative to it),
         #: once :meth:`prepare` learnt it; None for a bare repository.
         self.top: str | None = None
+        #: The git dir, once :meth:`prepare` learnt it.
+        self.git_dir: str | None = None
 
     async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
         """Run git; the result, or the error the client sees."""
@@ -191,7 +201,7 @@ class _Git:
                 argv,
                 children=self.request.context.children,
                 env=self.env,
-                cwd=self.cwd,
+                cwd=self.start_in,
                 timeout=self.timeout,
                 max_output_bytes=max_output_bytes,
                 run_as=self.run_as,
@@ -227,6 +237,7 @@ class _Git:
         if places is None:
             raise git_error("a path of the repository holds a line break")
         self.top = places.top
+        self.git_dir = places.git_dir
         guard = PathGuard(self.rule)
         for place in sorted(places.holders):
             guard.check(place, "read")
@@ -298,7 +309,7 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
         raise git_error("git status printed more than can be returned")
     # A denied file is not named, as files_list does not name it.
     shown = run.shown if request.rule.paths.deny else None
-    return git.status_result(result.stdout, shown)
+    return git.status_result(result.stdout, shown, git.in_progress(run.git_dir))
 
 
 async def git_diff(request: ServerRequest) -> dict[str, Any]:

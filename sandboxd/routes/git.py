@@ -15,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import os
-import shutil
-from collections.abc import AsyncIterator, Callable, Set
+from collections.abc import AsyncIterator, Set
 from typing import Any
 
 from sandboxd.access.audit import redact_url_secrets
-from sandboxd.access.guard import PathGuard
+from sandboxd.access.guard import PathGuard, os_error
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -35,7 +34,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.git import NO_DIFF_PROGRAMS, parse_numstat, truncate_diff
-from sandboxd.git.askpass import Secret, under_prefix
+from sandboxd.git.askpass import Secret, dot_segments, under_prefix
 from sandboxd.git.jobs import GitJob, GitJobTable
 from sandboxd.git.outcomes import (
     BRANCH_FORMAT,
@@ -61,6 +60,7 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
+from sandboxd.git.target import CloneTarget, hold_dir
 from sandboxd.git.worktree import (
     KeepBudget,
     KeptTree,
@@ -79,9 +79,8 @@ from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 async def _repo(request: ServerRequest, value: Any, op: str = "write") -> GitCall:
     """The call for the repository at ``value`` (404 when it is none)."""
-    call = GitCall(
-        request.context, request.rule, repo_path(request, value), user=_user(request)
-    )
+    path, held = repo_path(request, value)
+    call = GitCall(request.context, request.rule, path, user=_user(request), held=held)
     request.audit["repo"] = call.cwd
     await call.open_repository(op)
     return call
@@ -207,34 +206,51 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
     """``POST /git/init {path, initial_branch?: "main", bare?: false}``."""
     body = request.body
     text = params.path(body.get("path"), "path", parents=False)
-    target = PathGuard(request.rule).check(text, "write")
+    guard = PathGuard(request.rule)
+    target = guard.check(text, "write")
     branch = ref_name(body.get("initial_branch") or "main", "initial_branch")
     bare = params.flag(body.get("bare"), "bare")
-    parent = os.path.dirname(target) or "/"
+    parent, parent_fd = hold_dir(guard, guard.cwd(os.path.dirname(target) or "/"))
     call = GitCall(
-        request.context,
-        request.rule,
-        PathGuard(request.rule).cwd(parent),
-        user=_user(request),
+        request.context, request.rule, parent, user=_user(request), held=parent_fd
     )
     args = ["init", "-q", f"--initial-branch={branch}"]
     if bare:
         args.append("--bare")
-    undo = _init_undo(target, bare)
+    # git works in the directory held, named "." (a name would be looked
+    # up again, through whatever link was put there meanwhile).
+    place = CloneTarget(parent_fd, parent, os.path.basename(target), "the target")
     try:
-        await call.run([*args, "--", target])
-    except ApiError:
-        # Only what git made and gave up on: a call refused before git ran
-        # made nothing (and another call's repository may be there by now);
-        # one cancelled while git runs leaves what git finishes.
-        if call.child is not None:
-            undo()
-        raise
+        place.make(call.uid_gid if os.geteuid() == 0 else None, reuse_full=True)
+        before = [] if place.made else place.entries()
+    except OSError as e:
+        place.close()
+        raise os_error(e, text) from None
+    inner = GitCall(
+        request.context,
+        request.rule,
+        place.path,
+        user=_user(request),
+        held=os.dup(place.fd),
+    )
+    try:
+        try:
+            await inner.run([*args, "--", "."])
+            place.place()
+        except BaseException:
+            # What git made and gave up on, and the directory made for it;
+            # in a directory that was there, only the repository's entries
+            # that were not (another call's repository may be there by
+            # now).  An error answer leaves the sandbox as it was.
+            if place.made or inner.child is not None:
+                keep = set(before) | set(place.entries()) - _init_entries(bare)
+                place.undo(keep)
+            raise
+    finally:
+        place.close()
     # git re-initialises an existing repository and keeps its HEAD (it
     # ignores --initial-branch with a warning): answer the branch it has.
-    head = await call.run(
-        ["-C", target, "symbolic-ref", "--short", "-q", "HEAD"], check=False
-    )
+    head = await inner.run(["symbolic-ref", "--short", "-q", "HEAD"], check=False)
     current: str | None = branch  # git could not read HEAD: what it was asked
     if head.exit_code == 0:
         current = _text(head.stdout).rstrip("\n") or None
@@ -249,33 +265,9 @@ _BARE_ENTRIES = frozenset(
 )
 
 
-def _init_undo(target: str, bare: bool) -> Callable[[], None]:
-    """
-    What undoes a ``git init`` of ``target`` that failed half way (a full
-    disk stops it after its first files): ``target``, when it was not
-    there (its parent is the call's working directory, so it exists);
-    else the repository's entries that were not there (``.git``, or a bare
-    repository's own), never anything else in it.  An error answer leaves
-    the sandbox as it was.
-    """
-    if not os.path.lexists(target):
-        return lambda: shutil.rmtree(target, ignore_errors=True)
-    try:
-        before = set(os.listdir(target))
-    except OSError:
-        return lambda: None
-    entries = _BARE_ENTRIES if bare else frozenset({".git"})
-    new = [os.path.join(target, name) for name in entries - before]
-
-    def remove_new() -> None:
-        for path in new:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-
-    return remove_new
+def _init_entries(bare: bool) -> frozenset[str]:
+    """The entries ``git init`` makes in its directory."""
+    return _BARE_ENTRIES if bare else frozenset({".git"})
 
 
 async def git_add(request: ServerRequest) -> dict[str, Any]:
@@ -500,6 +492,10 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
     args = ["checkout", "-q"]
     if params.flag(body.get("force"), "force"):
         args.append("--force")
+    # A detached HEAD's commits that no ref holds are left behind by a
+    # checkout of anything else (git warns; an agent has no reflog to
+    # find them again): the answer names them.
+    detached_at = None if await _current_branch(call) else await _head(call)
     if params.flag(body.get("create"), "create"):
         args += ["-b", ref]
         await call.run(args)
@@ -507,7 +503,27 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
         args += [ref, "--"]
         await _switch_tree(request, call, args, ref)
     branch = await _current_branch(call)
-    return {"branch": branch, "commit": await _head(call), "detached": branch is None}
+    head = await _head(call)
+    out: dict[str, Any] = {"branch": branch, "commit": head, "detached": branch is None}
+    if detached_at is not None and detached_at != head:
+        lost = await call.run(
+            [
+                "rev-list",
+                f"--max-count={defaults.GIT_LEFT_BEHIND_MAX}",
+                detached_at,
+                "--not",
+                "--branches",
+                "--tags",
+                "--remotes",
+                "HEAD",
+                "--",
+            ],
+            check=False,
+        )
+        left = _text(lost.stdout).split() if lost.exit_code == 0 else []
+        if left:
+            out["left_behind"] = left
+    return out
 
 
 async def _switch_tree(
@@ -1015,8 +1031,13 @@ def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
         if spec is None:
             raise bad_request(f"no git credential named {name!r} in the policy")
         if not under_prefix(redact_url_secrets(remote.url), spec.url_prefix):
+            dots = (
+                " (and never to a URL whose path holds '.' or '..' segments)"
+                if dot_segments(remote.url)
+                else ""
+            )
             raise forbidden(
-                f"the credential {name!r} may only be sent to {spec.url_prefix}",
+                f"the credential {name!r} may only be sent to {spec.url_prefix}{dots}",
                 Code.URL_NOT_ALLOWED,
                 rule=f"policy:git.credentials.{name}.url_prefix",
             )
@@ -1149,7 +1170,7 @@ async def git_clone(request: ServerRequest) -> Any:
     target = guard.check(text, "write")
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise file_exists(f"the clone target exists and is not empty: {text}")
-    parent = guard.cwd(os.path.dirname(target) or "/")
+    parent, parent_fd = hold_dir(guard, guard.cwd(os.path.dirname(target) or "/"))
     args = ["clone", "--progress", "--no-recurse-submodules"]
     if body.get("branch") is not None:
         args += ["--branch", ref_name(body.get("branch"), "branch")]
@@ -1175,40 +1196,73 @@ async def git_clone(request: ServerRequest) -> Any:
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
     user = _user(request)
-    call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
+    call = GitCall(
+        request.context,
+        request.rule,
+        parent,
+        user=user,
+        timeout=timeout,
+        held=parent_fd,
+    )
     request.audit["remote"] = redact_url_secrets(remote.url)
     request.audit["repo"] = target
-
-    existed = os.path.lexists(target)
+    place = CloneTarget(parent_fd, parent, os.path.basename(target))
 
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call
         try:
-            await call.run(
-                [*args, "--", remote.url, target],
+            place.make(call.uid_gid if os.geteuid() == 0 else None)
+        except OSError as e:
+            raise os_error(e, text) from None
+        try:
+            # git works in the directory held, named "." (a name would be
+            # looked up again), then the clone takes the target's name.
+            clone = GitCall(
+                request.context,
+                request.rule,
+                place.path,
+                user=user,
+                timeout=timeout,
+                held=os.dup(place.fd),
+            )
+            job.call = clone
+            await clone.run(
+                [*args, "--", remote.url, "."],
                 remote=remote,
                 pin=pin,
                 secret=secret,
                 observe=job.observe,
             )
+            if commit is not None:
+                # Before the clone takes its name: a commit it cannot check
+                # out leaves nothing behind.  (The repository is git's own,
+                # just made: this checkout runs as the clone's own did.)
+                await clone.run(["checkout", "-q", "--detach", commit, "--"])
+            place.place()
+            repo = GitCall(
+                request.context,
+                request.rule,
+                target,
+                user=user,
+                timeout=timeout,
+                held=os.dup(place.fd),
+            )
+            job.call = repo
+            await repo.open_repository()
+            branch = await _current_branch(repo)
+            head = await _head(repo)
         except BaseException:
-            # A cancelled or killed clone leaves a partial directory: remove
-            # what this call made, once git's tree is gone.
-            killing = getattr(call.child, "killing", None)
+            # A failed, cancelled or killed clone leaves a partial
+            # directory: remove what this call made, once git's tree is
+            # gone.  An error answer means nothing happened.
+            killing = getattr(job.call.child, "killing", None)
             if killing is not None:
                 await killing
-            if not existed:
-                await request.context.in_thread(shutil.rmtree, target, True)
+            await request.context.in_thread(place.undo)
             raise
-        repo = GitCall(
-            request.context, request.rule, target, user=user, timeout=timeout
-        )
-        job.call = repo
-        await repo.open_repository()
-        if commit is not None:
-            await repo.run(["checkout", "-q", "--detach", commit, "--"])
-        branch = await _current_branch(repo)
-        return {"path": target, "head": {"branch": branch, "commit": await _head(repo)}}
+        finally:
+            place.close()
+        return {"path": target, "head": {"branch": branch, "commit": head}}
 
     job = _start_job(request, "clone", target, secret, work)
     return await _answer(request, job, wait)
@@ -1443,6 +1497,21 @@ async def git_push(request: ServerRequest) -> Any:
             check=False,
         )
         updated = await _pushed_commits(call, parse_push(result.stdout), branch, sha)
+        refused = [u["ref"] for u in updated if u["status"] == "rejected"]
+        if refused:
+            # git names the remote's commit only for an update it made; a
+            # refused ref is as the remote has it still.
+            listed = await call.run(
+                ["ls-remote", name, *refused],
+                remote=remote,
+                pin=pin,
+                secret=secret,
+                check=False,
+            )
+            theirs = _remote_refs(listed.stdout) if listed.exit_code == 0 else {}
+            for entry in updated:
+                if entry["status"] == "rejected" and entry["old"] is None:
+                    entry["old"] = theirs.get(entry["ref"])
         if result.exit_code != 0:
             text = redact(
                 _text(result.stderr) + "\n" + push_report(result.stdout), job.hidden
@@ -1454,9 +1523,19 @@ async def git_push(request: ServerRequest) -> Any:
                 error = conflict_error("non_fast_forward", push_rejection(updated))
                 error.extra["updated"] = updated
                 raise error
-            from sandboxd.git.outcomes import classify_failure
+            from sandboxd.git.outcomes import (
+                classify_failure,
+                remote_message,
+                without_progress,
+            )
 
-            raise classify_failure(text, result.exit_code, True)
+            failure = classify_failure(without_progress(text), result.exit_code, True)
+            if updated:
+                failure.extra["updated"] = updated
+            said = remote_message(text)
+            if said:
+                failure.extra["remote_message"] = said
+            raise failure
         verify = await call.run(
             ["ls-remote", name, f"refs/heads/{branch}"],
             remote=remote,
@@ -1482,12 +1561,22 @@ async def _pushed_commits(
     """
     ``updated`` with whole object names: the branch's ``new`` is the
     commit pushed (or offered, when refused), which git leaves out for a
-    new branch; abbreviations git printed are spelled out.  ``old`` stays
-    null where the remote had no such ref.
+    new branch, and a tag's is the local tag's object; a ref the remote
+    already had as it is was ``old`` there too; abbreviations git printed
+    are spelled out.  ``old`` stays null where the remote had no such ref
+    (a refused one's is filled by the caller).
     """
     for entry in updated:
         if entry["ref"] == f"refs/heads/{branch}":
             entry["new"] = sha
+        elif entry["new"] is None and entry["ref"].startswith("refs/tags/"):
+            found = await call.run(
+                ["rev-parse", "-q", "--verify", "--end-of-options", entry["ref"]],
+                check=False,
+            )
+            entry["new"] = _text(found.stdout).strip() or None
+        if entry["status"] == "up_to_date" and entry["old"] is None:
+            entry["old"] = entry["new"]
         for key in ("old", "new"):
             short = entry.get(key)
             if short and len(short) < len(sha):
@@ -1499,6 +1588,16 @@ async def _pushed_commits(
                 if found.exit_code == 0 and full:
                     entry[key] = full
     return updated
+
+
+def _remote_refs(listing: bytes) -> dict[str, str]:
+    """``ref -> object`` from ``git ls-remote``'s lines."""
+    refs: dict[str, str] = {}
+    for line in _text(listing).splitlines():
+        sha, _, ref = line.partition("\t")
+        if sha and ref:
+            refs[ref] = sha
+    return refs
 
 
 # -- jobs --------------------------------------------------------------------------

@@ -142,6 +142,21 @@ class ClassifyTests(SynchronousTestCase):
             False,
         )
         self.check(
+            "Cloning into 'proj'...\nfatal: destination path 'proj' already exists"
+            " and is not an empty directory.",
+            409,
+            "file_exists",
+            None,
+            True,
+        )
+        self.check(
+            "error: Pulling is not possible because you have unmerged files.\n"
+            "hint: Fix them up in the work tree",
+            409,
+            "git_conflict",
+            "merge_conflict",
+        )
+        self.check(
             "CONFLICT (content): Merge conflict in a.txt",
             409,
             "git_conflict",

@@ -17,11 +17,12 @@ import time
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd import processes
 from sandboxd.git import runner
 from sandboxd.git.askpass import descends_from
 from sandboxd.git.jobs import GitJob
@@ -282,6 +283,11 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(
             reply.json()["updated"][0]["new"], run(work, "rev-parse", "HEAD").strip()
         )
+        # ... and the remote's commit it was refused over, not null (which
+        # would say the branch is new there).
+        self.assertEqual(
+            reply.json()["updated"][0]["old"], run(seed, "rev-parse", "HEAD").strip()
+        )
         # git's reason in words, not porcelain's last line ("Done").
         self.assertIn(
             "refs/heads/main was rejected (fetch first)", reply.json()["error"]
@@ -468,6 +474,20 @@ class OpenRemoteTests(RemoteCase):
             [(u["old"], u["new"], u["status"]) for u in pushed],
             [(None, run(work, "rev-parse", "feat").strip(), "ok")],
         )
+        tags = [u for u in reply.json()["updated"] if u["ref"] == "refs/tags/v1"]
+        self.assertEqual(
+            [(u["old"], u["new"]) for u in tags],
+            [(None, run(work, "rev-parse", "refs/tags/v1").strip())],
+        )
+        # Pushed again: up to date, the remote's commit before is the same.
+        reply = yield self.request(
+            "POST", "/git/push", {"path": "work", "branch": "feat", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            [(u["old"], u["new"], u["status"]) for u in reply.json()["updated"]],
+            [(pushed[0]["new"], pushed[0]["new"], "up_to_date")],
+        )
         refs = run(os.path.join(self.remote.root, "repo.git"), "show-ref")
         self.assertIn("refs/heads/feat", refs)
         self.assertIn("refs/tags/v1", refs)
@@ -511,7 +531,9 @@ class OpenRemoteTests(RemoteCase):
     def test_push_refused_by_a_hook(self) -> Any:
         """
         A push the remote's hook refuses is 502 ``rejected`` whose message
-        ends with git's line for the ref, not with porcelain's ``Done``.
+        ends with git's line for the ref, not with porcelain's ``Done``,
+        with the hook's words in ``remote_message`` and the refs in
+        ``updated``.
         """
         yield self.clone()
         hook = os.path.join(self.remote.root, "repo.git", "hooks", "pre-receive")
@@ -525,6 +547,13 @@ class OpenRemoteTests(RemoteCase):
         message = reply.json()["error"]
         self.assertIn("no pushes today", message)
         self.assertTrue(message.endswith("(pre-receive hook declined)"), message)
+        # The remote's own words apart, the ref's outcome, no progress lines.
+        self.assertEqual(reply.json()["remote_message"], "no pushes today")
+        self.assertNotIn("Writing objects", message)
+        self.assertEqual(
+            [(u["ref"], u["status"]) for u in reply.json()["updated"]],
+            [("refs/heads/main", "rejected")],
+        )
 
     @inlineCallbacks
     def test_protected_branch_push(self) -> Any:
@@ -613,6 +642,161 @@ class OpenRemoteTests(RemoteCase):
         )
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["code"], "file_exists")
+
+    @inlineCallbacks
+    def test_ipv6_literal_remote(self) -> Any:
+        """
+        A remote named by an IPv6 literal is tried (here nothing listens:
+        502 ``remote_error`` ``kind: network``), not refused by git over
+        the daemon's own address pin.
+        """
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": "https://[::1]:9/none.git", "path": "v6", "wait": 30},
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["kind"]), ("remote_error", "network")
+        )
+        self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "v6")))
+
+    @inlineCallbacks
+    def test_finished_job_holds_no_directory(self) -> Any:
+        """
+        A finished job, kept to be described, no longer holds open the
+        directories its git ran in.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        reply = yield self.request("POST", "/git/fetch", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target == work or target.startswith(work + "/"):
+                held.append(target)
+        self.assertEqual(held, [])
+
+    def when_git_clones(self, act: Any) -> None:
+        """Run ``act`` once, just before the clone's git starts."""
+        real = processes.run_collect
+
+        def act_then_run(clock: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "clone" in argv:
+                act()
+            return real(clock, argv, **kwargs)
+
+        self.patch(processes, "run_collect", act_then_run)
+
+    def leftovers(self) -> list[str]:
+        """The clone's own working directories still in the base dir."""
+        return [n for n in os.listdir(self.base_dir) if ".clone-" in n]
+
+    @inlineCallbacks
+    def test_clone_target_swapped_for_a_link(self) -> Any:
+        """
+        A link to an empty directory outside the base put at the clone's
+        target after the check, before git starts: nothing is written
+        outside; the clone is 409 ``file_exists`` and leaves nothing.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        target = os.path.join(self.base_dir, "tgt")
+        self.when_git_clones(lambda: os.symlink(outside, target))
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "tgt", "wait": 30}
+        )
+        self.assertEqual(os.listdir(outside), [])
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        self.assertTrue(os.path.islink(target))
+        self.assertEqual(self.leftovers(), [])
+
+    @inlineCallbacks
+    def test_clone_never_removes_what_another_made(self) -> Any:
+        """
+        A directory another call makes at the target while the clone runs
+        is kept with its files (the clone is 409 ``file_exists``), and of
+        two clones into one new path one wins and the other leaves it be.
+        """
+        notes = os.path.join(self.base_dir, "proj", "notes.txt")
+
+        def write_notes() -> None:
+            if not os.path.exists(notes):
+                os.makedirs(os.path.dirname(notes), exist_ok=True)
+                with open(notes, "w") as f:
+                    f.write("mine\n")
+
+        self.when_git_clones(write_notes)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "proj", "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        with open(notes) as f:
+            self.assertEqual(f.read(), "mine\n")
+        self.assertEqual(self.leftovers(), [])
+        # The same into an empty directory that was there: a file written
+        # into it while the clone runs stays.
+        os.remove(notes)
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "proj", "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        self.assertEqual(os.listdir(os.path.dirname(notes)), ["notes.txt"])
+        self.assertEqual(self.leftovers(), [])
+        self.patch(processes, "run_collect", processes.run.run_collect)
+        body = {"url": self.remote.url(), "path": "twice", "wait": 30}
+        replies = yield DeferredList(
+            [self.request("POST", "/git/clone", body) for _ in range(2)]
+        )
+        statuses = sorted(r.status for _, r in replies)
+        self.assertEqual(statuses, [200, 409], [r.body for _, r in replies])
+        with open(os.path.join(self.base_dir, "twice", "README")) as f:
+            self.assertEqual(f.read(), "hello\n")
+        self.assertEqual(self.leftovers(), [])
+
+    @inlineCallbacks
+    def test_clone_of_a_commit_it_cannot_check_out(self) -> Any:
+        """
+        A clone whose ``commit`` cannot be checked out is an error that
+        leaves no directory behind, so the retry with a good one works;
+        ``commit`` takes a revision as ``git_checkout`` does.
+        """
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm", "commit": "de" * 20, "wait": 30},
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "cm")))
+        self.assertEqual(self.leftovers(), [])
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm", "commit": "HEAD~0", "wait": 30},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIsNone(reply.json()["head"]["branch"])
+        # Into an empty directory that was there: it stays, empty.
+        os.mkdir(os.path.join(self.base_dir, "cm2"))
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "cm2", "commit": "de" * 20, "wait": 30},
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "cm2")), [])
+        self.assertEqual(self.leftovers(), [])
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "cm2", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
 
 
 class HostileRemoteConfigTests(RemoteCase):
@@ -958,6 +1142,25 @@ class PrivateRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 403, reply.body)
         self.assertEqual(reply.json()["code"], "url_not_allowed")
 
+    @inlineCallbacks
+    def test_dot_segments_never_pass_a_prefix(self) -> Any:
+        """
+        A URL whose path holds ``..`` (or ``%2e%2e``) is not under a
+        credential's prefix by its text: git would remove the segment
+        before connecting.  403 ``url_not_allowed`` up front, nothing cloned.
+        """
+        for dots in ("x/../", "x/%2e%2e/", "./"):
+            url = self.remote.url("").rstrip("/") + "/" + dots + "repo.git"
+            reply = yield self.request(
+                "POST",
+                "/git/clone",
+                {"url": url, "path": "d", "auth": {"credential": "test"}, "wait": 30},
+            )
+            self.assertEqual(reply.status, 403, (dots, reply.body))
+            self.assertEqual(reply.json()["code"], "url_not_allowed")
+            self.assertIn("'..' segments", reply.json()["error"])
+            self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "d")))
+
 
 class CancelTests(RemoteCase):
     """A cancel ends git's whole tree; max_jobs bounds what runs."""
@@ -1090,8 +1293,11 @@ class RunAsUserTests(RemoteCase):
             },
         )
         self.assertEqual(reply.status, 200, reply.body)
+        nobody = pwd.getpwnam("nobody").pw_uid
         st = os.stat(os.path.join(self.base_dir, "mine", "README"))
-        self.assertEqual(st.st_uid, pwd.getpwnam("nobody").pw_uid)
+        self.assertEqual(st.st_uid, nobody)
+        # The directory the daemon made for the clone is theirs too.
+        self.assertEqual(os.stat(os.path.join(self.base_dir, "mine")).st_uid, nobody)
 
 
 class PrivateNetworkTests(DaemonTestCase):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import pwd
 import secrets
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from sandboxd.processes import posix_spawn as spawn
 from sandboxd.processes import spawning
 from sandboxd.processes import tree as proctree
 from sandboxd.processes.child import HeadTail, share
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import run_collect
 from tests.helpers import ReadyPipe, kill_marked, marked_pids, until_exited
 
@@ -413,6 +415,42 @@ class RunCollectTests(TestCase):
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
         self.assertNotEqual(os.getcwd(), self.cwd)
+
+    @inlineCallbacks
+    def test_held_directory_on_every_spawn_path(self) -> Any:
+        """
+        A child given a held directory starts in that very directory, on
+        every spawn path and as another user too, even after the path it
+        was opened by names a link to somewhere else.
+        """
+        held = os.path.join(self.cwd, "held")
+        elsewhere = os.path.join(self.cwd, "elsewhere")
+        os.mkdir(held)
+        os.mkdir(elsewhere)
+        os.chmod(self.cwd, 0o755)
+        fd = os.open(held, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.addCleanup(os.close, fd)
+        os.rename(held, held + ".moved")
+        os.symlink(elsewhere, held)
+        cwd = processes.held_directory(fd)
+        expected = (held + ".moved").encode() + b"\n"
+        run_as = [None]
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("nobody")
+            run_as.append(RunAs("nobody", entry.pw_uid, entry.pw_gid, "/"))
+        for user in run_as:
+            result = yield self.run_(["sh", "-c", "pwd -P"], cwd=cwd, run_as=user)
+            self.assertEqual(result.stdout, expected, (user, result.stderr))
+        self.patch(spawn, "AVAILABLE", False)
+        for user in run_as:
+            result = yield self.run_(["sh", "-c", "pwd -P"], cwd=cwd, run_as=user)
+            self.assertEqual(result.stdout, expected, (user, result.stderr))
+        self.patch(processes.run.threading, "active_count", lambda: 2)
+        result = yield self.run_(["sh", "-c", "pwd -P"], cwd=cwd)
+        self.assertEqual(result.stdout, expected)
+        self.patch(processes.run, "_ENV_CHDIR", False)
+        result = yield self.run_(["sh", "-c", "pwd -P"], cwd=cwd)
+        self.assertEqual(result.stdout, expected)
 
     @inlineCallbacks
     def test_unsupported_spawn_falls_back(self) -> Any:

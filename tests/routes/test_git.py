@@ -16,6 +16,7 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred, DeferredList, DeferredLock, inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd import processes
 from sandboxd.git import runner
 from sandboxd.processes.run import RunResult
 from sandboxd.routes.git import _ListCut, _listed
@@ -154,6 +155,37 @@ class GitLocalTests(DaemonTestCase):
         self.assertEqual(
             sorted(b["name"] for b in body["branches"]), ["feature", "main"]
         )
+
+    @inlineCallbacks
+    def test_checkout_names_commits_left_behind(self) -> Any:
+        """
+        A checkout away from a detached HEAD names the commits made there
+        that no ref holds (git's warning), newest first; none otherwise.
+        """
+        first = yield self.init_repo()
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": first["commit"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn("left_behind", reply.json())
+        made = []
+        for n in range(2):
+            reply = yield self.request(
+                "POST",
+                "/git/commit",
+                {"path": "repo", "message": f"adrift {n}", "allow_empty": True},
+            )
+            self.assertEqual(reply.json()["branch"], None)
+            made.append(reply.json()["commit"])
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "main"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["left_behind"], made[::-1])
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "main"}
+        )
+        self.assertNotIn("left_behind", reply.json())
 
     @inlineCallbacks
     def test_protected_branch(self) -> Any:
@@ -758,6 +790,38 @@ class GitDeniedPathTests(DaemonTestCase):
     skip = "git is not installed" if NO_GIT else None
 
     @inlineCallbacks
+    def test_top_swapped_for_a_link(self) -> Any:
+        """
+        A call named below the repository's top lists the top's files in
+        the top it opened: with the repository renamed away and a link to
+        a clean one put in its place just before that listing, ``git_add``
+        of everything still finds the denied file and stages nothing.
+        """
+        repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(os.path.join(repo, "sub", "secret"))
+        git(repo, "init", "-q", "-b", "main")
+        with open(os.path.join(repo, "sub", "secret", "key"), "w") as f:
+            f.write("key\n")
+        clean = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(clean, "sub"))
+        git(clean, "init", "-q", "-b", "main")
+        real = processes.run_collect
+
+        def swap_then_run(reactor: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "ls-files" in argv and not os.path.islink(repo):
+                os.rename(repo, repo + ".moved")
+                os.symlink(clean, repo)
+            return real(reactor, argv, **kwargs)
+
+        self.patch(processes, "run_collect", swap_then_run)
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo/sub", "all": True}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(git(repo + ".moved", "diff", "--cached", "--name-only"), "")
+
+    @inlineCallbacks
     def test_files_named_from_below_the_top(self) -> Any:
         """
         Restore, add, commit, reset and log naming ``secret/k.txt`` from
@@ -985,6 +1049,61 @@ class RepositoryElsewhereTests(DaemonTestCase):
         reply = yield self.request("GET", "/git/log?path=mine")
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual([c["subject"] for c in reply.json()["commits"]], ["inside"])
+
+    @inlineCallbacks
+    def test_repository_swapped_for_a_link(self) -> Any:
+        """
+        The repository's directory renamed away and a link to another
+        repository put in its place after the call checked it, just before
+        git starts: the commit still lands in the directory that was
+        checked (under its new name), never in the other repository.
+        """
+        refs = self.outside_refs()
+        real = processes.run_collect
+        swapped: list[bool] = []
+
+        def swap_then_run(reactor: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "commit" in argv and not swapped:
+                swapped.append(True)
+                os.rename(self.repo, self.repo + ".moved")
+                os.symlink(self.outside, self.repo)
+            return real(reactor, argv, **kwargs)
+
+        self.patch(processes, "run_collect", swap_then_run)
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": "written inside", "allow_empty": True},
+        )
+        self.assertTrue(swapped)
+        self.assertEqual(self.outside_refs(), refs)
+        self.assertEqual(reply.status, 200, reply.body)
+        subjects = git(self.repo + ".moved", "log", "--format=%s").split()
+        self.assertEqual(subjects[0], "written")
+
+    @inlineCallbacks
+    def test_init_target_swapped_for_a_link(self) -> Any:
+        """
+        A link to an empty directory outside put at a new repository's
+        path after the check, just before git starts: nothing is made
+        outside; the call is 409 ``file_exists`` and leaves nothing.
+        """
+        empty = os.path.realpath(self.mktemp())
+        os.makedirs(empty)
+        target = os.path.join(self.base_dir, "fresh")
+        real = processes.run_collect
+
+        def swap_then_run(reactor: Any, argv: list[str], **kwargs: Any) -> Any:
+            if "init" in argv and not os.path.lexists(target):
+                os.symlink(empty, target)
+            return real(reactor, argv, **kwargs)
+
+        self.patch(processes, "run_collect", swap_then_run)
+        reply = yield self.request("POST", "/git/init", {"path": "fresh"})
+        self.assertEqual(os.listdir(empty), [])
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["fresh", "repo"])
 
 
 class HostileConfigTests(DaemonTestCase):

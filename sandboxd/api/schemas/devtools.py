@@ -73,6 +73,13 @@ SCHEMAS: dict[str, Schema] = {
                 "integer",
                 "changed files paths.deny refuses, left out of files (absent when none)",
             ),
+            F(
+                "in_progress",
+                "string",
+                "merge|rebase|cherry_pick|revert|bisect: an operation stopped "
+                "half way (on a conflict), which the next commit concludes or "
+                "continues (absent when none)",
+            ),
         ),
         errors=(
             *GUARD,

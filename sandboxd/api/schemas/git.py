@@ -196,6 +196,13 @@ SCHEMAS: dict[str, Schema] = {
             E(403, "protected_branch", "the branch matches params.protected_branches"),
             E(403, "param_not_allowed", "force without params.allow_force_push"),
             E(409, "git_conflict", "kind non_fast_forward (with updated)"),
+            E(
+                502,
+                "remote_error",
+                "kind rejected: the remote refused (a hook); with updated, and "
+                "remote_message holding what the remote said",
+                "GitError",
+            ),
         ),
         status=202,
         notes=_GIT_JOB_NOTES,
@@ -401,7 +408,19 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("force", "boolean", "throw away local changes", default=False),
         ),
-        response=(F("branch", nullable=True), F("commit"), F("detached", "boolean")),
+        response=(
+            F("branch", nullable=True),
+            F("commit"),
+            F("detached", "boolean"),
+            F(
+                "left_behind",
+                "array",
+                "the commits of the detached HEAD checked out from that no branch, "
+                "tag or remote branch holds, newest first (at most 100; absent "
+                "when none): make a branch at the first to keep them",
+                items="string",
+            ),
+        ),
         errors=(
             *GIT_LOCAL_ERRORS,
             E(
