@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, inlineCallbacks, succeed
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -542,7 +542,7 @@ class ListRunnableTests(DaemonTestCase):
 
 
 class AsyncioCommandTests(DaemonTestCase):
-    """A coroutine command runs on the reactor, which is no asyncio loop."""
+    """A coroutine command runs on an asyncio loop of its own, off the reactor."""
 
     autostart = False
 
@@ -553,12 +553,20 @@ class AsyncioCommandTests(DaemonTestCase):
         @registry.command("aslow")
         async def aslow(seconds: float = 0.01) -> str:
             await asyncio.sleep(seconds)
-            return "slept"
+            return threading.current_thread().name
 
         @registry.command("twisted_sleep")
         async def twisted_sleep() -> str:
+            await Deferred()
+            return "never"
+
+        async def _twisted_nap() -> str:
             await deferLater(reactor, 0.01, lambda: None)
-            return "slept"
+            return threading.current_thread().name
+
+        @registry.command("twisted_on_the_reactor")
+        def twisted_on_the_reactor() -> Deferred[str]:
+            return ensureDeferred(_twisted_nap())
 
         @registry.command("asyncio_on_a_thread")
         def asyncio_on_a_thread() -> str:
@@ -571,29 +579,132 @@ class AsyncioCommandTests(DaemonTestCase):
         return self.start(registry=registry)
 
     @inlineCallbacks
-    def test_asyncio_awaited_is_explained(self) -> Any:
+    def test_asyncio_awaited_works(self) -> Any:
         """
-        A coroutine command awaiting asyncio answers 500 naming the command
-        and saying why and what to do instead (was: 500 "no running event
-        loop" alone); awaiting Deferreds works, and so does a plain function
-        running its asyncio code with ``asyncio.run``, as the answer says.
+        A coroutine command may await asyncio (was: 500 "awaited asyncio",
+        since it ran on the reactor): it runs on a command thread, on a loop
+        of its own.  One awaiting a Deferred there answers 500 naming the
+        command and saying what to write instead; a plain function
+        annotated ``-> Deferred`` still runs its Twisted coroutine on the
+        reactor, and a plain function may still call ``asyncio.run``.
         """
         reply = yield self.request("POST", "/commands/aslow")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotEqual(reply.json()["result"], "MainThread")
+        reply = yield self.request("POST", "/commands/twisted_sleep")
         self.assertEqual(reply.status, 500, reply.body)
         body = reply.json()
         self.assertEqual((body["code"], body["type"]), ("internal", "RuntimeError"))
         self.assertTrue(
-            body["error"].startswith(
-                "command 'aslow' awaited asyncio (no running event loop): sandboxd"
-                " runs a coroutine command on its Twisted reactor"
-            ),
+            body["error"].startswith("command 'twisted_sleep' awaited a Deferred"),
             body["error"],
         )
-        self.assertIn("asyncio.run(...)", body["error"])
-        reply = yield self.request("POST", "/commands/twisted_sleep")
-        self.assertEqual(reply.json(), {"result": "slept"})
+        self.assertIn("'-> Deferred'", body["error"])
+        reply = yield self.request("POST", "/commands/twisted_on_the_reactor")
+        self.assertEqual(reply.json(), {"result": "MainThread"})
         reply = yield self.request("POST", "/commands/asyncio_on_a_thread")
         self.assertEqual(reply.json(), {"result": "slept"})
+
+
+class BlockingCoroutineTests(DaemonTestCase):
+    """A command that blocks never stalls the daemon, whatever its kind."""
+
+    autostart = False
+    policy = {"endpoints": {"run_command": {"limits": {"timeout_seconds": 1}}}}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.threads = commands.CommandThreads()
+        self.patch(commands, "THREADS", self.threads)
+        registry = CommandRegistry()
+
+        @registry.command("async_build")
+        async def async_build(seconds: float = 3) -> str:
+            # The slip this guards against: a blocking call in ``async def``.
+            time.sleep(seconds)
+            return "built"
+
+        class DeferredJob(dict[str, Any]):
+            """The template's own type, nothing to do with Twisted."""
+
+        @registry.command("queue_job")
+        def queue_job() -> DeferredJob:
+            return DeferredJob(thread=threading.current_thread().name)
+
+        return self.start(registry=registry, policy=self.policy)
+
+    @inlineCallbacks
+    def test_blocking_coroutine_answered_at_its_timeout(self) -> Any:
+        """
+        A coroutine command that blocks (``time.sleep`` inside ``async
+        def``) leaves the daemon answering at once, and is answered 500
+        ``timeout`` at ``timeout_seconds`` (was: the reactor it ran on froze
+        for the whole call, ``/health`` included, and it answered 200 after
+        the timeout, since the timer could not fire).
+        """
+        started = time.monotonic()
+        pending = self.request("POST", "/commands/async_build")
+        yield deferLater(reactor, 0.2, lambda: None)
+        health_sent = time.monotonic()
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+        self.assertLess(time.monotonic() - health_sent, 0.5)
+        reply = yield pending
+        self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(reply.json()["code"], "timeout")
+        self.assertLess(time.monotonic() - started, 2.5)
+        for _ in range(100):
+            if not self.threads.stuck:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_return_type_named_deferred_runs_on_a_thread(self) -> Any:
+        """
+        A plain function whose return type merely has "Deferred" in its
+        name runs on a command thread like any other (was: on the reactor,
+        where a blocking one froze the daemon).
+        """
+        reply = yield self.request("POST", "/commands/queue_job")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotEqual(reply.json()["result"]["thread"], "MainThread")
+
+
+class ReturnsDeferredTests(SynchronousTestCase):
+    """Which plain functions run on the reactor, read from their types."""
+
+    def test_annotations(self) -> None:
+        """Deferred itself (generic, optional, as text) yes; look-alikes no."""
+
+        class DeferredJob(dict[str, Any]):
+            pass
+
+        def plain() -> str:
+            return ""
+
+        def job() -> DeferredJob:
+            return DeferredJob()
+
+        def real() -> Deferred[str]:
+            return succeed("")
+
+        def maybe() -> Deferred[str] | None:
+            return None
+
+        def text_job() -> DeferredResult:  # type: ignore[name-defined]  # noqa: F821
+            return None
+
+        def text_real() -> Deferred[Unknown]:  # type: ignore[name-defined]  # noqa: F821
+            return succeed("")
+
+        self.assertEqual(
+            [
+                commands.returns_deferred(f)
+                for f in (plain, job, real, maybe, text_job, text_real)
+            ],
+            [False, False, True, True, False, True],
+        )
+        self.assertFalse(commands.runs_on_reactor(real.__call__))
 
 
 class FormBodyTests(DaemonTestCase):
@@ -663,7 +774,11 @@ class CommandBoundTests(DaemonTestCase):
 
         @registry.command("stuck_async")
         async def stuck_async() -> str:
-            await Deferred(lambda d: self.cancelled.append(True))
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.append(True)
+                raise
             return "never"
 
         return self.start(registry=registry, policy=self.policy)
@@ -699,6 +814,10 @@ class CommandBoundTests(DaemonTestCase):
         started = time.monotonic()
         reply = yield self.request("POST", "/commands/stuck_async")
         self.assertTimedOut(reply, started)
+        for _ in range(100):
+            if self.cancelled:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(self.cancelled, [True])
 
     @inlineCallbacks
