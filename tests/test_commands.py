@@ -14,6 +14,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred, inlineCallbacks, succeed
 from twisted.internet.task import deferLater
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import (
@@ -276,6 +277,27 @@ class CommandTests(DaemonTestCase):
         self.assertEqual(reply.json(), {"result": 42})
         reply = yield self.request("POST", "/commands/deferred")
         self.assertEqual(reply.json(), {"result": "from a Deferred"})
+
+    @inlineCallbacks
+    def test_raise_logged_with_traceback(self) -> Any:
+        """
+        A command that raises is answered with its message and type, and
+        its traceback goes to the daemon's log at ``warn``, naming the
+        command and where it raised (was: no line anywhere).
+        """
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        reply = yield self.request("POST", "/commands/boom")
+        self.assertEqual(reply.status, 500)
+        self.assertNotIn("Traceback", reply.body.decode())
+        raised = [e for e in events if e.get("command") == "boom"]
+        self.assertEqual(len(raised), 1, events)
+        self.assertEqual(raised[0]["log_level"], LogLevel.warn)
+        text = formatEvent(raised[0])
+        self.assertIn("command 'boom' raised KeyError at ", text)
+        self.assertIn("test_commands.py:", text)
+        self.assertIn('raise KeyError("missing thing")', text)
 
     @inlineCallbacks
     def test_errors(self) -> Any:

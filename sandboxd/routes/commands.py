@@ -9,6 +9,7 @@ import inspect
 import re
 import threading
 import time
+import traceback
 import types
 import typing
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access.gate import may_run_command
@@ -37,6 +39,8 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import COMMANDS_AT_ONCE
 from sandboxd.web.jsonbody import with_text
 from sandboxd.web.messages import ServerRequest
+
+log = Logger(namespace="sandboxd.commands")
 
 
 class CommandThreads:
@@ -310,10 +314,28 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
                 "reactor",
                 type(e).__name__,
             ) from e
+        _log_raised(name, e)
         raise unexpected(e) from e
     # A datetime, a set, a Path: sent as text, as agent-sandbox-server
     # sends them, rather than failing the call after the command ran.
     return {"result": with_text(result)}
+
+
+def _log_raised(name: str, error: BaseException) -> None:
+    """
+    A command's exception, with its traceback, in the daemon's log at
+    ``warn``: its caller is told only the message and type, and a template
+    author debugging a failing command needs the file and line.
+    """
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    log.warn(
+        "command {command!r} raised {error_type} at {where}\n{traceback}",
+        command=name,
+        error_type=type(error).__name__,
+        where=where,
+        traceback="".join(traceback.format_exception(error)).rstrip(),
+    )
 
 
 def awaited_deferred(error: BaseException) -> bool:
