@@ -562,6 +562,53 @@ class ListRunnableTests(DaemonTestCase):
         reply = yield self.request("POST", "/commands/stats", token="runner-token")
         self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
 
+    @inlineCallbacks
+    def test_unknown_names_only_runnable(self) -> Any:
+        """
+        The 404 for a mistyped name offers only the commands the caller
+        may run, as ``GET /commands`` lists them (was: every visible
+        command, those whose own scopes it lacks included).
+        """
+        reply = yield self.request("POST", "/commands/nope", token="all-token")
+        self.assertEqual(reply.status, 404)
+        self.assertEqual(
+            reply.json()["error"],
+            "Unknown command 'nope'; available: add, boom, deferred, hello,"
+            " later, ratio, stats",
+        )
+
+    @inlineCallbacks
+    def test_check_names_the_command_scope(self) -> Any:
+        """
+        ``capabilities/check`` for ``run_command`` and a command answers
+        what the call would: refused for a command whose own scope the
+        caller lacks (was: ``allowed: true``, then 403), or for a name no
+        command has (was: allowed, then 404); allowed for one it may run.
+        """
+        expected = {
+            "admin_only": (False, "missing_scope", "system:write"),
+            "nosuch": (False, "not_found", None),
+            "hello": (True, None, None),
+        }
+        for name, (allowed, code, scope) in expected.items():
+            reply = yield self.request(
+                "POST",
+                "/capabilities/check",
+                {"endpoint": "run_command", "command": name},
+                token="all-token",
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            body = reply.json()
+            self.assertEqual(
+                (body["allowed"], body.get("code"), body.get("scope")),
+                (allowed, code, scope),
+                name,
+            )
+            if name == "admin_only":
+                self.assertEqual(body["rule"], "command:admin_only")
+            call = yield self.request("POST", f"/commands/{name}", token="all-token")
+            self.assertEqual(call.status == 200, allowed, name)
+
 
 class AsyncioCommandTests(DaemonTestCase):
     """A coroutine command runs on an asyncio loop of its own, off the reactor."""

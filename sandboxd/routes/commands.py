@@ -262,9 +262,13 @@ def list_commands(request: ServerRequest) -> dict[str, Any]:
 
 
 def _unknown(request: ServerRequest, name: str) -> ApiError:
+    """The 404, naming only the commands ``GET /commands`` shows the caller."""
     registry = request.context.registry
+    rule = request.context.policy.rules["run_command"]
     available = ", ".join(
-        c.name for c in sorted(registry, key=lambda c: c.name) if not c.hidden
+        c.name
+        for c in sorted(registry, key=lambda c: c.name)
+        if not c.hidden and may_run_command(request.identity, rule, c.name, c.scopes)
     )
     return not_found(f"Unknown command '{name}'; available: {available}", "ValueError")
 
