@@ -297,7 +297,8 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         if timeout is not None:
             pending.addTimeout(timeout, as_clock(reactor))
         result = await pending
-    except ApiError:
+    except (ApiError, defer.CancelledError):
+        # A cancel is the caller gone, not the command's failure.
         raise
     except defer.TimeoutError:
         raise timed_out(
