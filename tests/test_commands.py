@@ -205,6 +205,22 @@ class CommandTests(DaemonTestCase):
             return SSEResponse(event_iterator=events())
 
         @table.route(
+            "POST",
+            "/my/build",
+            group=CapabilityGroup.COMMANDS,
+            streaming=True,
+            name="my_build",
+        )
+        def my_build(request: Any) -> Any:
+            # The seed's usual form: a generator, not a list.
+            def steps() -> Any:
+                yield ("step", {"n": 1})
+                yield {"event": "step", "data": {"n": 2}}
+                yield ("done", {"ok": True})
+
+            return SSEResponse(event_iterator=steps())
+
+        @table.route(
             "POST", "/my/samples", group=CapabilityGroup.COMMANDS, streaming=True
         )
         def my_samples(request: Any) -> Any:
@@ -409,6 +425,57 @@ class CommandTests(DaemonTestCase):
         self.assertIn("$.result.mean", failed["structuredContent"]["error"])
         self.assertFalse(passed["isError"])
         self.assertEqual(passed["structuredContent"]["result"]["mean"], 2.0)
+
+    @inlineCallbacks
+    def test_generator_stream_over_mcp(self) -> Any:
+        """
+        A template's streaming route over a generator is collected through
+        MCP as over HTTP, every event in order (was: listed as a tool, and
+        every call a 501 ``unsupported``).
+        """
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        reply = yield self.request(
+            "POST",
+            "/mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            },
+            headers=headers,
+        )
+        headers["Mcp-Session-Id"] = reply.headers.getRawHeaders("mcp-session-id")[0]
+        reply = yield self.request(
+            "POST",
+            "/mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "my_build", "arguments": {}},
+            },
+            headers=headers,
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        frame = reply.body.decode().split("data: ", 1)[1]
+        answer = strict_json(frame)["result"]
+        self.assertFalse(answer["isError"], answer)
+        self.assertEqual(
+            answer["structuredContent"]["events"],
+            [
+                {"event": "step", "data": {"n": 1}},
+                {"event": "step", "data": {"n": 2}},
+                {"event": "done", "data": {"ok": True}},
+            ],
+        )
 
     @inlineCallbacks
     def test_custom_route(self) -> Any:
