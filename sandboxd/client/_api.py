@@ -2511,10 +2511,16 @@ class Client(Part[F], Generic[F, H]):
         *,
         op: str | None = None,
         paths: Sequence[str] | None = None,
+        command: str | None = None,
     ) -> Decision:
-        """The policy's decision for a call, without making it (``allowed``, ``code``, ``rule``)."""
+        """
+        The policy's decision for a call, without making it (``allowed``,
+        ``code``, ``rule``); ``command`` names the template command a
+        ``run_command`` call would run.
+        """
         return cast(
-            Decision, await self._http.call(calls.check(endpoint, path, op, paths))
+            Decision,
+            await self._http.call(calls.check(endpoint, path, op, paths, command)),
         )
 
     @api
