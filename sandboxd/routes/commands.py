@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -443,9 +443,14 @@ def _start(
 
 
 def _awaited(result: Any) -> Deferred[Any]:
-    """What a command returned, awaited when it is a Deferred."""
+    """
+    What a command returned, awaited when it is a Deferred, or a coroutine
+    returned on the reactor by a function annotated ``-> Deferred``.
+    """
     if isinstance(result, Deferred):
         return result
+    if inspect.iscoroutine(result):
+        return ensureDeferred(result)
     return succeed(result)
 
 
