@@ -281,10 +281,12 @@ def trace_problems() -> list[str]:
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
     from sandboxd.access.auth import ANONYMOUS, Identity
+    from sandboxd.commands import default_registry
     from sandboxd.daemon.startup import import_templates
     from sandboxd.endpoints import renamed_warning
     from sandboxd.policy import PolicyError, load_policy
     from sandboxd.policy.discovery import check
+    from sandboxd.policy.lint import template_warnings
     from sandboxd.routes import default_table
 
     try:
@@ -300,7 +302,12 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     except PolicyError as e:
         print(f"invalid: {e}", file=out)
         return 1
-    warnings = [*policy.warnings, *unknown_users(policy, table), *trace_problems()]
+    warnings = [
+        *policy.warnings,
+        *template_warnings(default_registry, table, policy.document),
+        *unknown_users(policy, table),
+        *trace_problems(),
+    ]
     if options["strict"] and warnings:
         for warning in warnings:
             print(f"error (--strict): {warning}", file=out)

@@ -22,6 +22,7 @@ CLIENT_COMMANDS = {
     "kill": "Signal a process (default TERM).",
     "term": "An interactive terminal; reattach to SESSION.",
     "caps": "What this token may do (--explain ENDPOINT: why).",
+    "commands": "List the template's commands, or run one: NAME [ARG=VALUE ...].",
     "code": "Run code in a kernel that keeps state (-c CODE, or a REPL).",
     "ui": "Print a URL that opens the web console with a short-lived link.",
 }

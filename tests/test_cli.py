@@ -816,6 +816,52 @@ class CheckConfigTests(SynchronousTestCase):
             self.assertIn("did you mean 'files:read'?", out.getvalue())
             self.assertIn("the key 'shell' is written more than once", out.getvalue())
 
+    def test_template_scopes_and_names(self) -> None:
+        """
+        check-config warns about a template command no caller can run as
+        meant (was: ``valid``, even with ``--strict``): a scope in a
+        built-in namespace that is no built-in scope, a scope of its own no
+        token holds, a name holding '/'; ``--strict`` refuses them.  A
+        scope a token holds, or holds by its namespace's ``*``, is fine.
+        """
+        from sandboxd import commands
+
+        registry = commands.CommandRegistry()
+        registry.register(lambda: None, name="wipe", scopes=["files:delte"])
+        registry.register(lambda: None, name="ship", scopes=["myap:deploy"])
+        registry.register(lambda: None, name="deploy", scopes=["myapp:deploy"])
+        registry.register(lambda: None, name="tidy", scopes=["ops:tidy"])
+        registry.register(lambda: None, name="ci/run")
+        self.patch(commands, "default_registry", registry)
+        policy = {
+            "auth": {
+                "tokens": [
+                    {
+                        "id": "deployer",
+                        "token_sha256": "0" * 64,
+                        "scopes": ["commands:run", "myapp:deploy", "ops:*"],
+                    }
+                ]
+            }
+        }
+        code, out = self.run_check(policy)
+        self.assertEqual(code, 0, out)
+        self.assertIn(
+            "command 'wipe': the scope 'files:delte' is no built-in scope; did "
+            "you mean 'files:delete'?",
+            out,
+        )
+        self.assertIn(
+            "command 'ship': no token of the policy holds the scope 'myap:deploy'",
+            out,
+        )
+        self.assertIn("command 'ci/run' cannot be called: its name holds '/'", out)
+        self.assertNotIn("'deploy'", out)
+        self.assertNotIn("'tidy'", out)
+        code, out = self.run_check(policy, "--strict")
+        self.assertEqual(code, 1, out)
+        self.assertIn("error (--strict): command 'ship'", out)
+
     def test_explain_allowed_exits_0(self) -> None:
         """--explain exits 0 for an allowed call, 1 for a refused one."""
         code, out = self.run_check({}, "--explain", "files_stat", "--path", "/tmp/x")

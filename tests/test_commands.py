@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, inlineCallbacks, succeed
 from twisted.internet.task import deferLater
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import (
@@ -204,6 +205,22 @@ class CommandTests(DaemonTestCase):
             return SSEResponse(event_iterator=events())
 
         @table.route(
+            "POST",
+            "/my/build",
+            group=CapabilityGroup.COMMANDS,
+            streaming=True,
+            name="my_build",
+        )
+        def my_build(request: Any) -> Any:
+            # The seed's usual form: a generator, not a list.
+            def steps() -> Any:
+                yield ("step", {"n": 1})
+                yield {"event": "step", "data": {"n": 2}}
+                yield ("done", {"ok": True})
+
+            return SSEResponse(event_iterator=steps())
+
+        @table.route(
             "POST", "/my/samples", group=CapabilityGroup.COMMANDS, streaming=True
         )
         def my_samples(request: Any) -> Any:
@@ -276,6 +293,27 @@ class CommandTests(DaemonTestCase):
         self.assertEqual(reply.json(), {"result": 42})
         reply = yield self.request("POST", "/commands/deferred")
         self.assertEqual(reply.json(), {"result": "from a Deferred"})
+
+    @inlineCallbacks
+    def test_raise_logged_with_traceback(self) -> Any:
+        """
+        A command that raises is answered with its message and type, and
+        its traceback goes to the daemon's log at ``warn``, naming the
+        command and where it raised (was: no line anywhere).
+        """
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        reply = yield self.request("POST", "/commands/boom")
+        self.assertEqual(reply.status, 500)
+        self.assertNotIn("Traceback", reply.body.decode())
+        raised = [e for e in events if e.get("command") == "boom"]
+        self.assertEqual(len(raised), 1, events)
+        self.assertEqual(raised[0]["log_level"], LogLevel.warn)
+        text = formatEvent(raised[0])
+        self.assertIn("command 'boom' raised KeyError at ", text)
+        self.assertIn("test_commands.py:", text)
+        self.assertIn('raise KeyError("missing thing")', text)
 
     @inlineCallbacks
     def test_errors(self) -> Any:
@@ -387,6 +425,57 @@ class CommandTests(DaemonTestCase):
         self.assertIn("$.result.mean", failed["structuredContent"]["error"])
         self.assertFalse(passed["isError"])
         self.assertEqual(passed["structuredContent"]["result"]["mean"], 2.0)
+
+    @inlineCallbacks
+    def test_generator_stream_over_mcp(self) -> Any:
+        """
+        A template's streaming route over a generator is collected through
+        MCP as over HTTP, every event in order (was: listed as a tool, and
+        every call a 501 ``unsupported``).
+        """
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        reply = yield self.request(
+            "POST",
+            "/mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            },
+            headers=headers,
+        )
+        headers["Mcp-Session-Id"] = reply.headers.getRawHeaders("mcp-session-id")[0]
+        reply = yield self.request(
+            "POST",
+            "/mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "my_build", "arguments": {}},
+            },
+            headers=headers,
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        frame = reply.body.decode().split("data: ", 1)[1]
+        answer = strict_json(frame)["result"]
+        self.assertFalse(answer["isError"], answer)
+        self.assertEqual(
+            answer["structuredContent"]["events"],
+            [
+                {"event": "step", "data": {"n": 1}},
+                {"event": "step", "data": {"n": 2}},
+                {"event": "done", "data": {"ok": True}},
+            ],
+        )
 
     @inlineCallbacks
     def test_custom_route(self) -> Any:
@@ -540,9 +629,56 @@ class ListRunnableTests(DaemonTestCase):
         reply = yield self.request("POST", "/commands/stats", token="runner-token")
         self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
 
+    @inlineCallbacks
+    def test_unknown_names_only_runnable(self) -> Any:
+        """
+        The 404 for a mistyped name offers only the commands the caller
+        may run, as ``GET /commands`` lists them (was: every visible
+        command, those whose own scopes it lacks included).
+        """
+        reply = yield self.request("POST", "/commands/nope", token="all-token")
+        self.assertEqual(reply.status, 404)
+        self.assertEqual(
+            reply.json()["error"],
+            "Unknown command 'nope'; available: add, boom, deferred, hello,"
+            " later, ratio, stats",
+        )
+
+    @inlineCallbacks
+    def test_check_names_the_command_scope(self) -> Any:
+        """
+        ``capabilities/check`` for ``run_command`` and a command answers
+        what the call would: refused for a command whose own scope the
+        caller lacks (was: ``allowed: true``, then 403), or for a name no
+        command has (was: allowed, then 404); allowed for one it may run.
+        """
+        expected = {
+            "admin_only": (False, "missing_scope", "system:write"),
+            "nosuch": (False, "not_found", None),
+            "hello": (True, None, None),
+        }
+        for name, (allowed, code, scope) in expected.items():
+            reply = yield self.request(
+                "POST",
+                "/capabilities/check",
+                {"endpoint": "run_command", "command": name},
+                token="all-token",
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            body = reply.json()
+            self.assertEqual(
+                (body["allowed"], body.get("code"), body.get("scope")),
+                (allowed, code, scope),
+                name,
+            )
+            if name == "admin_only":
+                self.assertEqual(body["rule"], "command:admin_only")
+            call = yield self.request("POST", f"/commands/{name}", token="all-token")
+            self.assertEqual(call.status == 200, allowed, name)
+
 
 class AsyncioCommandTests(DaemonTestCase):
-    """A coroutine command runs on the reactor, which is no asyncio loop."""
+    """A coroutine command runs on an asyncio loop of its own, off the reactor."""
 
     autostart = False
 
@@ -553,12 +689,20 @@ class AsyncioCommandTests(DaemonTestCase):
         @registry.command("aslow")
         async def aslow(seconds: float = 0.01) -> str:
             await asyncio.sleep(seconds)
-            return "slept"
+            return threading.current_thread().name
 
         @registry.command("twisted_sleep")
         async def twisted_sleep() -> str:
+            await Deferred()
+            return "never"
+
+        async def _twisted_nap() -> str:
             await deferLater(reactor, 0.01, lambda: None)
-            return "slept"
+            return threading.current_thread().name
+
+        @registry.command("twisted_on_the_reactor")
+        def twisted_on_the_reactor() -> Deferred[str]:
+            return ensureDeferred(_twisted_nap())
 
         @registry.command("asyncio_on_a_thread")
         def asyncio_on_a_thread() -> str:
@@ -571,29 +715,132 @@ class AsyncioCommandTests(DaemonTestCase):
         return self.start(registry=registry)
 
     @inlineCallbacks
-    def test_asyncio_awaited_is_explained(self) -> Any:
+    def test_asyncio_awaited_works(self) -> Any:
         """
-        A coroutine command awaiting asyncio answers 500 naming the command
-        and saying why and what to do instead (was: 500 "no running event
-        loop" alone); awaiting Deferreds works, and so does a plain function
-        running its asyncio code with ``asyncio.run``, as the answer says.
+        A coroutine command may await asyncio (was: 500 "awaited asyncio",
+        since it ran on the reactor): it runs on a command thread, on a loop
+        of its own.  One awaiting a Deferred there answers 500 naming the
+        command and saying what to write instead; a plain function
+        annotated ``-> Deferred`` still runs its Twisted coroutine on the
+        reactor, and a plain function may still call ``asyncio.run``.
         """
         reply = yield self.request("POST", "/commands/aslow")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotEqual(reply.json()["result"], "MainThread")
+        reply = yield self.request("POST", "/commands/twisted_sleep")
         self.assertEqual(reply.status, 500, reply.body)
         body = reply.json()
         self.assertEqual((body["code"], body["type"]), ("internal", "RuntimeError"))
         self.assertTrue(
-            body["error"].startswith(
-                "command 'aslow' awaited asyncio (no running event loop): sandboxd"
-                " runs a coroutine command on its Twisted reactor"
-            ),
+            body["error"].startswith("command 'twisted_sleep' awaited a Deferred"),
             body["error"],
         )
-        self.assertIn("asyncio.run(...)", body["error"])
-        reply = yield self.request("POST", "/commands/twisted_sleep")
-        self.assertEqual(reply.json(), {"result": "slept"})
+        self.assertIn("'-> Deferred'", body["error"])
+        reply = yield self.request("POST", "/commands/twisted_on_the_reactor")
+        self.assertEqual(reply.json(), {"result": "MainThread"})
         reply = yield self.request("POST", "/commands/asyncio_on_a_thread")
         self.assertEqual(reply.json(), {"result": "slept"})
+
+
+class BlockingCoroutineTests(DaemonTestCase):
+    """A command that blocks never stalls the daemon, whatever its kind."""
+
+    autostart = False
+    policy = {"endpoints": {"run_command": {"limits": {"timeout_seconds": 1}}}}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.threads = commands.CommandThreads()
+        self.patch(commands, "THREADS", self.threads)
+        registry = CommandRegistry()
+
+        @registry.command("async_build")
+        async def async_build(seconds: float = 3) -> str:
+            # The slip this guards against: a blocking call in ``async def``.
+            time.sleep(seconds)
+            return "built"
+
+        class DeferredJob(dict[str, Any]):
+            """The template's own type, nothing to do with Twisted."""
+
+        @registry.command("queue_job")
+        def queue_job() -> DeferredJob:
+            return DeferredJob(thread=threading.current_thread().name)
+
+        return self.start(registry=registry, policy=self.policy)
+
+    @inlineCallbacks
+    def test_blocking_coroutine_answered_at_its_timeout(self) -> Any:
+        """
+        A coroutine command that blocks (``time.sleep`` inside ``async
+        def``) leaves the daemon answering at once, and is answered 500
+        ``timeout`` at ``timeout_seconds`` (was: the reactor it ran on froze
+        for the whole call, ``/health`` included, and it answered 200 after
+        the timeout, since the timer could not fire).
+        """
+        started = time.monotonic()
+        pending = self.request("POST", "/commands/async_build")
+        yield deferLater(reactor, 0.2, lambda: None)
+        health_sent = time.monotonic()
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+        self.assertLess(time.monotonic() - health_sent, 0.5)
+        reply = yield pending
+        self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(reply.json()["code"], "timeout")
+        self.assertLess(time.monotonic() - started, 2.5)
+        for _ in range(100):
+            if not self.threads.stuck:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_return_type_named_deferred_runs_on_a_thread(self) -> Any:
+        """
+        A plain function whose return type merely has "Deferred" in its
+        name runs on a command thread like any other (was: on the reactor,
+        where a blocking one froze the daemon).
+        """
+        reply = yield self.request("POST", "/commands/queue_job")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotEqual(reply.json()["result"]["thread"], "MainThread")
+
+
+class ReturnsDeferredTests(SynchronousTestCase):
+    """Which plain functions run on the reactor, read from their types."""
+
+    def test_annotations(self) -> None:
+        """Deferred itself (generic, optional, as text) yes; look-alikes no."""
+
+        class DeferredJob(dict[str, Any]):
+            pass
+
+        def plain() -> str:
+            return ""
+
+        def job() -> DeferredJob:
+            return DeferredJob()
+
+        def real() -> Deferred[str]:
+            return succeed("")
+
+        def maybe() -> Deferred[str] | None:
+            return None
+
+        def text_job() -> DeferredResult:  # type: ignore[name-defined]  # noqa: F821
+            return None
+
+        def text_real() -> Deferred[Unknown]:  # type: ignore[name-defined]  # noqa: F821
+            return succeed("")
+
+        self.assertEqual(
+            [
+                commands.returns_deferred(f)
+                for f in (plain, job, real, maybe, text_job, text_real)
+            ],
+            [False, False, True, True, False, True],
+        )
+        self.assertFalse(commands.runs_on_reactor(real.__call__))
 
 
 class FormBodyTests(DaemonTestCase):
@@ -663,7 +910,11 @@ class CommandBoundTests(DaemonTestCase):
 
         @registry.command("stuck_async")
         async def stuck_async() -> str:
-            await Deferred(lambda d: self.cancelled.append(True))
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.append(True)
+                raise
             return "never"
 
         return self.start(registry=registry, policy=self.policy)
@@ -699,6 +950,10 @@ class CommandBoundTests(DaemonTestCase):
         started = time.monotonic()
         reply = yield self.request("POST", "/commands/stuck_async")
         self.assertTimedOut(reply, started)
+        for _ in range(100):
+            if self.cancelled:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(self.cancelled, [True])
 
     @inlineCallbacks

@@ -879,9 +879,29 @@ class Commands(_Namespace[F]):
         )
 
     @api
-    async def call(self, name: str, /, **kwargs: Any) -> Any:
-        """Run a registered command with keyword arguments; its ``result``."""
-        return (await self._http.call(calls.run_command(name, kwargs)))["result"]
+    async def call(
+        self,
+        name: str,
+        /,
+        args: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """
+        Run a registered command with its arguments (``args``, keyword
+        arguments, or both); its ``result``.  The call waits ``timeout``
+        seconds for the answer, by default the daemon's limit for commands
+        (``run_command``'s ``timeout_seconds``, from ``capabilities``) plus
+        a margin, so the daemon's own timeout answer comes first.  Pass a
+        command's arguments called ``args`` or ``timeout`` in ``args``.
+        """
+        req = calls.run_command(name, {**(args or {}), **kwargs})
+        if timeout is not None:
+            req.timeouts = self._http.wait_timeouts(timeout)
+        else:
+            req.timeouts = await self._http.run_timeouts("run_command", None)
+        return (await self._http.call(req))["result"]
 
 
 class Terminal(Part[F]):
@@ -2491,10 +2511,16 @@ class Client(Part[F], Generic[F, H]):
         *,
         op: str | None = None,
         paths: Sequence[str] | None = None,
+        command: str | None = None,
     ) -> Decision:
-        """The policy's decision for a call, without making it (``allowed``, ``code``, ``rule``)."""
+        """
+        The policy's decision for a call, without making it (``allowed``,
+        ``code``, ``rule``); ``command`` names the template command a
+        ``run_command`` call would run.
+        """
         return cast(
-            Decision, await self._http.call(calls.check(endpoint, path, op, paths))
+            Decision,
+            await self._http.call(calls.check(endpoint, path, op, paths, command)),
         )
 
     @api

@@ -28,6 +28,7 @@ def check(
     path: str | None = None,
     op: str | None = None,
     paths: Sequence[str] | None = None,
+    command: str | None = None,
 ) -> Req:
     return Req(
         "POST",
@@ -37,6 +38,7 @@ def check(
             path=path,
             op=op,
             paths=list(paths) if paths is not None else None,
+            command=command,
         ),
         idempotent=True,
     )

@@ -89,6 +89,10 @@ class Http:
         read = None if limit is None else limit + RUN_MARGIN
         return httpx.Timeout(self.settings.timeout, read=read)
 
+    def wait_timeouts(self, seconds: float) -> httpx.Timeout:
+        """Wait ``seconds`` for the answer; connecting takes the client's ``timeout``."""
+        return httpx.Timeout(self.settings.timeout, read=seconds)
+
     async def send(self, req: Req, content: Content | None = None) -> httpx.Response:
         """
         Send one request and read the whole answer.

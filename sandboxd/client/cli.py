@@ -233,6 +233,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--path", help="with --explain: a path to decide")
     p.add_argument("--op", choices=("read", "write", "delete"))
+    p.add_argument(
+        "--command",
+        dest="command_name",
+        metavar="NAME",
+        help="with --explain run_command: the template command to decide",
+    )
+
+    p = sub.add_parser("commands", parents=[common], help=CLIENT_COMMANDS["commands"])
+    p.add_argument("name", nargs="?", help="the command to run (none: list them)")
+    p.add_argument(
+        "arguments",
+        nargs="*",
+        metavar="ARG=VALUE",
+        help='its arguments; a VALUE that reads as JSON (2, true, ["a"]) is '
+        "sent as that, any other as text",
+    )
+    p.add_argument(
+        "--timeout", type=_seconds, help="seconds to wait (default: the daemon's limit)"
+    )
 
     p = sub.add_parser("code", parents=[common], help=CLIENT_COMMANDS["code"])
     p.add_argument("-c", "--code", dest="source", help="run this and exit")
@@ -1171,7 +1190,9 @@ def cmd_kill(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.explain:
-        decision = sb.check(args.explain, args.path, op=args.op)
+        decision = sb.check(
+            args.explain, args.path, op=args.op, command=args.command_name
+        )
         if args.json:
             _print_json(decision, out)
         else:
@@ -1221,6 +1242,55 @@ def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
             out.write(f"  {name:<26}{info.get('method', ''):<7}{state}\n")
     for warning in caps.get("warnings", []):
         err.write(f"warning: {warning}\n")
+    return 0
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def _command_arguments(pairs: Sequence[str]) -> dict[str, Any]:
+    """``ARG=VALUE`` pairs: a value that reads as JSON is that, else text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"{pair!r}: write an argument as ARG=VALUE")
+        try:
+            out[key] = json.loads(text)
+        except ValueError:
+            out[key] = text
+    return out
+
+
+def cmd_commands(
+    sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    if args.name is None:
+        listed = sb.commands.custom()
+        if args.json:
+            _print_json(listed, out)
+            return 0
+        for cmd in listed:
+            shown = ", ".join(
+                f"{a['name']}: {a['type']}"
+                + ("" if a["required"] else f" = {json.dumps(a['default'])}")
+                for a in cmd.get("args", [])
+            )
+            line = f"{cmd['name']}({shown})"
+            if cmd.get("description"):
+                line += f"  {cmd['description']}"
+            out.write(line + "\n")
+        return 0
+    try:
+        kwargs = _command_arguments(args.arguments)
+    except ValueError as e:
+        err.write(f"sandboxd commands: {e}\n")
+        return 2
+    result = sb.commands.call(args.name, kwargs, timeout=args.timeout)
+    if isinstance(result, str) and not args.json:
+        out.write(result + ("" if result.endswith("\n") else "\n"))
+    else:
+        _print_json(result, out)
     return 0
 
 
@@ -1702,6 +1772,7 @@ HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]
     "kill": cmd_kill,
     "term": cmd_term,
     "caps": cmd_caps,
+    "commands": cmd_commands,
     "code": cmd_code,
     "ui": cmd_ui,
 }

@@ -102,6 +102,8 @@ leaves it open for you to close.
   (without one, the daemon's limit for it, read once from `/capabilities`)
   plus a margin, so that a command past its limit ends with the daemon's
   `Timeout`, whose `body` holds the output so far where the daemon sends it;
+  `commands.call` (a template command) likewise waits for the daemon's limit
+  for commands plus the margin, or its own `timeout=`;
   streams allow 30 s between bytes (the daemon sends a heartbeat after 4 s of
   silence). A call that gets no answer in time raises `RequestTimeout`.
 - **Reads are retried** (`retries` times, with a short backoff) when the

@@ -69,6 +69,7 @@ from sandboxd.policy.defaults import (
     SHUTDOWN_TIMEOUT_SECONDS,
     TRACE_STOP_SECONDS,
 )
+from sandboxd.policy.lint import template_warnings
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.environment import BOOT_ENVIRON, login_defaults
 from sandboxd.processes.priority import CHILD_PRIORITY
@@ -353,6 +354,10 @@ class DaemonService(MultiService):
             # legacy observers, a Python warning, formatted with a
             # ``filename`` this event does not have (KeyError in the log).
             log.warn("sandboxd: policy warning: {text}", text=warning)
+        for warning in template_warnings(
+            self.context.registry, self.context.table, policy.document
+        ):
+            log.warn("sandboxd: template warning: {text}", text=warning)
         log.info(
             "{line}",
             line=startup_line(

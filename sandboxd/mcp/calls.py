@@ -61,7 +61,6 @@ from sandboxd.policy.defaults import (
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
-    SSEEvent,
     SSEResponse,
     StreamResponse,
 )
@@ -736,24 +735,25 @@ class ToolCall:
             channel = CollectingChannel(
                 self.progress, lines=self.tool.name in LINE_STREAMS
             )
+            if self.tool.endpoint.custom:
+                # A template's events are its own: kept as sent.
+                channel.events = []
         self.channel = channel
         if response.start is not None:
             started = response.start(channel)  # type: ignore[arg-type]
             if isinstance(started, Deferred):
                 started.addErrback(lambda f: channel.close())
         else:
-            source = response.event_iterator
-            if isinstance(source, list | tuple):
-                for item in source:
-                    if isinstance(item, SSEEvent):
-                        channel.send(item.event, item.data)
-                    elif isinstance(item, dict):
-                        channel.send(str(item.get("event")), item.get("data"))
-                    elif isinstance(item, tuple):
-                        channel.send(item[0], item[1])
-                channel.close()
-            else:
-                raise unsupported("this endpoint's stream cannot be collected")
+            # A template's generator too (the seed's usual custom stream):
+            # pumped as the HTTP door pumps it, and stopped, its ``finally``
+            # run, when the call is cancelled.
+            from sandboxd.web.dispatch import pump_events
+
+            pumped = pump_events(channel, response.event_iterator)
+            pumped.addCallbacks(
+                lambda _: channel.close(),
+                lambda f: _source_failed(channel, f),
+            )
         await channel.done
         flush = getattr(self.progress, "flush", None)
         if flush is not None:
@@ -802,3 +802,11 @@ def _resolve(template: str, params: Mapping[str, str]) -> str:
     for name, value in params.items():
         out = out.replace("{" + name + "}", value)
     return out
+
+
+def _source_failed(channel: CollectingChannel, failure: Failure) -> None:
+    """A stream's source raised: its ``error`` event ends what is collected."""
+    if not failure.check(CancelledError) and channel.open:
+        log.failure("event stream failed", failure)
+        channel.send("error", unexpected(failure.value).event())
+    channel.close()

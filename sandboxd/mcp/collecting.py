@@ -82,6 +82,9 @@ class CollectingChannel:
         self.exit_code: int | None = None
         self.error: dict[str, Any] | None = None
         self.gap: dict[str, Any] | None = None
+        #: Events of other names (a template's own stream), in order,
+        #: within the same cap as the output; None where not kept.
+        self.events: list[dict[str, Any]] | None = None
 
     # -- the SSEChannel surface the handlers use --------------------------
 
@@ -195,6 +198,13 @@ class CollectingChannel:
             self.error = data
         elif event == "gap" and isinstance(data, dict):
             self.gap = data
+        elif self.events is not None:
+            size = len(json.dumps(data, default=str)) + len(event)
+            if self.kept + size > self._cap // 2:
+                self.truncated = True
+                return
+            self.kept += size
+            self.events.append({"event": event, "data": data})
 
     def result(self) -> dict[str, Any]:
         """
@@ -222,10 +232,16 @@ class CollectingChannel:
             "truncated": self.truncated,
             "event_count": self.events_sent,
         }
+        if self.events is not None:
+            structured["events"] = self.events
         if self.error is not None:
             # The stream's own error event, as it sent it.
             structured["error"] = self.error
         text = command_text(stdout, stderr, self.exit_code, self.error, self.truncated)
+        if self.events:
+            # What a template's stream said is its answer, not the
+            # (absent) exit code.
+            text = json.dumps(self.events, default=str)
         return {
             "content": [{"type": "text", "text": text}],
             "structuredContent": structured,

@@ -11,6 +11,7 @@ caller's headers for the gate and a way to send notifications.
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from sandboxd.mcp.tools import (
 from sandboxd.policy.confinement import CONFINED, confinement_note
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
+    MCP_COMMANDS_NOTE_CHARS,
     MCP_PROGRESS_MESSAGE_CHARS,
     MCP_PROGRESS_SECONDS,
 )
@@ -146,21 +148,27 @@ class Methods:
         self, descriptor: dict[str, Any], identity: Identity
     ) -> dict[str, Any]:
         rule = self.context.policy.rules["run_command"]
-        if gate.lacking_scope(identity, rule, {}) is None:
-            return descriptor  # every command its own scopes allow
         # Hidden commands stay unnamed here too, as in GET /commands.
-        names = [
-            cmd.name
+        runnable = [
+            cmd
             for cmd in sorted(self.context.registry, key=lambda c: c.name)
             if not cmd.hidden
             and gate.may_run_command(identity, rule, cmd.name, cmd.scopes)
         ]
-        note = (
-            f"This token may run only these commands: {', '.join(names)}."
-            if names
-            else "This token may run only the commands its scopes name "
-            "(commands:run:NAME)."
-        )
+        if runnable:
+            listing = commands_note(runnable, MCP_COMMANDS_NOTE_CHARS)
+            note = (
+                f"This token may run only these commands: {listing}."
+                if gate.lacking_scope(identity, rule, {}) is not None
+                else f"Commands: {listing}."
+            )
+        elif gate.lacking_scope(identity, rule, {}) is not None:
+            note = (
+                "This token may run only the commands its scopes name "
+                "(commands:run:NAME)."
+            )
+        else:
+            return descriptor
         return {**descriptor, "description": f"{descriptor['description']} {note}"}
 
     def visible(self, identity: Identity) -> list[str]:
@@ -539,3 +547,35 @@ def file_path(uri: str) -> str | None:
         return None
     path = urllib.parse.unquote(uri[len("file://") :], errors="surrogateescape")
     return path if path and "\x00" not in path else None
+
+
+def _signature(cmd: Any) -> str:
+    """``name(arg: type = default, ...): first sentence`` for one command."""
+    args = ", ".join(
+        f"{a.name}: {a.type}"
+        + ("" if a.required or a.default is None else f" = {json.dumps(a.default)}")
+        for a in cmd.args
+    )
+    text = f"{cmd.name}({args})"
+    summary = (cmd.description or "").strip().split(". ")[0].rstrip(".")
+    if summary:
+        text += f": {summary[:80]}"
+    return text
+
+
+def commands_note(commands: list[Any], budget: int) -> str:
+    """
+    The commands a caller may run, with their arguments, for
+    ``run_command``'s description: a model calls one without first asking
+    ``list_commands``.  Past ``budget`` characters, the rest are counted.
+    """
+    lines: list[str] = []
+    used = 0
+    for i, cmd in enumerate(commands):
+        line = _signature(cmd)
+        if used + len(line) > budget:
+            lines.append(f"and {len(commands) - i} more (list_commands lists them all)")
+            break
+        lines.append(line)
+        used += len(line) + 2
+    return "; ".join(lines)

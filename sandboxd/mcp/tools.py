@@ -259,6 +259,10 @@ DEFAULT_SHELL = "bash" if shutil.which("bash") else "sh"
 #: What a model reads about the tools it uses most (the table's summary and
 #: notes are written for HTTP clients).  Other tools keep those.
 MODEL_DESCRIPTIONS: dict[str, str] = {
+    # The arguments' coercion rules are the handler's to explain when it
+    # refuses one; the commands themselves are listed per caller.
+    "run_command": "Run one of the template's commands: command is its name, "
+    "args its own arguments by name.",
     # command's and argv's own descriptions say bash or no shell, and the
     # timeout's default is in its schema.
     "shell": "Run a command in the sandbox and wait for it: stdout, stderr, "
@@ -375,6 +379,9 @@ class Tool:
         """
         if not isinstance(arguments, Mapping):
             raise ArgumentError("arguments must be an object")
+        if self.name == "run_command":
+            name, args = command_call(arguments)
+            return {"name": name}, {}, args
         check(self.descriptor["inputSchema"], arguments)
         arguments = {
             k: byte_names(v) if k in PATH_ARGUMENTS else v for k, v in arguments.items()
@@ -392,6 +399,69 @@ class Tool:
         if _takes_text(self.body):
             body = _content_body(body)
         return path, query, body
+
+
+#: ``run_command``'s arguments: the command's name and its own arguments
+#: apart, so that a command's argument called ``name`` (the commonest there
+#: is) can be given.
+RUN_COMMAND_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {
+            "type": "string",
+            "description": "the command's name (list_commands lists them)",
+        },
+        "args": {
+            "type": "object",
+            "description": "the command's own arguments by name",
+        },
+    },
+    "required": ["command"],
+}
+
+#: Where a caller may put a command's own arguments: never a command
+#: argument's value, which is a string, number, boolean or list of strings.
+_ARGS_KEYS = ("args", "arguments")
+
+
+def command_call(arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """
+    ``run_command``'s arguments as the command's name and its own
+    arguments: ``{"command", "args"}``; also the earlier shape, the name as
+    ``name`` beside the command's arguments, where that is unambiguous.
+    Values are passed as sent (a command's ``path`` is any text, not a
+    file the ``\\xNN`` spelling applies to).
+
+    :raises ArgumentError: no name, or a name and arguments that could be
+        read two ways.
+    """
+    rest = dict(arguments)
+    nested = [k for k in _ARGS_KEYS if isinstance(rest.get(k), Mapping)]
+    if len(nested) > 1:
+        raise ArgumentError("give the command's arguments once, in 'args'")
+    if "command" in rest and "name" in rest and not nested:
+        raise ArgumentError(
+            "both 'command' and 'name' given: put the command's own arguments "
+            'in \'args\', as {"command": NAME, "args": {...}}'
+        )
+    key = "command" if "command" in rest else "name"
+    if key not in rest:
+        raise ArgumentError(
+            "'command' is required: the command's name, as list_commands lists it"
+        )
+    name = rest.pop(key)
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"'{key}' must be the command's name (a string)")
+    if nested:
+        args = dict(rest.pop(nested[0]))
+        if rest:
+            raise ArgumentError(
+                f"unexpected argument {sorted(rest)[0]!r} beside "
+                f"'{nested[0]}': put the command's own arguments in "
+                f"'{nested[0]}'"
+            )
+        return name, args
+    return name, rest
 
 
 #: Arguments that name files: a name the file tools list with ``\xNN`` for
@@ -697,7 +767,11 @@ def make_tool(endpoint: Endpoint) -> Tool:
         "name": endpoint.id,
         "title": _title(endpoint),
         "description": _description(endpoint, schema),
-        "inputSchema": _input_schema(endpoint.id, path, query, body, schema),
+        "inputSchema": (
+            RUN_COMMAND_INPUT
+            if endpoint.id == "run_command"
+            else _input_schema(endpoint.id, path, query, body, schema)
+        ),
         "annotations": _annotations(endpoint, schema),
     }
     output = _output_schema(endpoint, schema)

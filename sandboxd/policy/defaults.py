@@ -423,6 +423,12 @@ MCP_LOST_STREAM_SECONDS = 60.0
 #: client whose read timeout is short (httpx's default is 5 s).
 MCP_JSON_ANSWER_SECONDS = 2.0
 
+#: MCP: characters of ``run_command``'s description that list the caller's
+#: template commands with their arguments (about 300 tokens of the
+#: ``tools/list`` a model reads first); commands past it are counted and
+#: left to ``list_commands``.
+MCP_COMMANDS_NOTE_CHARS = 1200
+
 #: MCP: how often idle sessions are looked for (at most; shorter when the
 #: idle timeout is).
 MCP_SWEEP_SECONDS = 60.0

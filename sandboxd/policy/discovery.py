@@ -258,6 +258,8 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 reason=f"identity {identity.id!r} lacks the scope {lacking!r} "
                 f"that endpoint {endpoint_id!r} requires",
             )
+    if out["allowed"] and endpoint_id == "run_command" and command is not None:
+        out.update(_command_refusal(context, identity, command) or {})
     if out["allowed"] and params:
         refusal = check_params(rule, params, endpoint_id)
         if refusal is not None:
@@ -286,6 +288,34 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 )
                 break
     return out
+
+
+def _command_refusal(
+    context: Any, identity: Identity, name: str
+) -> dict[str, Any] | None:
+    """
+    What ``POST /commands/{name}`` would refuse past the gate, with the
+    call's own checks: a name no command has (404), or the command's own
+    scopes not held (403, ``rule: command:NAME``).
+    """
+    cmd = context.registry.get(name)
+    if cmd is None:
+        return {
+            "allowed": False,
+            "code": Code.NOT_FOUND,
+            "reason": f"Unknown command {name!r}",
+        }
+    lacking = identity.missing(cmd.scopes)
+    if lacking is None:
+        return None
+    return {
+        "allowed": False,
+        "code": Code.MISSING_SCOPE,
+        "scope": lacking,
+        "rule": f"command:{name}",
+        "reason": f"identity {identity.id!r} lacks the scope {lacking!r} "
+        f"that command {name!r} requires",
+    }
 
 
 def check_params(

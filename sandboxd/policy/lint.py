@@ -12,10 +12,11 @@ before that endpoint took the seed's own scope.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sandboxd.endpoints import CapabilityGroup, RouteTable
 from sandboxd.policy import confinement
-from sandboxd.policy.document import PolicyDocument
+from sandboxd.policy.document import PolicyDocument, suggest, valid_scope
 from sandboxd.policy.engine import OPEN_WHEN_EMPTY
 from sandboxd.policy.rules import EffectiveRule
 
@@ -181,3 +182,50 @@ def warnings(
         + confinement.unconfined(table, rules)
         + confinement.exposed_files(rules)
     )
+
+
+def template_warnings(
+    registry: Iterable[Any], table: RouteTable, doc: PolicyDocument
+) -> list[str]:
+    """
+    What a template declares that cannot work as written: a command whose
+    name holds ``/`` (no URL reaches it), a scope on a command or custom
+    route in a built-in namespace that is no built-in scope (a typo such
+    as ``files:delte``), and a scope of the template's own that no token
+    of the policy holds, so that only a ``*`` token may call it.  Warned,
+    not refused: a template written for agent-sandbox-server loads as it
+    did there, and such commands fail closed.
+    """
+    known = sorted({s for e in table if not e.custom for s in e.scopes} | {"*"})
+    holders = [set(t.scopes) for t in doc.tokens]
+    if doc.anonymous_scopes is not None:
+        holders.append(set(doc.anonymous_scopes))
+
+    def held(scope: str) -> bool:
+        namespace = scope.partition(":")[0]
+        return any(scope in h or f"{namespace}:*" in h for h in holders)
+
+    places: list[tuple[str, Iterable[str]]] = []
+    out = []
+    for cmd in sorted(registry, key=lambda c: c.name):
+        if "/" in cmd.name:
+            out.append(
+                f"command {cmd.name!r} cannot be called: its name holds '/', "
+                "which no URL path segment carries (rename it, e.g. with ':')"
+            )
+        places.append((f"command {cmd.name!r}", cmd.scopes))
+    places.extend((f"custom route {e.id!r}", e.scopes) for e in table if e.custom)
+    for where, scopes in places:
+        for scope in scopes:
+            if not valid_scope(scope, known):
+                out.append(
+                    f"{where}: the scope {scope!r} is no built-in scope"
+                    f"{suggest(scope, known)}; no token can hold it, so only "
+                    "a '*' token may call it"
+                )
+            elif scope not in known and holders and not held(scope):
+                out.append(
+                    f"{where}: no token of the policy holds the scope "
+                    f"{scope!r}, so only a '*' token may call it"
+                )
+    return out

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import _thread
+import asyncio
 import inspect
+import re
+import threading
 import time
+import traceback
+import types
+import typing
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access.gate import may_run_command
@@ -31,6 +39,8 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import COMMANDS_AT_ONCE
 from sandboxd.web.jsonbody import with_text
 from sandboxd.web.messages import ServerRequest
+
+log = Logger(namespace="sandboxd.commands")
 
 
 class CommandThreads:
@@ -118,11 +128,13 @@ class CommandThreads:
         func: Callable[..., Any],
         kwargs: dict[str, Any],
         size: int,
+        on_cancel: Callable[[], None] | None = None,
     ) -> Deferred[Any]:
         """
         ``func(**kwargs)`` on a new thread; its result (or failure) on the
         reactor.  Cancelling the Deferred (a timeout, a caller gone) answers
-        at once and leaves the call stuck until the function returns.
+        at once, calls ``on_cancel`` (which may ask the function to stop)
+        and leaves the call stuck until the function returns.
 
         :raises ApiError: 429 ``concurrency_limited`` past ``size`` calls
             running or ``size`` stuck; 503 when no thread can be started.
@@ -138,6 +150,8 @@ class CommandThreads:
         def abandon(d: Deferred[Any]) -> None:
             if self.running.pop(call_id, None) is not None:
                 self.stuck[call_id] = (name, started)
+            if on_cancel is not None:
+                on_cancel()
 
         d: Deferred[Any] = Deferred(abandon)
 
@@ -172,23 +186,60 @@ class CommandThreads:
 THREADS = CommandThreads()
 
 
+#: A return annotation left as text (``from __future__ import annotations``)
+#: that names Twisted's Deferred itself: ``Deferred``, ``defer.Deferred``,
+#: ``Deferred[str]``; not ``DeferredJob`` or ``"DeferredResult"``.
+_DEFERRED_TEXT = re.compile(r"(?:[A-Za-z_][\w.]*\.)?Deferred(?:\[.*\])?")
+
+
+def _is_deferred_type(hint: Any) -> bool:
+    """Whether a resolved annotation is Deferred (or only Deferred and None)."""
+    if hint is Deferred or typing.get_origin(hint) is Deferred:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        return bool(members) and all(_is_deferred_type(a) for a in members)
+    return False
+
+
+@lru_cache(maxsize=1024)
+def returns_deferred(func: Any) -> bool:
+    """
+    Whether a plain function's return annotation is Twisted's ``Deferred``,
+    read as a type: a template's own ``DeferredJob`` is not one, so such a
+    function runs on a command thread like any function that may block.
+    An annotation left as text that cannot be resolved is read by its
+    spelling, ``Deferred`` or ``Deferred[...]`` exactly.
+    """
+    try:
+        annotation = inspect.signature(func).return_annotation
+    except (TypeError, ValueError):
+        return False
+    if annotation is inspect.Signature.empty:
+        return False
+    try:
+        hint = typing.get_type_hints(func).get("return", annotation)
+    except Exception:
+        hint = annotation
+    if isinstance(hint, str):
+        text = hint.strip().strip("'\"")
+        return _DEFERRED_TEXT.fullmatch(text) is not None
+    return _is_deferred_type(hint)
+
+
 def runs_on_reactor(func: Any) -> bool:
     """
-    Whether a command is asynchronous and so must run on the reactor thread.
-
-    Coroutine functions are; so are functions whose return annotation names
-    ``Deferred``.  Everything else is a plain function that may block, and
-    goes to the thread pool.
+    Whether a command runs on the reactor thread: only a plain function
+    whose return annotation is ``Deferred``, which returns at once with
+    Twisted work under way.  Everything else runs on a command thread,
+    coroutine functions included (on an asyncio event loop of their own
+    there): a blocking call inside ``async def`` is an easy slip, and on
+    the reactor it would stall every request and the timer that should
+    answer the command at its timeout.
     """
     if inspect.iscoroutinefunction(func):
-        return True
-    annotation = inspect.signature(func).return_annotation
-    text = (
-        annotation
-        if isinstance(annotation, str)
-        else getattr(annotation, "__name__", "")
-    )
-    return "Deferred" in str(text) or "Deferred" in repr(annotation)
+        return False
+    return returns_deferred(func)
 
 
 def list_commands(request: ServerRequest) -> dict[str, Any]:
@@ -211,9 +262,13 @@ def list_commands(request: ServerRequest) -> dict[str, Any]:
 
 
 def _unknown(request: ServerRequest, name: str) -> ApiError:
+    """The 404, naming only the commands ``GET /commands`` shows the caller."""
     registry = request.context.registry
+    rule = request.context.policy.rules["run_command"]
     available = ", ".join(
-        c.name for c in sorted(registry, key=lambda c: c.name) if not c.hidden
+        c.name
+        for c in sorted(registry, key=lambda c: c.name)
+        if not c.hidden and may_run_command(request.identity, rule, c.name, c.scopes)
     )
     return not_found(f"Unknown command '{name}'; available: {available}", "ValueError")
 
@@ -242,7 +297,8 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         if timeout is not None:
             pending.addTimeout(timeout, as_clock(reactor))
         result = await pending
-    except ApiError:
+    except (ApiError, defer.CancelledError):
+        # A cancel is the caller gone, not the command's failure.
         raise
     except defer.TimeoutError:
         raise timed_out(
@@ -252,38 +308,109 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
             limit="timeout_seconds",
         ) from None
     except Exception as e:
-        if inspect.iscoroutinefunction(cmd.func) and awaited_asyncio(e):
+        if awaited_deferred(e):
             raise internal(
-                f"command {name!r} awaited asyncio ({e}): sandboxd runs a "
-                "coroutine command on its Twisted reactor, where no asyncio "
-                "event loop runs; await Deferreds there "
-                "(twisted.internet.task.deferLater, treq), or make the command "
-                "a plain function that calls asyncio.run(...), which runs on "
-                "a thread of its own",
+                f"command {name!r} awaited a Deferred ({e}): sandboxd runs a "
+                "coroutine command on an asyncio event loop of its own, on a "
+                "command thread, where Twisted's reactor is not to be "
+                "called; to await Deferreds (deferLater, treq), make the "
+                "command a plain function annotated '-> Deferred' that "
+                "returns ensureDeferred(your_coroutine()), which runs on the "
+                "reactor",
                 type(e).__name__,
             ) from e
+        _log_raised(name, e)
         raise unexpected(e) from e
     # A datetime, a set, a Path: sent as text, as agent-sandbox-server
     # sends them, rather than failing the call after the command ran.
     return {"result": with_text(result)}
 
 
-def awaited_asyncio(error: BaseException) -> bool:
+def _log_raised(name: str, error: BaseException) -> None:
     """
-    Whether a coroutine command failed for awaiting asyncio: with no
-    asyncio loop running (the daemon's reactor is not one), asyncio's
-    awaitables raise these RuntimeErrors, and sniffio's (httpx, anyio)
-    ``AsyncLibraryNotFoundError``.  Told apart so that the answer says
-    why, not only ``no running event loop``.
+    A command's exception, with its traceback, in the daemon's log at
+    ``warn``: its caller is told only the message and type, and a template
+    author debugging a failing command needs the file and line.
     """
-    if not isinstance(error, RuntimeError):
-        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    log.warn(
+        "command {command!r} raised {error_type} at {where}\n{traceback}",
+        command=name,
+        error_type=type(error).__name__,
+        where=where,
+        traceback="".join(traceback.format_exception(error)).rstrip(),
+    )
+
+
+def awaited_deferred(error: BaseException) -> bool:
+    """
+    Whether a coroutine command failed for awaiting a pending Deferred on
+    its asyncio loop, which asyncio refuses as a "bad yield".  Told apart
+    so that the answer says why and what to write instead.
+    """
     text = str(error)
     return (
-        "event loop" in text
-        or "await wasn't used with future" in text
-        or type(error).__name__ == "AsyncLibraryNotFoundError"
+        isinstance(error, RuntimeError) and "bad yield" in text and "Deferred" in text
     )
+
+
+class _OnItsLoop:
+    """
+    A coroutine command run on a command thread, on an asyncio event loop
+    of its own (as ``asyncio.run`` would): asyncio code (``asyncio.sleep``,
+    httpx) works, and a blocking call inside it holds that thread only.
+    ``cancel`` (from the reactor, at the timeout or when the caller goes)
+    cancels its task, so a command that awaits stops there; one busy in a
+    blocking call stops at its next await.
+    """
+
+    def __init__(self, func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        self._func = func
+        self._kwargs = kwargs
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+
+    def run(self) -> Any:
+        """On the command thread: the command's result, or its exception."""
+        with asyncio.Runner() as runner:
+            return runner.run(self._main())
+
+    async def _main(self) -> Any:
+        task = asyncio.current_task()
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._task = task
+            cancelled = self._cancelled
+        if cancelled:
+            raise asyncio.CancelledError
+        result = self._func(**self._kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    def cancel(self) -> None:
+        """On the reactor: ask the command's task to stop."""
+        with self._lock:
+            self._cancelled = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass  # the loop has closed: the command has returned
+
+
+def _on_a_thread(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, with a coroutine it returns run on the thread's own loop."""
+
+    def call(**kwargs: Any) -> Any:
+        result = func(**kwargs)
+        if inspect.iscoroutine(result):
+            return _OnItsLoop(lambda: result, {}).run()
+        return result
+
+    return call
 
 
 def _start(
@@ -294,12 +421,21 @@ def _start(
     size: int,
 ) -> Deferred[Any]:
     """
-    The command's outcome as a Deferred: a plain function on a command
-    thread (it may block), an asynchronous one on the reactor; cancelling
-    it cancels a coroutine or Deferred command (a thread runs on, stuck).
+    The command's outcome as a Deferred.  A plain function, or a coroutine
+    function on an asyncio loop of its own, runs on a command thread (it
+    may block); a plain function returning a Deferred runs on the reactor.
+    Cancelling it cancels a Deferred command or a coroutine's task (a
+    thread busy in a blocking call runs on, stuck).
     """
+    if inspect.iscoroutinefunction(func):
+        runner = _OnItsLoop(func, kwargs)
+        return THREADS.call(
+            reactor, name, runner.run, {}, size, on_cancel=runner.cancel
+        )
     if not runs_on_reactor(func):
-        return THREADS.call(reactor, name, func, kwargs, size).addCallback(_awaited)
+        return THREADS.call(
+            reactor, name, _on_a_thread(func), kwargs, size
+        ).addCallback(_awaited)
     try:
         return _awaited(func(**kwargs))
     except Exception:
@@ -307,11 +443,14 @@ def _start(
 
 
 def _awaited(result: Any) -> Deferred[Any]:
-    """What a command returned, awaited when it is a coroutine or a Deferred."""
-    if inspect.iscoroutine(result):
-        return ensureDeferred(result)
+    """
+    What a command returned, awaited when it is a Deferred, or a coroutine
+    returned on the reactor by a function annotated ``-> Deferred``.
+    """
     if isinstance(result, Deferred):
         return result
+    if inspect.iscoroutine(result):
+        return ensureDeferred(result)
     return succeed(result)
 
 

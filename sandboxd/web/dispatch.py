@@ -361,7 +361,20 @@ def _stream_events(
         started = maybeDeferred(result.start, channel)
         started.addErrback(lambda f: _stream_failed(channel, f))
         return channel.done
-    source = result.event_iterator
+    d = pump_events(channel, result.event_iterator)
+    d.addCallbacks(lambda _: channel.close(), lambda f: _stream_failed(channel, f))
+    return channel.done
+
+
+def pump_events(channel: Any, source: Any) -> Deferred[None]:
+    """
+    Feed ``channel`` (an SSE channel, or MCP's collecting one) from a
+    handler's ``event_iterator``, an iterable or async iterable, one item
+    per reactor turn; it stops when the channel's client leaves, and an
+    async generator left at a ``yield`` is closed, so its ``finally`` runs.
+    The Deferred fires when the source is spent (it does not close the
+    channel), or fails with what the source raised.
+    """
     if isinstance(source, AsyncIterable):
 
         async def pump() -> None:
@@ -379,21 +392,19 @@ def _stream_events(
 
         d = ensureDeferred(pump())
         channel.on_disconnect(d.cancel)
-    else:
-        assert isinstance(source, Iterable)
+        return d
+    assert isinstance(source, Iterable)
 
-        def steps() -> Any:
-            for item in source:
-                if not channel.open:
-                    return
-                _as_frame(channel, item)
-                yield None
+    def steps() -> Any:
+        for item in source:
+            if not channel.open:
+                return
+            _as_frame(channel, item)
+            yield None
 
-        task = cooperate(steps())
-        channel.on_disconnect(task.stop)
-        d = task.whenDone()
-    d.addCallbacks(lambda _: channel.close(), lambda f: _stream_failed(channel, f))
-    return channel.done
+    task = cooperate(steps())
+    channel.on_disconnect(task.stop)
+    return task.whenDone().addCallback(lambda _: None)
 
 
 def _stream_failed(channel: SSEChannel, failure: Failure) -> None:

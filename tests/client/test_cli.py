@@ -846,6 +846,54 @@ class ListingTests(ClientCase):
         self.assertEqual(done.returncode, 5, done.stderr)
 
 
+class TemplateCommandsCliTests(ClientCase):
+    """``sandboxd commands`` lists and runs the template's commands."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        from sandboxd.commands import CommandRegistry
+
+        registry = CommandRegistry()
+
+        @registry.command("hello", description="Say hello.")
+        def hello(name: str = "World") -> str:
+            return f"Hello, {name}!"
+
+        @registry.command("add")
+        def add(a: int, b: int = 1) -> dict[str, int]:
+            return {"sum": a + b}
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_list_run_and_explain(self) -> Any:
+        """
+        Without a name it lists each command with its arguments; with one
+        it runs it (ARG=VALUE, JSON where it reads as JSON) and prints the
+        result; a bad pair is usage (2), nothing run; ``caps --explain
+        run_command --command NAME`` decides that command (was: none of
+        this without curl).
+        """
+        listed = yield self.cli("commands")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertIn(b'hello(name: string = "World")  Say hello.', listed.stdout)
+        self.assertIn(b"add(a: integer, b: integer = 1)", listed.stdout)
+        ran = yield self.cli("commands", "hello", "name=Alice")
+        self.assertEqual((ran.returncode, ran.stdout), (0, b"Hello, Alice!\n"))
+        ran = yield self.cli("commands", "add", "a=2", "b=3", "--timeout", "30")
+        self.assertEqual(json.loads(ran.stdout), {"sum": 5})
+        bad = yield self.cli("commands", "add", "a")
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn(b"write an argument as ARG=VALUE", bad.stderr)
+        explained = yield self.cli(
+            "caps", "--explain", "run_command", "--command", "nosuch", "--json"
+        )
+        self.assertEqual(explained.returncode, 1, explained.stderr)
+        self.assertEqual(json.loads(explained.stdout)["code"], "not_found")
+
+
 class UiTests(ClientCase):
     """``sandboxd ui`` on a daemon serving the web console."""
 

@@ -677,6 +677,41 @@ class TemplateCommandsTests(ClientCase):
 
         yield self.in_thread(body)
 
+    @inlineCallbacks
+    def test_call_waits_for_the_command(self) -> Any:
+        """
+        ``commands.call`` waits for the daemon's limit for commands plus a
+        margin, not the client's own ``timeout`` (was: a command running
+        longer than it raised ``RequestTimeout`` while the daemon allowed
+        it, and ran on); ``timeout=`` is the call's own wait, never sent
+        as an argument, and a command's argument called ``timeout`` goes
+        in ``args``.
+        """
+        from sandboxd.commands import CommandRegistry
+
+        registry = CommandRegistry()
+
+        @registry.command(name="nap")
+        def nap(seconds: float = 0.0, timeout: int = 0) -> list[float]:
+            time.sleep(seconds)
+            return [seconds, timeout]
+
+        yield self.start(
+            registry=registry,
+            policy={"endpoints": {"run_command": {"limits": {"timeout_seconds": 30}}}},
+        )
+
+        def body() -> None:
+            sb = self.sandbox(timeout=0.5)
+            self.assertEqual(sb.commands.call("nap", seconds=1.5), [1.5, 0])
+            self.assertEqual(
+                sb.commands.call("nap", {"timeout": 7}, timeout=5), [0.0, 7]
+            )
+            with self.assertRaises(RequestTimeout):
+                sb.commands.call("nap", seconds=2, timeout=0.5)
+
+        yield self.in_thread(body)
+
 
 class PtyTests(ClientCase):
     """

@@ -979,10 +979,99 @@ class OneCommandTests(McpTestCase):
         tools = {t.name: t for t in listed.tools}
         self.assertIn("run_command", tools)
         description = tools["run_command"].description
-        self.assertIn("This token may run only these commands: hello.", description)
+        self.assertIn(
+            'This token may run only these commands: hello(name: string = "World").',
+            description,
+        )
         self.assertNotIn("other", description)
         self.assertFalse(called.is_error, called)
         self.assertEqual(called.structured_content, {"result": "Hello, World!"})
+
+
+class CommandArgumentsTests(McpTestCase):
+    """run_command gives a template command the arguments REST does."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        registry = CommandRegistry()
+
+        # The README's own example.
+        @registry.command("hello", description="Say hello.")
+        def hello(name: str = "World") -> str:
+            return f"Hello, {name}!"
+
+        @registry.command("show_path")
+        def show_path(path: str, note: str = "") -> str:
+            return f"{path!r} {note!r}"
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_name_argument(self) -> Any:
+        """
+        A command's argument called ``name`` is given in ``args`` (was: the
+        tool's own ``name`` hid it, so hello always greeted "World");
+        ``tools/list`` names the commands with their arguments, so a model
+        need not guess; the earlier flat shape still runs where it is
+        unambiguous, and an ambiguous call is refused saying how to write
+        it, nothing run.
+        """
+
+        async def body(client: Any) -> Any:
+            listed = await client.list_tools()
+            calls = [
+                await client.call_tool("run_command", arguments)
+                for arguments in (
+                    {"command": "hello", "args": {"name": "Alice"}},
+                    {"name": "hello", "args": {"name": "Bob"}},
+                    {"name": "hello"},
+                    {"command": "hello", "name": "Eve"},
+                )
+            ]
+            return listed, calls
+
+        listed, calls = yield self.with_client(body)
+        tool = next(t for t in listed.tools if t.name == "run_command")
+        self.assertEqual(tool.input_schema["required"], ["command"])
+        self.assertIn('hello(name: string = "World"): Say hello', tool.description)
+        self.assertIn("show_path(path: string, note: string", tool.description)
+        self.assertEqual(
+            [c.structured_content for c in calls[:3]],
+            [
+                {"result": "Hello, Alice!"},
+                {"result": "Hello, Bob!"},
+                {"result": "Hello, World!"},
+            ],
+        )
+        self.assertTrue(calls[3].is_error)
+        self.assertIn("'args'", calls[3].content[0].text)
+
+    @inlineCallbacks
+    def test_path_argument_as_sent(self) -> Any:
+        """
+        A command's ``path`` argument arrives as sent, as over REST (was:
+        ``\\xNN`` rewritten to a lone surrogate, the file tools' spelling
+        of a byte, which means nothing to a command).
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "run_command",
+                # The earlier, flat shape: the one whose path was rewritten.
+                {"name": "show_path", "path": "a\\x9fb", "note": "a\\x9fb"},
+            )
+
+        called = yield self.with_client(body)
+        self.assertFalse(called.is_error, called)
+        self.assertEqual(
+            called.structured_content, {"result": "'a\\\\x9fb' 'a\\\\x9fb'"}
+        )
+        reply = yield self.request(
+            "POST", "/commands/show_path", {"path": "a\\x9fb", "note": "a\\x9fb"}
+        )
+        self.assertEqual(reply.json(), called.structured_content)
 
 
 class LimitTests(McpTestCase):

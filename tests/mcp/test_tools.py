@@ -13,9 +13,11 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.api.schema import schema_for
+from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import DOOR_METHODS
 from sandboxd.errors import missing_scope
 from sandboxd.mcp.calls import CollectingChannel, error_result, value_result
+from sandboxd.mcp.protocol import commands_note
 from sandboxd.mcp.tools import DEFAULT_SHELL, NOT_TOOLS, ArgumentError, Toolbox, check
 from sandboxd.routes import builtin_table
 
@@ -299,6 +301,26 @@ class ToolboxTests(SynchronousTestCase):
         """run_command's arguments are free-form."""
         _, _, body = self.tool("run_command").split({"name": "x", "anything": [1]})
         self.assertEqual(body, {"anything": [1]})
+
+
+class CommandsNoteTests(SynchronousTestCase):
+    """run_command's listing of the caller's commands stays within its bound."""
+
+    def test_bounded(self) -> None:
+        """
+        Commands past the budget are counted, not listed, so a template
+        with many commands cannot swell every model's tools/list.
+        """
+        registry = CommandRegistry()
+        for i in range(200):
+            registry.register(
+                lambda who="x": who, name=f"command_{i:03}", description="Does a thing."
+            )
+        cmds = sorted(registry, key=lambda c: c.name)
+        note = commands_note(cmds, 1200)
+        self.assertLess(len(note), 1300)
+        self.assertTrue(note.startswith('command_000(who: string = "x"): Does a thing'))
+        self.assertRegex(note, r"; and 1\d\d more \(list_commands lists them all\)$")
 
 
 class CheckTests(SynchronousTestCase):

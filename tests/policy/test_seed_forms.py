@@ -277,3 +277,39 @@ class WarningTests(SynchronousTestCase):
         self.assertTrue(
             any("'ci'" in w and "commands:list" in w for w in p.warnings), p.warnings
         )
+
+
+class TemplateScopeTests(SynchronousTestCase):
+    """A custom route's own scopes are checked as a command's are."""
+
+    def test_custom_route_scope_warned(self) -> None:
+        """
+        A custom route requiring a misspelt built-in scope is warned about,
+        naming the scope it likely meant (was: loaded silently, callable
+        by ``*`` tokens alone); with no tokens listed, nothing is said of
+        who holds a template's own scope.
+        """
+        from sandboxd.endpoints import CapabilityGroup
+        from sandboxd.policy.lint import template_warnings
+
+        table = builtin_table()
+
+        @table.route(
+            "POST",
+            "/myapp/wipe",
+            group=CapabilityGroup.COMMANDS,
+            name="myapp_wipe",
+            scopes=["files:delte"],
+        )
+        def wipe(request: Any) -> dict[str, Any]:
+            return {}
+
+        policy = load_policy(table, {}, base_dir="/tmp", environ={}, fail_closed=False)
+        self.assertEqual(
+            template_warnings([], table, policy.document),
+            [
+                "custom route 'myapp_wipe': the scope 'files:delte' is no "
+                "built-in scope; did you mean 'files:delete'?; no token can "
+                "hold it, so only a '*' token may call it"
+            ],
+        )

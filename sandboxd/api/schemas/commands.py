@@ -46,10 +46,18 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 500,
                 "internal",
-                "the command raised (type is its exception's name), or its result"
-                " is not JSON: a number that is infinite or NaN (type ValueError);"
-                " a coroutine command that awaited asyncio is told so (the daemon"
-                " runs no asyncio event loop)",
+                "the command raised (type is its exception's name; the traceback"
+                " goes to the daemon's log), or its result is not JSON: a number"
+                " that is infinite or NaN (type ValueError); a coroutine command"
+                " that awaited a Deferred is told so",
+            ),
+            E(
+                500,
+                "timeout",
+                "the command did not finish within the endpoint's timeout_seconds"
+                " (300 by default; type TimeoutError, limit timeout_seconds and"
+                " the rule named); a plain function runs on, as a thread cannot"
+                " be stopped",
             ),
         ),
         notes="Arguments are coerced to the declared types: string, integer, "

@@ -68,7 +68,12 @@ SCHEMAS: dict[str, Schema] = {
                 "object",
                 "request params to decide: command, shell, language, signal",
             ),
-            F("command", doc="for run_command: the command name (commands:run:NAME)"),
+            F(
+                "command",
+                doc="for run_command: the command name, decided as the call "
+                "decides it (commands:run:NAME, the command's own scopes, "
+                "not_found for a name no command has)",
+            ),
         ),
         response=(
             F("endpoint"),
