@@ -142,6 +142,10 @@ class Execution:
     stderr_json: EscapedText | None = attrs.field(init=False)
     results: list[dict[str, Any]] = attrs.Factory(list)
     results_bytes: int = 0
+    #: Output bytes dropped on the way from the kernel (the hub's buffer
+    #: full while the daemon did not read), and display items.
+    lost_bytes: int = 0
+    lost_displays: int = 0
     ended: Waiters[None] = attrs.Factory(Waiters)
     timer: IDelayedCall | None = None
     #: What it held as it ended (see ``CodeContext._forget_old``).
@@ -207,12 +211,17 @@ class Execution:
     @property
     def truncated(self) -> bool:
         """Whether output was dropped from its result (head and tail kept)."""
-        return self.stdout.truncated or self.stderr.truncated
+        return (
+            self.stdout.truncated
+            or self.stderr.truncated
+            or self.lost_bytes > 0
+            or self.lost_displays > 0
+        )
 
     @property
     def dropped_bytes(self) -> int:
-        """Output bytes dropped between head and tail."""
-        return self.stdout.dropped_bytes + self.stderr.dropped_bytes
+        """Output bytes dropped between head and tail, or on their way."""
+        return self.stdout.dropped_bytes + self.stderr.dropped_bytes + self.lost_bytes
 
     def summary(self) -> dict[str, Any]:
         """The ``code_executions_list`` entry."""
@@ -271,6 +280,36 @@ class Execution:
             "dropped_bytes": self.dropped_bytes,
             "events_url": self.events_url,
         }
+
+
+#: Said on an execution's stderr when the kernel's notice that it is idle
+#: never came and it ended on its reply alone.
+IDLE_LOST_NOTE = (
+    "\n[sandboxd] the kernel's last messages for this execution did not"
+    " arrive (its end was taken from its reply): output may be missing\n"
+)
+
+
+def _count(event: dict[str, Any], key: str) -> int:
+    """A non-negative count from a hub event (0 if it has none)."""
+    value = event.get(key)
+    return value if type(value) is int and value > 0 else 0
+
+
+def _dropped_note(event: dict[str, Any], where: str) -> str:
+    """The stderr line that says what the hub dropped (``dropped`` event)."""
+    parts = [
+        f"{_count(event, name)} bytes of {name}"
+        for name in ("stdout", "stderr")
+        if _count(event, name)
+    ]
+    if _count(event, "displays"):
+        parts.append(f"{_count(event, 'displays')} display items")
+    return (
+        f"\n[sandboxd] {' and '.join(parts) or 'output'} dropped {where}: the"
+        " kernel printed faster than the daemon read, past the kernel hub's"
+        " buffer\n"
+    )
 
 
 def _output_json(output: HeadTail, escaped: EscapedText | None) -> Any:
@@ -700,6 +739,14 @@ class CodeContext:
         if kind == "late":
             self._late_output(event)
             return
+        if kind == "dropped" and event.get("xid") is None:
+            self._late_output(
+                {
+                    "name": "stderr",
+                    "text": _dropped_note(event, "while no execution ran"),
+                }
+            )
+            return
         if kind == "failed":
             if self.state in ("starting", "restarting"):
                 tail = self.kernel_stderr.value().decode("utf-8", "replace").strip()
@@ -743,7 +790,11 @@ class CodeContext:
             )
         elif kind == "clear":
             x.emit("clear_output", wait=bool(event.get("wait")))
+        elif kind == "dropped":
+            self._on_dropped(x, event)
         elif kind == "done":
+            if event.get("idle_lost"):
+                self._on_stream(x, {"name": "stderr", "text": IDLE_LOST_NOTE})
             self._on_done(x, str(event.get("status")), event.get("count"))
         elif kind == "bad_command":
             self._end(x, "lost")
@@ -777,6 +828,16 @@ class CodeContext:
             escaped.write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)
+
+    def _on_dropped(self, x: Execution, event: dict[str, Any]) -> None:
+        """
+        Output the hub dropped (its buffer full while the daemon did not
+        read): counted in ``dropped_bytes`` and ``truncated``, and said on
+        stderr where it happened, as output cut by ``max_output_bytes`` is.
+        """
+        x.lost_bytes += _count(event, "stdout") + _count(event, "stderr")
+        x.lost_displays += _count(event, "displays")
+        self._on_stream(x, {"name": "stderr", "text": _dropped_note(event, "here")})
 
     def _on_display(self, x: Execution, event: dict[str, Any]) -> None:
         data = event.get("data")

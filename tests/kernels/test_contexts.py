@@ -504,6 +504,87 @@ class InterruptTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "3")
 
 
+class StalledDaemonTests(CodeTestCase):
+    """
+    A daemon that stops reading the hub for a while (busy, stopped, a
+    loaded machine) while a cell floods flushed prints: ipykernel publishes
+    them on a socket that never waits for its reader, so the hub must keep
+    reading and hold them, not leave them to be dropped with no word.
+    """
+
+    #: Lines the cell prints (each flushed: one message each).
+    LINES = 20_000
+
+    @inlineCallbacks
+    def stalled_flood(self, ctx: dict[str, Any]) -> Any:
+        """
+        Run the flood while the daemon reads nothing from the hub for 4 s;
+        the result document, and how long it took.
+        """
+        service = self.daemon.context.code.get()
+        hub = service.hub().child
+        self.addCleanup(hub.resume_reading)
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": f"for i in range({self.LINES}): print(i, flush=True)",
+                "timeout": 30,
+                "wait": 0,
+            },
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        xid = reply.json()["execution_id"]
+        started = reactor.seconds()
+        hub.pause_reading()
+        yield deferLater(reactor, 4, lambda: None)
+        hub.resume_reading()
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=60"
+        )
+        self.assertEqual(got.status, 200, got.body)
+        return got.json(), reactor.seconds() - started
+
+    @inlineCallbacks
+    def test_every_line_kept(self) -> Any:
+        """
+        Every line arrives, in order; the cell ends once it has (not at
+        its timeout, with its kernel restarted: was, its ``idle`` dropped),
+        and the state is kept for the next cell.
+        """
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "keep = 7")
+        result, took = yield self.stalled_flood(ctx)
+        self.assertEqual(result["state"], "ok", result["stderr"])
+        self.assertLess(took, 25)
+        self.assertEqual(result["stdout"], "".join(f"{i}\n" for i in range(self.LINES)))
+        self.assertEqual((result["truncated"], result["dropped_bytes"]), (False, 0))
+        after = yield self.execute(ctx["id"], "keep")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
+
+    @inlineCallbacks
+    def test_loss_past_the_bound_reported(self) -> Any:
+        """
+        Past the hub's buffer what is dropped is counted to the byte in
+        ``dropped_bytes``, ``truncated`` says so and a stderr line says
+        where; the cell still ends on time.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "CODE_HUB_BUFFER_BYTES", 64 * 1024)
+        ctx = yield self.context()
+        result, took = yield self.stalled_flood(ctx)
+        self.assertEqual(result["state"], "ok", result["stderr"])
+        self.assertLess(took, 25)
+        lines = result["stdout"].splitlines()
+        self.assertEqual(lines, sorted(lines, key=int))
+        missing = set(range(self.LINES)) - {int(line) for line in lines}
+        self.assertTrue(missing)
+        self.assertEqual(result["dropped_bytes"], sum(len(f"{i}\n") for i in missing))
+        self.assertTrue(result["truncated"])
+        self.assertIn("bytes of stdout dropped here", result["stderr"])
+
+
 class PriorityTests(CodeTestCase):
     """A kernel and its hub answer an agent that waits: its level, not the children's."""
 
