@@ -17,9 +17,9 @@ import json
 from typing import Any
 
 #: The states whose events say all the document does. A ``timeout`` or
-#: ``lost`` execution carries words of the daemon's own in its events
-#: (``[sandboxd] timeout ...``, ``context.restarted``) that its document
-#: does not.
+#: ``lost`` execution is read from its document, which holds the daemon's
+#: own words on it (``[sandboxd] timeout ...``, the restart) as the
+#: daemon wrote them, whatever of its events this client saw.
 _PLAIN_STATES = ("ok", "error", "interrupted")
 
 #: A display item's fields in the document (its event adds the execution's id).

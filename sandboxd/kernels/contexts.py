@@ -290,6 +290,24 @@ IDLE_LOST_NOTE = (
 )
 
 
+#: Said on the stderr of an execution whose end the hub could not report.
+HUB_LOST_NOTE = (
+    "\n[sandboxd] the kernel hub was lost: the rest of this execution's"
+    " output and its end were not seen (the kernel and its state are kept)\n"
+)
+
+
+def _restart_note(reason: str, exit_code: int | None, when: str) -> str:
+    """The stderr line of an execution whose kernel was restarted (``when``)."""
+    why = reason if exit_code is None else f"{reason}, exit code {exit_code}"
+    # Mid-execution, on a line of its own after what the code printed.
+    lead = "\n" if when.startswith("during") else ""
+    return (
+        f"{lead}[sandboxd] the kernel was restarted ({why}) {when}: its state"
+        " (variables, imports, cwd) is gone\n"
+    )
+
+
 def _count(event: dict[str, Any], key: str) -> int:
     """A non-negative count from a hub event (0 if it has none)."""
     value = event.get(key)
@@ -839,6 +857,13 @@ class CodeContext:
         x.lost_displays += _count(event, "displays")
         self._on_stream(x, {"name": "stderr", "text": _dropped_note(event, "here")})
 
+    def _note(self, x: Execution, text: str) -> None:
+        """
+        A word of the daemon's own on ``x``'s stderr: in its document and
+        its events alike, as the kernel's output is.
+        """
+        self._on_stream(x, {"name": "stderr", "text": text})
+
     def _on_display(self, x: Execution, event: dict[str, Any]) -> None:
         data = event.get("data")
         if not isinstance(data, dict):
@@ -1149,9 +1174,10 @@ class CodeContext:
         if self.current is not x:
             return
         x.timing_out = True
-        x.emit(
-            "stderr",
-            text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n",
+        # In its document too, not only in its events: a client that reads
+        # the result learns why it ended as one that follows the events does.
+        self._note(
+            x, f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n"
         )
         self.interrupt()
         if self._grace_timer is not None and self._grace_timer.active():
@@ -1192,6 +1218,7 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason=reason, exit_code=exit_code)
+            self._note(x, _restart_note(reason, exit_code, "during this execution"))
         queued = list(self.queue)
         self.queue.clear()
         for q in queued:
@@ -1201,6 +1228,7 @@ class CodeContext:
                 exit_code=exit_code,
                 before_start=True,
             )
+            self._note(q, _restart_note(reason, exit_code, "before this execution"))
             self._end(q, "lost", reason="restarted")
         if reason == "user" or (x is not None and not x.abandoned) or queued:
             # Its caller, the running execution's client or those queued
@@ -1249,6 +1277,11 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="died", exit_code=code, restarted=False)
+            self._note(
+                x,
+                f"\n[sandboxd] the kernel died (exit code {code}) and was not"
+                " restarted: its state is gone; restart the context or delete it\n",
+            )
             self._end(x, "lost", reason="died")
         self.state = "dead"
         self.touch()  # the idle timeout counts from its death
@@ -1267,6 +1300,7 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="hub", restarted=False)
+            self._note(x, HUB_LOST_NOTE)
             self._end(x, "lost", reason="hub")
         self._pending_epilogue = None
         if self.kernel is None:
@@ -1289,6 +1323,11 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="hub", restarted=False)
+            self._note(
+                x,
+                "\n[sandboxd] the kernel hub failed: the kernel was ended, its"
+                " state is gone; restart the context or delete it\n",
+            )
             self._end(x, "lost", reason="hub")
         for q in list(self.queue):
             self._end(q, "lost", reason="hub")

@@ -26,6 +26,7 @@ from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.libc import QuietTrim
 from sandboxd.policy.defaults import CODE_KEPT_EXECUTIONS
 from sandboxd.testing import SSEReader
+from tests.client.base import ClientCase
 from tests.helpers import DaemonTestCase, alive, group_nice, need_autogroups
 
 
@@ -654,6 +655,51 @@ class DeathTests(CodeTestCase):
         self.assertEqual(fresh["results"][0]["data"]["text/plain"], "2")
 
     @inlineCallbacks
+    def test_restart_said_in_the_document(self) -> Any:
+        """
+        A timeout that restarts the kernel, and a kernel killed mid-run,
+        are said in the result document itself (its stderr), not only in
+        the events: a client that reads the document learns the state is
+        gone (was: an empty stderr, then a bare NameError).
+        """
+        ctx = yield self.context()
+        deaf = (
+            "import time\nwhile True:\n    try:\n        time.sleep(1)\n"
+            "    except KeyboardInterrupt:\n        pass"
+        )
+        result = yield self.execute(ctx["id"], deaf, timeout=1)
+        self.assertEqual(result["state"], "timeout")
+        self.assertIn("[sandboxd] timeout after 1 s: interrupting", result["stderr"])
+        self.assertIn(
+            "[sandboxd] the kernel was restarted (timeout) during this execution:"
+            " its state (variables, imports, cwd) is gone",
+            result["stderr"],
+        )
+        fresh = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        running = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "print('working', flush=True)\nimport time\ntime.sleep(30)",
+                "wait": 0,
+            },
+        )
+        reader = yield self.stream(running.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(fresh.json()["pid"], signal.SIGKILL)
+        yield reader.done
+        lost = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{running.json()['execution_id']}",
+        )
+        self.assertEqual(lost.json()["state"], "lost")
+        self.assertIn(
+            "[sandboxd] the kernel was restarted (died, exit code -9) during this"
+            " execution",
+            lost.json()["stderr"],
+        )
+
+    @inlineCallbacks
     def test_kernel_killed_mid_run(self) -> Any:
         """A kernel SIGKILLed while running: the execution ends ``lost``, a new kernel serves."""
         ctx = yield self.context()
@@ -828,6 +874,53 @@ class DeathTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "'still here'")
         self.assertNotEqual(service.hub().pid, old_hub)
         self.assertTrue(alive(ctx["pid"]))
+
+
+class RestartClientTests(ClientCase):
+    """What ``sb.code.execute`` gives for a cell whose kernel was restarted."""
+
+    timeout = KERNEL_CASE_SECONDS
+    policy = {
+        "groups": {"code": True},
+        "endpoints": {
+            "group:code": {
+                "limits": {
+                    "start_timeout_seconds": KERNEL_START_SECONDS,
+                    "interrupt_grace_seconds": 1,
+                }
+            }
+        },
+    }
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_timeout_restart_shown(self) -> Any:
+        """
+        ``sb.code.execute`` of a cell that ignores the interrupt returns
+        ``timeout`` with the timeout and the restart said on its stderr
+        (was: an empty document, the notes only in the events it had read).
+        """
+
+        def body(sb: Any) -> Any:
+            ctx = sb.code.create_context()
+            return sb.code.execute(
+                ctx["id"],
+                "import time\nwhile True:\n    try:\n        time.sleep(1)\n"
+                "    except KeyboardInterrupt:\n        pass",
+                timeout=1,
+            )
+
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        result = yield self.in_thread(lambda: body(sandbox))
+        self.assertEqual(result["state"], "timeout")
+        self.assertIn("timeout after 1 s", result["stderr"])
+        self.assertIn(
+            "the kernel was restarted (timeout) during this execution",
+            result["stderr"],
+        )
 
 
 class StuckHubTests(CodeTestCase):
