@@ -146,6 +146,8 @@ class Execution:
     #: full while the daemon did not read), and display items.
     lost_bytes: int = 0
     lost_displays: int = 0
+    #: A ``clear_output(wait=True)`` waiting for the next output.
+    clear_pending: bool = False
     ended: Waiters[None] = attrs.Factory(Waiters)
     timer: IDelayedCall | None = None
     #: What it held as it ended (see ``CodeContext._forget_old``).
@@ -288,6 +290,48 @@ IDLE_LOST_NOTE = (
     "\n[sandboxd] the kernel's last messages for this execution did not"
     " arrive (its end was taken from its reply): output may be missing\n"
 )
+
+
+def _update_display(x: Execution, item: dict[str, Any]) -> bool:
+    """
+    An ``update_display_data``: replace the items of ``x`` that show the
+    same ``display_id`` (as Jupyter redraws them in place), so a progress
+    display updated a thousand times is one item in the document, in its
+    last state. False if ``x`` has none.
+    """
+    found = False
+    for i, old in enumerate(x.results):
+        if item.get("display_id") and old.get("display_id") == item["display_id"]:
+            x.results_bytes = max(0, x.results_bytes - _inline_bytes(old))
+            x.results[i] = {**item, "is_result": bool(old.get("is_result"))}
+            found = True
+    return found
+
+
+def _clear(x: Execution) -> None:
+    """
+    A ``clear_output``: what ``x`` showed so far (its output and display
+    items) is gone from its document, as from a notebook's cell.
+    """
+    x.clear_pending = False
+    x.results.clear()
+    x.results_bytes = 0
+    cap = x.limits.max_output_bytes
+    x.stdout = HeadTail(cap)
+    x.stderr = HeadTail(cap)
+    x.stdout_json = EscapedText(cap) if x.escape_output else None
+    x.stderr_json = EscapedText(cap) if x.escape_output else None
+
+
+def _inline_bytes(item: dict[str, Any]) -> int:
+    """What a display item's values held in the document count (near enough)."""
+    data = item.get("data") or {}
+    return sum(
+        len(v.encode("utf-8", "surrogatepass"))
+        if isinstance(v, str)
+        else len(json.dumps(v))
+        for v in data.values()
+    )
 
 
 #: Said on the stderr of an execution whose end the hub could not report.
@@ -807,7 +851,12 @@ class CodeContext:
                 password=bool(event.get("password")),
             )
         elif kind == "clear":
-            x.emit("clear_output", wait=bool(event.get("wait")))
+            wait = bool(event.get("wait"))
+            x.emit("clear_output", wait=wait)
+            if wait:
+                x.clear_pending = True
+            else:
+                _clear(x)
         elif kind == "dropped":
             self._on_dropped(x, event)
         elif kind == "done":
@@ -840,6 +889,8 @@ class CodeContext:
         else:  # the built-in kernel's: text in the line
             text = str(event.get("text", ""))
             raw = text.encode("utf-8", "surrogatepass")
+        if x.clear_pending:
+            _clear(x)
         (x.stderr if name == "stderr" else x.stdout).write(raw)
         escaped = x.stderr_json if name == "stderr" else x.stdout_json
         if escaped is not None:
@@ -878,8 +929,13 @@ class CodeContext:
             item["display_id"] = event["display_id"]
         if refs:
             item["refs"] = refs
+        if x.clear_pending:
+            _clear(x)
         if event.get("update"):
             x.emit("display.update", **item)
+            if _update_display(x, item):
+                return
+            # A display an earlier execution showed: this one's item now.
         else:
             x.emit("display", **item)
         x.results.append(item)

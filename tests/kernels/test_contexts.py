@@ -125,6 +125,20 @@ class CodeTestCase(DaemonTestCase):
         return client
 
 
+#: A cell that updates a display 50 times, and one that clears what it showed.
+UPDATES_CODE = (
+    "from IPython.display import display, HTML, clear_output\n"
+    "h = display(HTML('<b>0</b>'), display_id=True)\n"
+    "for i in range(50):\n    h.update(HTML(f'<b>{i + 1}</b>'))\n"
+    "'done'"
+)
+CLEAR_CODE = (
+    "from IPython.display import display, clear_output\n"
+    "display('gone'); print('gone too')\nclear_output()\n"
+    "print('after'); display('kept')\nclear_output(wait=True)\ndisplay('last')"
+)
+
+
 class KernelScenarios:
     """
     What every kernel does alike, run once per kernel (a subclass names it
@@ -420,6 +434,32 @@ class ContextTests(CodeTestCase):
         self.assertIn("printed while no execution ran", third["stderr"])
         fourth = yield self.execute(ctx["id"], "print('clean')")
         self.assertEqual((fourth["stdout"], fourth["stderr"]), ("clean\n", ""))
+
+    @inlineCallbacks
+    def test_display_updates_and_clear_folded(self) -> Any:
+        """
+        The result document shows what a notebook would: an updated display
+        once, in its last state (was: one item per update), and nothing of
+        what a ``clear_output`` cleared (was: kept); the events carry each
+        ``display.update`` and ``clear_output`` as they came.
+        """
+        ctx = yield self.context()
+        updated = yield self.execute(ctx["id"], UPDATES_CODE)
+        self.assertEqual(
+            [(r["data"].get("text/html"), r["is_result"]) for r in updated["results"]],
+            [("<b>50</b>", False), (None, True)],
+        )
+        self.assertTrue(updated["results"][0]["display_id"])
+        cleared = yield self.execute(ctx["id"], CLEAR_CODE)
+        self.assertEqual(cleared["stdout"], "")
+        self.assertEqual(
+            [r["data"]["text/plain"] for r in cleared["results"]], ["'last'"]
+        )
+        events = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{updated['execution_id']}/events",
+        )
+        self.assertEqual(events.body.count(b"event: display.update"), 50)
 
     @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
@@ -920,6 +960,43 @@ class RestartClientTests(ClientCase):
         self.assertIn(
             "the kernel was restarted (timeout) during this execution",
             result["stderr"],
+        )
+
+
+class DisplayClientTests(ClientCase):
+    """What ``sb.code.execute`` assembles from display updates and clears."""
+
+    timeout = KERNEL_CASE_SECONDS
+    policy = {"groups": {"code": True}, **KERNEL_START}
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_folded_as_the_document(self) -> Any:
+        """
+        ``sb.code.execute`` folds ``display.update`` and ``clear_output`` as
+        the daemon's document does (was: each update one more result, a
+        clear ignored).
+        """
+
+        def body(sb: Any) -> Any:
+            ctx = sb.code.create_context()
+            return (
+                sb.code.execute(ctx["id"], UPDATES_CODE),
+                sb.code.execute(ctx["id"], CLEAR_CODE),
+            )
+
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        updated, cleared = yield self.in_thread(lambda: body(sandbox))
+        self.assertEqual(
+            [r["data"].get("text/html") for r in updated["results"]],
+            ["<b>50</b>", None],
+        )
+        self.assertEqual(cleared["stdout"], "")
+        self.assertEqual(
+            [r["data"]["text/plain"] for r in cleared["results"]], ["'last'"]
         )
 
 
