@@ -146,6 +146,9 @@ class Execution:
     #: full while the daemon did not read), and display items.
     lost_bytes: int = 0
     lost_displays: int = 0
+    #: Messages of the kernel's that never reached the hub (ZMQ dropped
+    #: them): what they held is not known, only that it is missing.
+    lost_messages: int = 0
     #: A ``clear_output(wait=True)`` waiting for the next output.
     clear_pending: bool = False
     ended: Waiters[None] = attrs.Factory(Waiters)
@@ -218,6 +221,7 @@ class Execution:
             or self.stderr.truncated
             or self.lost_bytes > 0
             or self.lost_displays > 0
+            or self.lost_messages > 0
         )
 
     @property
@@ -860,8 +864,17 @@ class CodeContext:
         elif kind == "dropped":
             self._on_dropped(x, event)
         elif kind == "done":
+            lost = _count(event, "lost_messages")
+            if lost:
+                x.lost_messages += lost
+                self._note(
+                    x,
+                    f"\n[sandboxd] {lost} of the kernel's messages never arrived:"
+                    " its output socket drops what its reader has not taken"
+                    " (the machine was busy), so output may be missing\n",
+                )
             if event.get("idle_lost"):
-                self._on_stream(x, {"name": "stderr", "text": IDLE_LOST_NOTE})
+                self._note(x, IDLE_LOST_NOTE)
             self._on_done(x, str(event.get("status")), event.get("count"))
         elif kind == "bad_command":
             self._end(x, "lost")

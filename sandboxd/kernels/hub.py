@@ -37,6 +37,7 @@ import hmac
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -437,6 +438,77 @@ def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     return message
 
 
+#: A Jupyter message id as ``jupyter_client``'s ``Session`` makes it (the
+#: one ipykernel uses): the session and pid, and the message's number.
+_NUMBERED_ID = re.compile(r"(.+_\d+)_(\d+)")
+
+#: Numbers seen past a gap that are held before the gap is taken as lost.
+MAX_NUMBERS_HELD = 100_000
+
+
+class Numbers:
+    """
+    The numbers of the messages a kernel sent that the hub received, to
+    count those it never did.
+
+    A kernel publishes output on a ZMQ PUB socket, which drops messages
+    when its queue for a reader is full (1000 messages: a kernel printing
+    fast while the hub's process waits for a CPU) and says nothing. A
+    ``jupyter_client`` session numbers every message it sends, on every
+    socket, one after the other: a number never received (every socket
+    the kernel answers on is read) is a message lost.
+    """
+
+    def __init__(self) -> None:
+        self._prefix: str | None = None
+        #: Every number up to this one is received or counted lost.
+        self._base: int | None = None
+        self._seen: set[int] = set()
+        #: Messages counted lost, and those of them already reported.
+        self.lost = 0
+        self.told = 0
+
+    def saw(self, msg_id: str) -> int | None:
+        """Note a message received; its number (None: not numbered so)."""
+        match = _NUMBERED_ID.fullmatch(msg_id)
+        if match is None:
+            return None
+        prefix, number = match.group(1), int(match.group(2))
+        if self._prefix is None:
+            self._prefix = prefix
+        if prefix != self._prefix:
+            return None
+        if self._base is None:
+            self._base = number - 1
+        if number > self._base:
+            self._seen.add(number)
+            self._advance()
+            if len(self._seen) > MAX_NUMBERS_HELD:
+                self.settle(min(self._seen) - 1)
+        return number
+
+    def settle(self, upto: int) -> None:
+        """Count each number up to ``upto`` not received as lost."""
+        if self._base is None or upto <= self._base:
+            return
+        got = {n for n in self._seen if n <= upto}
+        self.lost += upto - self._base - len(got)
+        self._seen -= got
+        self._base = upto
+        self._advance()
+
+    def _advance(self) -> None:
+        assert self._base is not None
+        while self._base + 1 in self._seen:
+            self._base += 1
+            self._seen.discard(self._base)
+
+    def untold(self) -> int:
+        """The messages counted lost since the last call."""
+        lost, self.told = self.lost - self.told, self.lost
+        return lost
+
+
 class Pending:
     """
     One execution in flight: done once both its reply and ``idle`` are in,
@@ -451,6 +523,8 @@ class Pending:
         self.idle = False
         #: When iopub last said anything about it (monotonic).
         self.heard = time.monotonic()
+        #: The number of the last message about it (see :class:`Numbers`).
+        self.last: int | None = None
 
 
 #: How long an unanswered ``kernel_info_request`` waits before another is
@@ -518,7 +592,10 @@ class Kernel:
             self.client.iopub_channel.socket: self._iopub,
             self.client.shell_channel.socket: self._shell,
             self.client.stdin_channel.socket: self._stdin,
+            # Read for its messages' numbers only (an interrupt's reply).
+            self.client.control_channel.socket: lambda msg: None,
         }
+        self.numbers = Numbers()
 
     def open(self, timeout: float) -> None:
         """
@@ -595,6 +672,11 @@ class Kernel:
                 msg = decode_message(self.client.session, frames)
             except (ValueError, TypeError, KeyError):
                 continue
+            number = self.numbers.saw(str(msg["msg_id"]))
+            if number is not None:
+                about = self.pending.get(msg["parent_header"].get("msg_id", ""))
+                if about is not None and (about.last is None or number > about.last):
+                    about.last = number
             if self.opening is not None:
                 if socket is not self.client.stdin_channel.socket:
                     self._opened(msg)
@@ -704,6 +786,13 @@ class Kernel:
             return
         del self.pending[msg_id]
         extra: dict[str, Any] = {"idle_lost": True} if idle_lost else {}
+        if pending.last is not None:
+            # Every message before its last is in by now (each socket keeps
+            # its order); a lost idle came after its reply.
+            self.numbers.settle(pending.last + (1 if idle_lost else 0))
+        lost = self.numbers.untold()
+        if lost:
+            extra["lost_messages"] = lost
         self._emit(
             pending,
             "done",

@@ -27,6 +27,7 @@ from sandboxd.kernels.hub import (
     MAX_COMMAND_BYTES,
     Hub,
     Kernel,
+    Numbers,
     Pending,
 )
 from tests.helpers import refusing_port
@@ -151,6 +152,7 @@ class EndTests(SynchronousTestCase):
         self.kernel = Kernel.__new__(Kernel)
         self.kernel.hub, self.kernel.cid, self.kernel.closed = self.hub, "c1", False
         self.kernel.pending = {"m1": Pending("x1")}
+        self.kernel.numbers = Numbers()
 
     def events(self) -> list[dict[str, Any]]:
         """The event lines written so far (payloads skipped)."""
@@ -234,6 +236,30 @@ class EndTests(SynchronousTestCase):
                 "displays": 1,
             },
         )
+
+
+class NumbersTests(SynchronousTestCase):
+    """The kernel's messages counted by number, to count those ZMQ dropped."""
+
+    def test_gaps_counted_once_settled(self) -> None:
+        """
+        A number never received is lost once settled past; one that comes
+        out of order is not; ids not numbered as ``jupyter_client`` does
+        (another kernel's, another session's) are left alone.
+        """
+        numbers = Numbers()
+        for n in (5, 7, 6, 9, 12):
+            self.assertEqual(numbers.saw(f"abc-def_4242_{n}"), n)
+        self.assertIsNone(numbers.saw("not-numbered"))
+        self.assertIsNone(numbers.saw("other_4242_10"))
+        numbers.settle(9)
+        self.assertEqual(numbers.untold(), 1)  # 8
+        numbers.settle(12)
+        self.assertEqual(numbers.untold(), 2)  # 10, 11
+        self.assertEqual(numbers.untold(), 0)
+        numbers.saw("abc-def_4242_13")
+        numbers.settle(13)
+        self.assertEqual(numbers.untold(), 0)
 
 
 class HubLoopTests(TestCase):
