@@ -64,9 +64,10 @@ MAX_COMMAND_BYTES = 16 * 1024 * 1024
 #: The most the hub reads from its stdin at once.
 COMMAND_READ_BYTES = 1024 * 1024
 
-#: What the hub holds for the daemon while its pipe is full, past which
-#: output is dropped and counted (the daemon passes its own bound,
-#: ``CODE_HUB_BUFFER_BYTES``, on the command line).
+#: What the hub holds for the daemon while its pipe is full (the daemon
+#: passes its own bound, ``CODE_HUB_BUFFER_BYTES``, on the command line):
+#: past it the hub stops reading the kernels' iopub until half of it has
+#: gone, and past twice it drops output, counted (see :class:`Output`).
 BUFFER_BYTES = 64 * 1024 * 1024
 
 #: Messages a kernel socket queues before ZMQ drops (iopub) or waits (the
@@ -101,10 +102,12 @@ class Output:
     a ZMQ PUB socket, which never waits for its reader but drops what it
     cannot queue, so a hub that stopped reading while the daemon is slow
     would have the kernel's output (and the ``idle`` that ends a cell) lost
-    with no word. What the pipe does not take waits here instead; past
-    ``bound`` bytes waiting, output (``stream``, ``late``, ``display``) is
-    dropped and counted, and a ``dropped`` event says how much before the
-    next line of that execution (its ``done`` at the latest).
+    with no word. What the pipe does not take waits here instead (the hub
+    stops reading iopub well before ``bound``: see :meth:`Hub._pace`); past
+    ``bound`` bytes waiting all the same, output (``stream``, ``late``,
+    ``display``) is dropped and counted, and a ``dropped`` event says how
+    much before the next line of that execution (its ``done`` at the
+    latest).
     """
 
     def __init__(self, bound: int = BUFFER_BYTES) -> None:
@@ -588,8 +591,9 @@ class Kernel:
         self.opening: Opening | None = None
         self.closed = False
         #: The sockets the hub's loop reads, each with what reads it.
+        self.iopub = self.client.iopub_channel.socket
         self.readers: dict[Any, Callable[[dict[str, Any]], None]] = {
-            self.client.iopub_channel.socket: self._iopub,
+            self.iopub: self._iopub,
             self.client.shell_channel.socket: self._shell,
             self.client.stdin_channel.socket: self._stdin,
             # Read for its messages' numbers only (an interrupt's reply).
@@ -763,6 +767,9 @@ class Kernel:
         pending = self.pending.get(msg_id)
         if pending is None or self.closed:
             return
+        if self.hub.iopub_paused:
+            # Unread, not quiet: its output waits in the kernel's queue.
+            pending.heard = time.monotonic()
         quiet = time.monotonic() - pending.heard
         if quiet < IDLE_GRACE_SECONDS:
             self.hub.later(IDLE_GRACE_SECONDS - quiet, lambda: self._idle_due(msg_id))
@@ -847,7 +854,11 @@ class Hub:
     ) -> None:
         import zmq
 
-        self.out = Output(buffer_bytes)
+        #: Past this much waiting for the daemon, iopub is left unread.
+        self.buffer_bytes = buffer_bytes
+        self.out = Output(2 * buffer_bytes)
+        #: Whether the kernels' iopub is left unread for now (:meth:`_pace`).
+        self.iopub_paused = False
         self.kernels: dict[str, Kernel] = {}
         self.context = zmq.Context()
         # Every socket made on it (set before each connects): a kernel's
@@ -878,13 +889,17 @@ class Hub:
 
         for socket in kernel.readers:
             self._owners[socket] = kernel
-            self.poller.register(socket, zmq.POLLIN)
+            if not (self.iopub_paused and socket is kernel.iopub):
+                self.poller.register(socket, zmq.POLLIN)
 
     def forget(self, kernel: Kernel) -> None:
         """Stop reading ``kernel``'s sockets; it is no longer open."""
         for socket in kernel.readers:
             if self._owners.pop(socket, None) is not None:
-                self.poller.unregister(socket)
+                try:
+                    self.poller.unregister(socket)
+                except KeyError:  # its iopub, left unread for now
+                    pass
         if self.kernels.get(kernel.cid) is kernel:
             del self.kernels[kernel.cid]
 
@@ -934,6 +949,7 @@ class Hub:
         """
         import zmq
 
+        self._pace()
         blocked = self.out.waiting and not self.out.urgent and not self._holding
         if blocked != self._writing:
             self._writing = blocked
@@ -941,6 +957,33 @@ class Hub:
                 self.poller.register(1, zmq.POLLOUT)
             else:
                 self.poller.unregister(1)
+
+    def _pace(self) -> None:
+        """
+        Leave the kernels' iopub unread while :attr:`buffer_bytes` wait for
+        the daemon, until half of that has gone: a large output then waits
+        in the kernel's own queue (its thousand messages hold a lot of it)
+        as it did before the hub held anything, and the hub's memory stays
+        bounded. A flood of small messages is held here first: that queue
+        would drop them (counted then: see :class:`Numbers`).
+        """
+        import zmq
+
+        size = self.out.waiting_bytes
+        if self.iopub_paused:
+            pause = size >= self.buffer_bytes // 2
+        else:
+            pause = size >= self.buffer_bytes
+        if pause == self.iopub_paused:
+            return
+        self.iopub_paused = pause
+        for kernel in self.kernels.values():
+            if kernel.closed or kernel.iopub not in self._owners:
+                continue
+            if self.iopub_paused:
+                self.poller.unregister(kernel.iopub)
+            else:
+                self.poller.register(kernel.iopub, zmq.POLLIN)
 
     def _held(self) -> None:
         self._holding = False

@@ -222,8 +222,9 @@ CODE_BETWEEN_OUTPUT_BYTES = 64 * KIB
 #: Code contexts: what the kernel hub holds for the daemon while the daemon
 #: does not read (busy, stopped): a kernel publishes its output without
 #: waiting for its reader, so the hub keeps reading it and holds it here;
-#: past this, output is dropped and the execution says how much
-#: (``truncated``, ``dropped_bytes``, a line on its stderr).
+#: past this it leaves the rest in the kernel's queue until half has gone,
+#: and past twice this it drops output, saying how much (``truncated``,
+#: ``dropped_bytes``, a line on the execution's stderr).
 CODE_HUB_BUFFER_BYTES = 64 * MIB
 
 #: Code contexts: the messages the kernel hub's sockets queue per kernel
