@@ -506,6 +506,17 @@ class Numbers:
             self._base += 1
             self._seen.discard(self._base)
 
+    def start_over(self) -> None:
+        """
+        Count from the last number seen: what went before is nobody's loss
+        (a subscription joins late, so a kernel's first messages, before
+        it answered, may never come).
+        """
+        top = max(self._seen, default=self._base)
+        self._base = top
+        self._seen.clear()
+        self.told = self.lost
+
     def untold(self) -> int:
         """The messages counted lost since the last call."""
         lost, self.told = self.lost - self.told, self.lost
@@ -642,6 +653,7 @@ class Kernel:
             opening.idle = True
         if opening.info is not None and opening.idle:
             self.opening = None
+            self.numbers.start_over()
             self.hub.out.send({"ev": "ready", "cid": self.cid, "info": opening.info})
 
     def execute(self, command: dict[str, Any]) -> None:

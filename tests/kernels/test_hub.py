@@ -261,6 +261,16 @@ class NumbersTests(SynchronousTestCase):
         numbers.settle(13)
         self.assertEqual(numbers.untold(), 0)
 
+    def test_start_over(self) -> None:
+        """What was missed before the kernel answered is not counted lost."""
+        numbers = Numbers()
+        numbers.saw("s_1_3")
+        numbers.saw("s_1_7")
+        numbers.start_over()
+        numbers.saw("s_1_8")
+        numbers.settle(8)
+        self.assertEqual(numbers.untold(), 0)
+
 
 class HubLoopTests(TestCase):
     """The hub's command loop, without a daemon."""
