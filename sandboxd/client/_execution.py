@@ -17,9 +17,9 @@ import json
 from typing import Any
 
 #: The states whose events say all the document does. A ``timeout`` or
-#: ``lost`` execution carries words of the daemon's own in its events
-#: (``[sandboxd] timeout ...``, ``context.restarted``) that its document
-#: does not.
+#: ``lost`` execution is read from its document, which holds the daemon's
+#: own words on it (``[sandboxd] timeout ...``, the restart) as the
+#: daemon wrote them, whatever of its events this client saw.
 _PLAIN_STATES = ("ok", "error", "interrupted")
 
 #: A display item's fields in the document (its event adds the execution's id).
@@ -106,6 +106,20 @@ class ExecutionEvents:
         self._ended: dict[str, Any] | None = None
         #: Something seen that the document does not mirror.
         self._unsure = False
+        #: A ``clear_output(wait=True)`` waiting for the next output.
+        self._clear = False
+
+    def _update(self, data: dict[str, Any]) -> None:
+        """A display update: it replaces the items with its ``display_id``."""
+        item = {k: data[k] for k in _DISPLAY_FIELDS if k in data}
+        shown = item.get("display_id")
+        found = False
+        for i, old in enumerate(self._results):
+            if shown and old.get("display_id") == shown:
+                self._results[i] = {**item, "is_result": bool(old.get("is_result"))}
+                found = True
+        if not found:
+            self._results.append(item)
 
     @property
     def ended(self) -> bool:
@@ -120,12 +134,24 @@ class ExecutionEvents:
             return
         if self.execution_id is None and isinstance(data.get("execution_id"), str):
             self.execution_id = data["execution_id"]
+        if event in ("stdout", "stderr", "display", "display.update") and self._clear:
+            self._stdout, self._stderr, self._results = [], [], []
+            self._clear = False
         if event == "stdout":
             self._stdout.append(str(data.get("text", "")))
         elif event == "stderr":
             self._stderr.append(str(data.get("text", "")))
-        elif event in ("display", "display.update"):
+        elif event == "display":
             self._results.append({k: data[k] for k in _DISPLAY_FIELDS if k in data})
+        elif event == "display.update":
+            self._update(data)
+        elif event == "clear_output":
+            # As the daemon folds it into the document (and Jupyter into a
+            # cell): gone now, or with the next output when told to wait.
+            self._clear = True
+            if not data.get("wait"):
+                self._stdout, self._stderr, self._results = [], [], []
+                self._clear = False
         elif event == "error":
             self._error = {
                 "ename": data.get("ename", ""),

@@ -142,6 +142,15 @@ class Execution:
     stderr_json: EscapedText | None = attrs.field(init=False)
     results: list[dict[str, Any]] = attrs.Factory(list)
     results_bytes: int = 0
+    #: Output bytes dropped on the way from the kernel (the hub's buffer
+    #: full while the daemon did not read), and display items.
+    lost_bytes: int = 0
+    lost_displays: int = 0
+    #: Messages of the kernel's that never reached the hub (ZMQ dropped
+    #: them): what they held is not known, only that it is missing.
+    lost_messages: int = 0
+    #: A ``clear_output(wait=True)`` waiting for the next output.
+    clear_pending: bool = False
     ended: Waiters[None] = attrs.Factory(Waiters)
     timer: IDelayedCall | None = None
     #: What it held as it ended (see ``CodeContext._forget_old``).
@@ -207,12 +216,18 @@ class Execution:
     @property
     def truncated(self) -> bool:
         """Whether output was dropped from its result (head and tail kept)."""
-        return self.stdout.truncated or self.stderr.truncated
+        return (
+            self.stdout.truncated
+            or self.stderr.truncated
+            or self.lost_bytes > 0
+            or self.lost_displays > 0
+            or self.lost_messages > 0
+        )
 
     @property
     def dropped_bytes(self) -> int:
-        """Output bytes dropped between head and tail."""
-        return self.stdout.dropped_bytes + self.stderr.dropped_bytes
+        """Output bytes dropped between head and tail, or on their way."""
+        return self.stdout.dropped_bytes + self.stderr.dropped_bytes + self.lost_bytes
 
     def summary(self) -> dict[str, Any]:
         """The ``code_executions_list`` entry."""
@@ -271,6 +286,96 @@ class Execution:
             "dropped_bytes": self.dropped_bytes,
             "events_url": self.events_url,
         }
+
+
+#: Said on an execution's stderr when the kernel's notice that it is idle
+#: never came and it ended on its reply alone.
+IDLE_LOST_NOTE = (
+    "\n[sandboxd] the kernel's last messages for this execution did not"
+    " arrive (its end was taken from its reply): output may be missing\n"
+)
+
+
+def _update_display(x: Execution, item: dict[str, Any]) -> bool:
+    """
+    An ``update_display_data``: replace the items of ``x`` that show the
+    same ``display_id`` (as Jupyter redraws them in place), so a progress
+    display updated a thousand times is one item in the document, in its
+    last state. False if ``x`` has none.
+    """
+    found = False
+    for i, old in enumerate(x.results):
+        if item.get("display_id") and old.get("display_id") == item["display_id"]:
+            x.results_bytes = max(0, x.results_bytes - _inline_bytes(old))
+            x.results[i] = {**item, "is_result": bool(old.get("is_result"))}
+            found = True
+    return found
+
+
+def _clear(x: Execution) -> None:
+    """
+    A ``clear_output``: what ``x`` showed so far (its output and display
+    items) is gone from its document, as from a notebook's cell.
+    """
+    x.clear_pending = False
+    x.results.clear()
+    x.results_bytes = 0
+    cap = x.limits.max_output_bytes
+    x.stdout = HeadTail(cap)
+    x.stderr = HeadTail(cap)
+    x.stdout_json = EscapedText(cap) if x.escape_output else None
+    x.stderr_json = EscapedText(cap) if x.escape_output else None
+
+
+def _inline_bytes(item: dict[str, Any]) -> int:
+    """What a display item's values held in the document count (near enough)."""
+    data = item.get("data") or {}
+    return sum(
+        len(v.encode("utf-8", "surrogatepass"))
+        if isinstance(v, str)
+        else len(json.dumps(v))
+        for v in data.values()
+    )
+
+
+#: Said on the stderr of an execution whose end the hub could not report.
+HUB_LOST_NOTE = (
+    "\n[sandboxd] the kernel hub was lost: the rest of this execution's"
+    " output and its end were not seen (the kernel and its state are kept)\n"
+)
+
+
+def _restart_note(reason: str, exit_code: int | None, when: str) -> str:
+    """The stderr line of an execution whose kernel was restarted (``when``)."""
+    why = reason if exit_code is None else f"{reason}, exit code {exit_code}"
+    # Mid-execution, on a line of its own after what the code printed.
+    lead = "\n" if when.startswith("during") else ""
+    return (
+        f"{lead}[sandboxd] the kernel was restarted ({why}) {when}: its state"
+        " (variables, imports, cwd) is gone\n"
+    )
+
+
+def _count(event: dict[str, Any], key: str) -> int:
+    """A non-negative count from a hub event (0 if it has none)."""
+    value = event.get(key)
+    return value if type(value) is int and value > 0 else 0
+
+
+def _dropped_note(event: dict[str, Any], where: str) -> str:
+    """The stderr line that says what the hub dropped (``dropped`` event)."""
+    parts = [
+        f"{_count(event, name)} bytes of {name}"
+        for name in ("stdout", "stderr")
+        if _count(event, name)
+    ]
+    if _count(event, "displays"):
+        parts.append(f"{_count(event, 'displays')} display items")
+    return (
+        f"\n[sandboxd] {' and '.join(parts) or 'output'} dropped {where}: the"
+        " kernel printed faster than the daemon read, past the kernel hub's"
+        " buffer\n"
+    )
 
 
 def _output_json(output: HeadTail, escaped: EscapedText | None) -> Any:
@@ -700,6 +805,14 @@ class CodeContext:
         if kind == "late":
             self._late_output(event)
             return
+        if kind == "dropped" and event.get("xid") is None:
+            self._late_output(
+                {
+                    "name": "stderr",
+                    "text": _dropped_note(event, "while no execution ran"),
+                }
+            )
+            return
         if kind == "failed":
             if self.state in ("starting", "restarting"):
                 tail = self.kernel_stderr.value().decode("utf-8", "replace").strip()
@@ -742,8 +855,26 @@ class CodeContext:
                 password=bool(event.get("password")),
             )
         elif kind == "clear":
-            x.emit("clear_output", wait=bool(event.get("wait")))
+            wait = bool(event.get("wait"))
+            x.emit("clear_output", wait=wait)
+            if wait:
+                x.clear_pending = True
+            else:
+                _clear(x)
+        elif kind == "dropped":
+            self._on_dropped(x, event)
         elif kind == "done":
+            lost = _count(event, "lost_messages")
+            if lost:
+                x.lost_messages += lost
+                self._note(
+                    x,
+                    f"\n[sandboxd] {lost} of the kernel's messages never arrived:"
+                    " its output socket drops what its reader has not taken"
+                    " (the machine was busy), so output may be missing\n",
+                )
+            if event.get("idle_lost"):
+                self._note(x, IDLE_LOST_NOTE)
             self._on_done(x, str(event.get("status")), event.get("count"))
         elif kind == "bad_command":
             self._end(x, "lost")
@@ -771,12 +902,31 @@ class CodeContext:
         else:  # the built-in kernel's: text in the line
             text = str(event.get("text", ""))
             raw = text.encode("utf-8", "surrogatepass")
+        if x.clear_pending:
+            _clear(x)
         (x.stderr if name == "stderr" else x.stdout).write(raw)
         escaped = x.stderr_json if name == "stderr" else x.stdout_json
         if escaped is not None:
             escaped.write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)
+
+    def _on_dropped(self, x: Execution, event: dict[str, Any]) -> None:
+        """
+        Output the hub dropped (its buffer full while the daemon did not
+        read): counted in ``dropped_bytes`` and ``truncated``, and said on
+        stderr where it happened, as output cut by ``max_output_bytes`` is.
+        """
+        x.lost_bytes += _count(event, "stdout") + _count(event, "stderr")
+        x.lost_displays += _count(event, "displays")
+        self._on_stream(x, {"name": "stderr", "text": _dropped_note(event, "here")})
+
+    def _note(self, x: Execution, text: str) -> None:
+        """
+        A word of the daemon's own on ``x``'s stderr: in its document and
+        its events alike, as the kernel's output is.
+        """
+        self._on_stream(x, {"name": "stderr", "text": text})
 
     def _on_display(self, x: Execution, event: dict[str, Any]) -> None:
         data = event.get("data")
@@ -792,8 +942,13 @@ class CodeContext:
             item["display_id"] = event["display_id"]
         if refs:
             item["refs"] = refs
+        if x.clear_pending:
+            _clear(x)
         if event.get("update"):
             x.emit("display.update", **item)
+            if _update_display(x, item):
+                return
+            # A display an earlier execution showed: this one's item now.
         else:
             x.emit("display", **item)
         x.results.append(item)
@@ -1088,9 +1243,10 @@ class CodeContext:
         if self.current is not x:
             return
         x.timing_out = True
-        x.emit(
-            "stderr",
-            text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n",
+        # In its document too, not only in its events: a client that reads
+        # the result learns why it ended as one that follows the events does.
+        self._note(
+            x, f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n"
         )
         self.interrupt()
         if self._grace_timer is not None and self._grace_timer.active():
@@ -1131,6 +1287,7 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason=reason, exit_code=exit_code)
+            self._note(x, _restart_note(reason, exit_code, "during this execution"))
         queued = list(self.queue)
         self.queue.clear()
         for q in queued:
@@ -1140,6 +1297,7 @@ class CodeContext:
                 exit_code=exit_code,
                 before_start=True,
             )
+            self._note(q, _restart_note(reason, exit_code, "before this execution"))
             self._end(q, "lost", reason="restarted")
         if reason == "user" or (x is not None and not x.abandoned) or queued:
             # Its caller, the running execution's client or those queued
@@ -1188,6 +1346,11 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="died", exit_code=code, restarted=False)
+            self._note(
+                x,
+                f"\n[sandboxd] the kernel died (exit code {code}) and was not"
+                " restarted: its state is gone; restart the context or delete it\n",
+            )
             self._end(x, "lost", reason="died")
         self.state = "dead"
         self.touch()  # the idle timeout counts from its death
@@ -1206,6 +1369,7 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="hub", restarted=False)
+            self._note(x, HUB_LOST_NOTE)
             self._end(x, "lost", reason="hub")
         self._pending_epilogue = None
         if self.kernel is None:
@@ -1228,6 +1392,11 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason="hub", restarted=False)
+            self._note(
+                x,
+                "\n[sandboxd] the kernel hub failed: the kernel was ended, its"
+                " state is gone; restart the context or delete it\n",
+            )
             self._end(x, "lost", reason="hub")
         for q in list(self.queue):
             self._end(q, "lost", reason="hub")

@@ -19,7 +19,10 @@ Commands (daemon to hub), each naming a context ``cid``:
 - ``{"op": "execute", "cid", "xid", "code", "silent", "store_history",
   "allow_stdin"}`` → ``started``, ``stream``, ``display``, ``clear``,
   ``error``, ``input`` events, then ``{"ev": "done", "xid", "status",
-  "count"}`` once the reply and the kernel's ``idle`` are both in
+  "count"}`` once the reply and the kernel's ``idle`` are both in (or the
+  reply and :data:`IDLE_GRACE_SECONDS` of quiet on iopub: then with
+  ``"idle_lost": true``); ``{"ev": "dropped", "cid", "xid", "stdout",
+  "stderr", "displays"}`` where output was dropped (see :class:`Output`)
 - ``{"op": "input", "cid", "value"}``, ``{"op": "interrupt", "cid"}``
 - ``{"op": "close", "cid", "shutdown": bool}`` → ``{"ev": "closed", "cid"}``
 
@@ -34,6 +37,7 @@ import hmac
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -60,6 +64,23 @@ MAX_COMMAND_BYTES = 16 * 1024 * 1024
 #: The most the hub reads from its stdin at once.
 COMMAND_READ_BYTES = 1024 * 1024
 
+#: What the hub holds for the daemon while its pipe is full (the daemon
+#: passes its own bound, ``CODE_HUB_BUFFER_BYTES``, on the command line):
+#: past it the hub stops reading the kernels' iopub until half of it has
+#: gone, and past twice it drops output, counted (see :class:`Output`).
+BUFFER_BYTES = 64 * 1024 * 1024
+
+#: Messages a kernel socket queues before ZMQ drops (iopub) or waits (the
+#: daemon passes ``CODE_HUB_IOPUB_HWM``).
+IOPUB_HWM = 100_000
+
+#: After an execution's reply, how long iopub may stay quiet about it
+#: before it ends without its ``idle`` (a message ZMQ may have dropped).
+IDLE_GRACE_SECONDS = 2.0
+
+#: The events that carry output the hub may drop past its bound.
+DROPPABLE = ("stream", "late", "display")
+
 
 class Output:
     """
@@ -69,26 +90,48 @@ class Output:
     messages of one execution that arrive together (a result, ``idle`` and
     the reply) cross the pipe in one write, so the daemon wakes once for
     them instead of once a line. At :data:`FLUSH_BYTES` the lines go out at
-    once, which bounds what waits here.
+    once.
 
     A line sent with ``hold`` (what an execution says on its way: that it
     started, its output) may wait up to :data:`HOLD_SECONDS` for the
     next: a short cell's lines then cross with its end, and the daemon
     wakes once for the whole execution instead of two or three times (a
     chatty cell's, once per moment instead of once per print).
+
+    The pipe is written without blocking: a kernel publishes its output on
+    a ZMQ PUB socket, which never waits for its reader but drops what it
+    cannot queue, so a hub that stopped reading while the daemon is slow
+    would have the kernel's output (and the ``idle`` that ends a cell) lost
+    with no word. What the pipe does not take waits here instead (the hub
+    stops reading iopub well before ``bound``: see :meth:`Hub._pace`); past
+    ``bound`` bytes waiting all the same, output (``stream``, ``late``,
+    ``display``) is dropped and counted, and a ``dropped`` event says how
+    much before the next line of that execution (its ``done`` at the
+    latest).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int = BUFFER_BYTES) -> None:
         self._out = sys.stdout.buffer
         self._lines: list[bytes | memoryview] = []
         self._size = 0
+        self.bound = bound
         #: Something queued may not wait past this turn of the loop.
         self.urgent = False
+        #: What was dropped and not yet told, by (cid, xid): counts by kind.
+        self._dropped: dict[tuple[Any, Any], dict[str, int]] = {}
+        #: The pipe took less than it was offered last time: no more
+        #: offers until the loop sees it take more.
+        self.full = False
 
     @property
     def waiting(self) -> bool:
         """Whether any line is queued."""
         return bool(self._lines)
+
+    @property
+    def waiting_bytes(self) -> int:
+        """What is queued, in bytes."""
+        return self._size
 
     def send(
         self, event: dict[str, Any], payload: Pieces | None = None, hold: bool = False
@@ -103,6 +146,14 @@ class Output:
             daemon, its pieces never joined here.
         """
         size = sum(len(piece) for piece in payload) if payload is not None else 0
+        ev = event.get("ev")
+        if ev in DROPPABLE and self._size >= self.bound:
+            counts = self._dropped.setdefault((event.get("cid"), event.get("xid")), {})
+            kind = "displays" if ev == "display" else _stream_name(event)
+            counts[kind] = counts.get(kind, 0) + (1 if ev == "display" else size)
+            return
+        if self._dropped:
+            self._tell_dropped()
         if payload is not None:
             event["bytes"] = size
         line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
@@ -113,39 +164,62 @@ class Output:
         if payload is not None:
             self._lines += payload
             self._size += size
-        if self._size >= FLUSH_BYTES:
+        if self._size >= FLUSH_BYTES and not self.full:
             self.flush()
+
+    def _tell_dropped(self) -> None:
+        """A ``dropped`` line for each execution that lost output since the last."""
+        dropped, self._dropped = self._dropped, {}
+        for (cid, xid), counts in dropped.items():
+            event = {"ev": "dropped", "cid": cid, "xid": xid, **counts}
+            line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+            data = line.encode("utf-8", "surrogatepass") + b"\n"
+            self._lines.append(data)
+            self._size += len(data)
 
     def flush(self) -> None:
         """
-        Write what is queued now (a full pipe blocks the hub: that is the
-        backpressure on the kernels' output).
+        Write what is queued, as much as the pipe takes now; the rest waits
+        for the pipe to take more (:attr:`waiting`).
         """
         self.urgent = False
         if not self._lines:
             return
-        parts, self._lines, self._size = self._lines, [], 0
         self._out.flush()  # nothing goes there but this; in order if it did
-        write_all(self._out.fileno(), parts)
+        written = write_some(self._out.fileno(), self._lines)
+        self._size -= written
+        self.full = bool(self._lines)
 
 
 #: The most buffers one ``writev`` takes (Linux's IOV_MAX).
 IOV_MAX = 1024
 
 
-def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+def write_some(fd: int, parts: list[bytes | memoryview]) -> int:
     """
-    Write ``parts`` in order with ``writev``: lines and output go to the
-    pipe as they are, never joined into one more copy first.
+    Write ``parts`` in order with ``writev`` as far as ``fd`` takes them
+    now (all of them on a blocking ``fd``): lines and output go to the pipe
+    as they are, never joined into one more copy first. What was written
+    is taken off ``parts``.
+
+    :returns: the bytes written.
     """
     i = 0
-    while i < len(parts):
-        done = os.writev(fd, parts[i : i + IOV_MAX])
-        while i < len(parts) and done >= len(parts[i]):
-            done -= len(parts[i])
-            i += 1
-        if done:  # a part written in part: the rest of it next
-            parts[i] = memoryview(parts[i])[done:]
+    total = 0
+    try:
+        while i < len(parts):
+            done = os.writev(fd, parts[i : i + IOV_MAX])
+            total += done
+            while i < len(parts) and done >= len(parts[i]):
+                done -= len(parts[i])
+                i += 1
+            if done:  # a part written in part: the rest of it next
+                parts[i] = memoryview(parts[i])[done:]
+    except BlockingIOError:
+        pass
+    finally:
+        del parts[:i]
+    return total
 
 
 #: Bytes in pieces, in order (views of a kernel's frame between escapes,
@@ -367,13 +441,104 @@ def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     return message
 
 
+#: A Jupyter message id as ``jupyter_client``'s ``Session`` makes it (the
+#: one ipykernel uses): the session and pid, and the message's number.
+_NUMBERED_ID = re.compile(r"(.+_\d+)_(\d+)")
+
+#: Numbers seen past a gap that are held before the gap is taken as lost.
+MAX_NUMBERS_HELD = 100_000
+
+
+class Numbers:
+    """
+    The numbers of the messages a kernel sent that the hub received, to
+    count those it never did.
+
+    A kernel publishes output on a ZMQ PUB socket, which drops messages
+    when its queue for a reader is full (1000 messages: a kernel printing
+    fast while the hub's process waits for a CPU) and says nothing. A
+    ``jupyter_client`` session numbers every message it sends, on every
+    socket, one after the other: a number never received (every socket
+    the kernel answers on is read) is a message lost.
+    """
+
+    def __init__(self) -> None:
+        self._prefix: str | None = None
+        #: Every number up to this one is received or counted lost.
+        self._base: int | None = None
+        self._seen: set[int] = set()
+        #: Messages counted lost, and those of them already reported.
+        self.lost = 0
+        self.told = 0
+
+    def saw(self, msg_id: str) -> int | None:
+        """Note a message received; its number (None: not numbered so)."""
+        match = _NUMBERED_ID.fullmatch(msg_id)
+        if match is None:
+            return None
+        prefix, number = match.group(1), int(match.group(2))
+        if self._prefix is None:
+            self._prefix = prefix
+        if prefix != self._prefix:
+            return None
+        if self._base is None:
+            self._base = number - 1
+        if number > self._base:
+            self._seen.add(number)
+            self._advance()
+            if len(self._seen) > MAX_NUMBERS_HELD:
+                self.settle(min(self._seen) - 1)
+        return number
+
+    def settle(self, upto: int) -> None:
+        """Count each number up to ``upto`` not received as lost."""
+        if self._base is None or upto <= self._base:
+            return
+        got = {n for n in self._seen if n <= upto}
+        self.lost += upto - self._base - len(got)
+        self._seen -= got
+        self._base = upto
+        self._advance()
+
+    def _advance(self) -> None:
+        assert self._base is not None
+        while self._base + 1 in self._seen:
+            self._base += 1
+            self._seen.discard(self._base)
+
+    def start_over(self) -> None:
+        """
+        Count from the last number seen: what went before is nobody's loss
+        (a subscription joins late, so a kernel's first messages, before
+        it answered, may never come).
+        """
+        top = max(self._seen, default=self._base)
+        self._base = top
+        self._seen.clear()
+        self.told = self.lost
+
+    def untold(self) -> int:
+        """The messages counted lost since the last call."""
+        lost, self.told = self.lost - self.told, self.lost
+        return lost
+
+
 class Pending:
-    """One execution in flight: done once both its reply and ``idle`` are in."""
+    """
+    One execution in flight: done once both its reply and ``idle`` are in,
+    or its reply and :data:`IDLE_GRACE_SECONDS` with nothing about it on
+    iopub (its ``idle`` travels on a socket that may drop it; the reply
+    does not).
+    """
 
     def __init__(self, xid: str) -> None:
         self.xid = xid
         self.reply: dict[str, Any] | None = None
         self.idle = False
+        #: When iopub last said anything about it (monotonic).
+        self.heard = time.monotonic()
+        #: The number of the last message about it (see :class:`Numbers`).
+        self.last: int | None = None
 
 
 #: How long an unanswered ``kernel_info_request`` waits before another is
@@ -437,11 +602,15 @@ class Kernel:
         self.opening: Opening | None = None
         self.closed = False
         #: The sockets the hub's loop reads, each with what reads it.
+        self.iopub = self.client.iopub_channel.socket
         self.readers: dict[Any, Callable[[dict[str, Any]], None]] = {
-            self.client.iopub_channel.socket: self._iopub,
+            self.iopub: self._iopub,
             self.client.shell_channel.socket: self._shell,
             self.client.stdin_channel.socket: self._stdin,
+            # Read for its messages' numbers only (an interrupt's reply).
+            self.client.control_channel.socket: lambda msg: None,
         }
+        self.numbers = Numbers()
 
     def open(self, timeout: float) -> None:
         """
@@ -484,6 +653,7 @@ class Kernel:
             opening.idle = True
         if opening.info is not None and opening.idle:
             self.opening = None
+            self.numbers.start_over()
             self.hub.out.send({"ev": "ready", "cid": self.cid, "info": opening.info})
 
     def execute(self, command: dict[str, Any]) -> None:
@@ -518,6 +688,11 @@ class Kernel:
                 msg = decode_message(self.client.session, frames)
             except (ValueError, TypeError, KeyError):
                 continue
+            number = self.numbers.saw(str(msg["msg_id"]))
+            if number is not None:
+                about = self.pending.get(msg["parent_header"].get("msg_id", ""))
+                if about is not None and (about.last is None or number > about.last):
+                    about.last = number
             if self.opening is not None:
                 if socket is not self.client.stdin_channel.socket:
                     self._opened(msg)
@@ -542,6 +717,8 @@ class Kernel:
         pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
         kind = msg["msg_type"]
         content = msg["content"]
+        if pending is not None:
+            pending.heard = time.monotonic()
         if pending is None:
             if kind == "stream":
                 # Output whose execution has ended: a thread a cell started
@@ -590,6 +767,26 @@ class Kernel:
             return
         pending.reply = msg["content"]
         self._finish(msg_id, pending)
+        if not pending.idle:
+            self.hub.later(IDLE_GRACE_SECONDS, lambda: self._idle_due(msg_id))
+
+    def _idle_due(self, msg_id: str) -> None:
+        """
+        The reply came a while ago and ``idle`` has not: once iopub has
+        been quiet about the execution for :data:`IDLE_GRACE_SECONDS`
+        (what it printed last may still be arriving), it ends without it.
+        """
+        pending = self.pending.get(msg_id)
+        if pending is None or self.closed:
+            return
+        if self.hub.iopub_paused:
+            # Unread, not quiet: its output waits in the kernel's queue.
+            pending.heard = time.monotonic()
+        quiet = time.monotonic() - pending.heard
+        if quiet < IDLE_GRACE_SECONDS:
+            self.hub.later(IDLE_GRACE_SECONDS - quiet, lambda: self._idle_due(msg_id))
+            return
+        self._finish(msg_id, pending, idle_lost=True)
 
     def _stdin(self, msg: dict[str, Any]) -> None:
         pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
@@ -603,15 +800,24 @@ class Kernel:
             password=bool(content.get("password")),
         )
 
-    def _finish(self, msg_id: str, pending: Pending) -> None:
-        if pending.reply is None or not pending.idle:
+    def _finish(self, msg_id: str, pending: Pending, idle_lost: bool = False) -> None:
+        if pending.reply is None or not (pending.idle or idle_lost):
             return
         del self.pending[msg_id]
+        extra: dict[str, Any] = {"idle_lost": True} if idle_lost else {}
+        if pending.last is not None:
+            # Every message before its last is in by now (each socket keeps
+            # its order); a lost idle came after its reply.
+            self.numbers.settle(pending.last + (1 if idle_lost else 0))
+        lost = self.numbers.untold()
+        if lost:
+            extra["lost_messages"] = lost
         self._emit(
             pending,
             "done",
             status=pending.reply.get("status", "error"),
             count=pending.reply.get("execution_count"),
+            **extra,
         )
 
     def interrupt(self) -> None:
@@ -655,12 +861,25 @@ class Hub:
     process on a machine that may be busy).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, buffer_bytes: int = BUFFER_BYTES, iopub_hwm: int = IOPUB_HWM
+    ) -> None:
         import zmq
 
-        self.out = Output()
+        #: Past this much waiting for the daemon, iopub is left unread.
+        self.buffer_bytes = buffer_bytes
+        self.out = Output(2 * buffer_bytes)
+        #: Whether the kernels' iopub is left unread for now (:meth:`_pace`).
+        self.iopub_paused = False
         self.kernels: dict[str, Kernel] = {}
         self.context = zmq.Context()
+        # Every socket made on it (set before each connects): a kernel's
+        # burst of small prints queues here for the loop to read rather
+        # than being dropped by the kernel's PUB socket at ZMQ's default
+        # of 1000 messages.
+        self.context.setsockopt(zmq.RCVHWM, iopub_hwm)
+        #: Whether the loop waits for the pipe to the daemon to take more.
+        self._writing = False
         self.poller = zmq.Poller()
         #: The socket each kernel reads, to its kernel.
         self._owners: dict[Any, Kernel] = {}
@@ -682,13 +901,17 @@ class Hub:
 
         for socket in kernel.readers:
             self._owners[socket] = kernel
-            self.poller.register(socket, zmq.POLLIN)
+            if not (self.iopub_paused and socket is kernel.iopub):
+                self.poller.register(socket, zmq.POLLIN)
 
     def forget(self, kernel: Kernel) -> None:
         """Stop reading ``kernel``'s sockets; it is no longer open."""
         for socket in kernel.readers:
             if self._owners.pop(socket, None) is not None:
-                self.poller.unregister(socket)
+                try:
+                    self.poller.unregister(socket)
+                except KeyError:  # its iopub, left unread for now
+                    pass
         if self.kernels.get(kernel.cid) is kernel:
             del self.kernels[kernel.cid]
 
@@ -697,6 +920,7 @@ class Hub:
         import zmq
 
         os.set_blocking(0, False)
+        os.set_blocking(1, False)
         self.poller.register(0, zmq.POLLIN)
         try:
             while True:
@@ -704,6 +928,8 @@ class Hub:
                     if socket == 0:
                         if not self._commands():
                             return
+                    elif socket == 1:
+                        self.out.flush()
                     else:
                         owner = self._owners.get(socket)
                         if owner is not None:
@@ -713,6 +939,7 @@ class Hub:
         finally:
             for kernel in list(self.kernels.values()):
                 kernel.close(False)
+            os.set_blocking(1, True)
             self.out.flush()
 
     def _flush(self) -> None:
@@ -725,10 +952,55 @@ class Hub:
         elif self.out.waiting and not self._holding:
             self._holding = True
             self.later(HOLD_SECONDS, self._held)
+        self._watch_pipe()
+
+    def _watch_pipe(self) -> None:
+        """
+        Wake the loop when the pipe to the daemon takes more, while lines
+        wait that it did not take (never a busy wait on a full pipe).
+        """
+        import zmq
+
+        self._pace()
+        blocked = self.out.waiting and not self.out.urgent and not self._holding
+        if blocked != self._writing:
+            self._writing = blocked
+            if blocked:
+                self.poller.register(1, zmq.POLLOUT)
+            else:
+                self.poller.unregister(1)
+
+    def _pace(self) -> None:
+        """
+        Leave the kernels' iopub unread while :attr:`buffer_bytes` wait for
+        the daemon, until half of that has gone: a large output then waits
+        in the kernel's own queue (its thousand messages hold a lot of it)
+        as it did before the hub held anything, and the hub's memory stays
+        bounded. A flood of small messages is held here first: that queue
+        would drop them (counted then: see :class:`Numbers`).
+        """
+        import zmq
+
+        size = self.out.waiting_bytes
+        if self.iopub_paused:
+            pause = size >= self.buffer_bytes // 2
+        else:
+            pause = size >= self.buffer_bytes
+        if pause == self.iopub_paused:
+            return
+        self.iopub_paused = pause
+        for kernel in self.kernels.values():
+            if kernel.closed or kernel.iopub not in self._owners:
+                continue
+            if self.iopub_paused:
+                self.poller.unregister(kernel.iopub)
+            else:
+                self.poller.register(kernel.iopub, zmq.POLLIN)
 
     def _held(self) -> None:
         self._holding = False
         self.out.flush()
+        self._watch_pipe()
 
     def _wait(self) -> int | None:
         """Milliseconds until the next timer (None: none)."""
@@ -911,7 +1183,19 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _widen_pipe(1)
     os.environ.pop("PYTHONSTARTUP", None)
-    Hub().run()
+    Hub(*_bounds(sys.argv[1:])).run()
+
+
+def _bounds(args: list[str]) -> tuple[int, int]:
+    """
+    The bounds the daemon passes (``--buffer-bytes N --iopub-hwm N``),
+    the defaults here for those it does not.
+    """
+    given = dict(zip(args[::2], args[1::2], strict=False))
+    return (
+        int(given.get("--buffer-bytes", BUFFER_BYTES)),
+        int(given.get("--iopub-hwm", IOPUB_HWM)),
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from sandboxd.policy import defaults
 from sandboxd.policy.defaults import (
     CODE_HUB_MAX_LINE_BYTES,
     CODE_HUB_READ_BYTES,
@@ -238,7 +239,13 @@ class HubClient:
         spawn(
             reactor,
             self.child,
-            list(HUB_COMMAND),
+            [
+                *HUB_COMMAND,
+                "--buffer-bytes",
+                str(defaults.CODE_HUB_BUFFER_BYTES),
+                "--iopub-hwm",
+                str(defaults.CODE_HUB_IOPUB_HWM),
+            ],
             children=children,
             env=env,
             cwd=cwd,

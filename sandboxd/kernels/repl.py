@@ -63,7 +63,13 @@ def emit(event: dict[str, Any]) -> None:
 
 
 class Pump(threading.Thread):
-    """Reads one of the code's streams and reports it to the current execution."""
+    """
+    Reads one of the code's streams and reports it to the current
+    execution; what is printed while none runs (a background job, a
+    subprocess a cell left behind) is reported as ``late``, which the
+    daemon keeps, bounded, for the next execution (as it does for
+    ipykernel's), instead of being lost.
+    """
 
     def __init__(self, fd: int, name: str) -> None:
         super().__init__(daemon=True)
@@ -98,15 +104,11 @@ class Pump(threading.Thread):
                         break
             text = decoder.decode(pending) if pending else ""
             if text:
-                if self.xid is not None:
-                    emit(
-                        {
-                            "ev": "stream",
-                            "xid": self.xid,
-                            "name": self.name_,
-                            "text": text,
-                        }
-                    )
+                xid = self.xid
+                if xid is not None:
+                    emit({"ev": "stream", "xid": xid, "name": self.name_, "text": text})
+                else:
+                    emit({"ev": "late", "name": self.name_, "text": text})
             pending = keep
             if synced:
                 self.marker = None
@@ -233,10 +235,11 @@ class Repl:
         if not silent:
             self._figures(xid)
         self._sync()
-        emit({"ev": "done", "xid": xid, "status": status, "count": self.count})
-        self.xid = None
+        # What is printed from here on is no longer this execution's.
         for pump in self.pumps:
             pump.xid = None
+        emit({"ev": "done", "xid": xid, "status": status, "count": self.count})
+        self.xid = None
 
     def _run(self, code: str, silent: bool) -> Any:
         # A name of its own per cell, its source in linecache: tracebacks
@@ -515,6 +518,10 @@ class BashRepl:
                     "traceback": [],
                 }
             )
+        # What is printed from here on (a job left running) is no longer
+        # this cell's.
+        for pump in self.pumps:
+            pump.xid = None
         emit(
             {
                 "ev": "done",
@@ -523,8 +530,6 @@ class BashRepl:
                 "count": self.count,
             }
         )
-        for pump in self.pumps:
-            pump.xid = None
         return self.shell.poll() is None
 
     def _ended(self, xid: str) -> None:

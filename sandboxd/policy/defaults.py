@@ -219,6 +219,19 @@ CODE_HUB_ANSWER_GRACE_SECONDS = 5.0
 #: stream, head and tail, for the next execution to start.
 CODE_BETWEEN_OUTPUT_BYTES = 64 * KIB
 
+#: Code contexts: what the kernel hub holds for the daemon while the daemon
+#: does not read (busy, stopped): a kernel publishes its output without
+#: waiting for its reader, so the hub keeps reading it and holds it here;
+#: past this it leaves the rest in the kernel's queue until half has gone,
+#: and past twice this it drops output, saying how much (``truncated``,
+#: ``dropped_bytes``, a line on the execution's stderr).
+CODE_HUB_BUFFER_BYTES = 64 * MIB
+
+#: Code contexts: the messages the kernel hub's sockets queue per kernel
+#: before ZMQ drops (a kernel's iopub) what its loop has not read yet: a
+#: burst of small flushed prints fits, where ZMQ's default (1000) drops.
+CODE_HUB_IOPUB_HWM = 100_000
+
 #: Code contexts: display items spilled to disk, all contexts together.
 CODE_MAX_SPILL_BYTES = 512 * MIB
 

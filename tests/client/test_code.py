@@ -284,7 +284,10 @@ class StreamedExecuteTests(KernelClientCase):
         self.assertIn("text/html", mimes[0])
         self.assertIn("application/json", mimes[1])
         self.assertIn("image/png", mimes[2])
-        self.assertEqual(len(updated["results"]), 2)
+        # An update replaces what its display_id showed, as in a notebook.
+        self.assertEqual(
+            [r["data"]["text/plain"] for r in updated["results"]], ["'second'"]
+        )
         self.assertEqual(failed["state"], "error")
         self.assertEqual(failed["error"]["ename"], "ZeroDivisionError")
         self.assertEqual(failed["stdout"], "before\n")

@@ -6,7 +6,8 @@ exits (``exit``).
 
 ``whoami`` is a hub that behaves, minimally: it answers ``open`` with
 ``ready`` (``info.name`` is ``uid<its uid>``) and each ``execute`` with its
-uid as the result, except ``hang`` (never answered) and
+uid as the result, except ``hang`` (never answered), ``lossy`` (output
+lost on its way, as the hub reports it: :func:`lossy`) and
 ``spoof:CID:XID``, which first claims that the execution XID of the
 context CID is done. Standard library only.
 """
@@ -34,6 +35,9 @@ def whoami() -> None:
                 send({"ev": "done", "cid": other, "xid": other_xid, "status": "ok"})
             if code == "hang":
                 continue
+            if code == "lossy":
+                lossy(cid, xid)
+                continue
             result = {"text/plain": str(os.getuid())}
             send(
                 {
@@ -48,6 +52,24 @@ def whoami() -> None:
             send({"ev": "done", "cid": cid, "xid": xid, "status": "ok", "count": 1})
         elif command["op"] == "close":
             send({"ev": "closed", "cid": cid})
+
+
+def lossy(cid: str, xid: str) -> None:
+    """An execution whose output was partly lost on its way, as a hub says it."""
+    send({"ev": "stream", "cid": cid, "xid": xid, "name": "stdout", "text": "head\n"})
+    send({"ev": "dropped", "cid": cid, "xid": xid, "stdout": 1000, "displays": 2})
+    send({"ev": "stream", "cid": cid, "xid": xid, "name": "stdout", "text": "tail\n"})
+    send(
+        {
+            "ev": "done",
+            "cid": cid,
+            "xid": xid,
+            "status": "ok",
+            "count": 1,
+            "lost_messages": 3,
+            "idle_lost": True,
+        }
+    )
 
 
 mode = sys.argv[1]

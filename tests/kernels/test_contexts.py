@@ -26,6 +26,7 @@ from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.libc import QuietTrim
 from sandboxd.policy.defaults import CODE_KEPT_EXECUTIONS
 from sandboxd.testing import SSEReader
+from tests.client.base import ClientCase
 from tests.helpers import DaemonTestCase, alive, group_nice, need_autogroups
 
 
@@ -122,6 +123,20 @@ class CodeTestCase(DaemonTestCase):
             lambda: client.transport.stopProducing() if not client.done.called else None
         )
         return client
+
+
+#: A cell that updates a display 50 times, and one that clears what it showed.
+UPDATES_CODE = (
+    "from IPython.display import display, HTML, clear_output\n"
+    "h = display(HTML('<b>0</b>'), display_id=True)\n"
+    "for i in range(50):\n    h.update(HTML(f'<b>{i + 1}</b>'))\n"
+    "'done'"
+)
+CLEAR_CODE = (
+    "from IPython.display import display, clear_output\n"
+    "display('gone'); print('gone too')\nclear_output()\n"
+    "print('after'); display('kept')\nclear_output(wait=True)\ndisplay('last')"
+)
 
 
 class KernelScenarios:
@@ -421,6 +436,32 @@ class ContextTests(CodeTestCase):
         self.assertEqual((fourth["stdout"], fourth["stderr"]), ("clean\n", ""))
 
     @inlineCallbacks
+    def test_display_updates_and_clear_folded(self) -> Any:
+        """
+        The result document shows what a notebook would: an updated display
+        once, in its last state (was: one item per update), and nothing of
+        what a ``clear_output`` cleared (was: kept); the events carry each
+        ``display.update`` and ``clear_output`` as they came.
+        """
+        ctx = yield self.context()
+        updated = yield self.execute(ctx["id"], UPDATES_CODE)
+        self.assertEqual(
+            [(r["data"].get("text/html"), r["is_result"]) for r in updated["results"]],
+            [("<b>50</b>", False), (None, True)],
+        )
+        self.assertTrue(updated["results"][0]["display_id"])
+        cleared = yield self.execute(ctx["id"], CLEAR_CODE)
+        self.assertEqual(cleared["stdout"], "")
+        self.assertEqual(
+            [r["data"]["text/plain"] for r in cleared["results"]], ["'last'"]
+        )
+        events = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{updated['execution_id']}/events",
+        )
+        self.assertEqual(events.body.count(b"event: display.update"), 50)
+
+    @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
         """A restart gives a fresh kernel (new pid): the old names are gone."""
         ctx = yield self.context()
@@ -504,6 +545,129 @@ class InterruptTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "3")
 
 
+class StalledDaemonTests(CodeTestCase):
+    """
+    A daemon that stops reading the hub for a while (busy, stopped, a
+    loaded machine) while a cell floods flushed prints: ipykernel publishes
+    them on a socket that never waits for its reader, so the hub must keep
+    reading and hold them, not leave them to be dropped with no word.
+    """
+
+    #: Lines the cell prints (each flushed: one message each).
+    LINES = 20_000
+
+    @inlineCallbacks
+    def stalled_flood(self, ctx: dict[str, Any]) -> Any:
+        """
+        Run the flood while the daemon reads nothing from the hub for 4 s;
+        the result document, and how long it took.
+        """
+        service = self.daemon.context.code.get()
+        hub = service.hub().child
+        self.addCleanup(hub.resume_reading)
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": f"for i in range({self.LINES}): print(i, flush=True)",
+                "timeout": 30,
+                "wait": 0,
+            },
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        xid = reply.json()["execution_id"]
+        started = reactor.seconds()
+        hub.pause_reading()
+        yield deferLater(reactor, 4, lambda: None)
+        hub.resume_reading()
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=60"
+        )
+        self.assertEqual(got.status, 200, got.body)
+        return got.json(), reactor.seconds() - started
+
+    def assert_kept_or_told(self, result: dict[str, Any]) -> None:
+        """
+        ``result``'s stdout is the flood's output, every byte of it there or
+        counted in ``dropped_bytes``; only when the kernel's own
+        socket dropped messages (a machine so busy the hub got no CPU for a
+        while: nothing a reader can prevent) is less there, and then its
+        stderr says so and it is ``truncated``.
+        """
+        total = sum(len(f"{i}\n") for i in range(self.LINES))
+        kept = len(result["stdout"].encode())
+        if "messages never arrived" in result["stderr"]:
+            self.assertTrue(result["truncated"])
+            self.assertLess(kept + result["dropped_bytes"], total)
+        else:
+            self.assertEqual(kept + result["dropped_bytes"], total)
+
+    @inlineCallbacks
+    def test_every_line_kept(self) -> Any:
+        """
+        Every line arrives, in order, or the loss is said (was: up to a
+        fifth lost with ``truncated: false``); the cell ends once it has
+        (was: at its timeout, its ``idle`` dropped, its kernel restarted),
+        and the state is kept for the next cell.
+        """
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "keep = 7")
+        result, took = yield self.stalled_flood(ctx)
+        self.assertEqual(result["state"], "ok", result["stderr"])
+        self.assertLess(took, 25)
+        self.assertEqual(result["dropped_bytes"], 0)
+        self.assert_kept_or_told(result)
+        if not result["truncated"]:
+            self.assertEqual(
+                result["stdout"], "".join(f"{i}\n" for i in range(self.LINES))
+            )
+        after = yield self.execute(ctx["id"], "keep")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
+
+    @inlineCallbacks
+    def test_small_buffer(self) -> Any:
+        """
+        With a hub buffer of 64 KiB the flood is left in the kernel's queue,
+        which drops what it cannot hold: every byte is there or the loss is
+        said, never silent, and the cell still ends on time.
+        """
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "CODE_HUB_BUFFER_BYTES", 64 * 1024)
+        ctx = yield self.context()
+        result, took = yield self.stalled_flood(ctx)
+        self.assertEqual(result["state"], "ok", result["stderr"])
+        self.assertLess(took, 25)
+        self.assert_kept_or_told(result)
+
+    @inlineCallbacks
+    def test_loss_told_in_the_document(self) -> Any:
+        """
+        What the hub says was lost (bytes it dropped, messages that never
+        came, an ``idle`` missing) is in the result: ``truncated``,
+        ``dropped_bytes``, and a stderr line for each, where it happened.
+        """
+        from sandboxd.kernels import hubclient
+
+        self.patch(hubclient, "HUB_COMMAND", [sys.executable, FAKE_HUB, "whoami"])
+        ctx = yield self.context()
+        result = yield self.execute(ctx["id"], "lossy")
+        self.assertEqual(result["state"], "ok")
+        self.assertEqual(result["stdout"], "head\ntail\n")
+        self.assertEqual((result["truncated"], result["dropped_bytes"]), (True, 1000))
+        self.assertEqual(
+            result["stderr"],
+            "\n[sandboxd] 1000 bytes of stdout and 2 display items dropped here:"
+            " the kernel printed faster than the daemon read, past the kernel"
+            " hub's buffer\n"
+            "\n[sandboxd] 3 of the kernel's messages never arrived: its output"
+            " socket drops what its reader has not taken (the machine was busy),"
+            " so output may be missing\n"
+            "\n[sandboxd] the kernel's last messages for this execution did not"
+            " arrive (its end was taken from its reply): output may be missing\n",
+        )
+
+
 class PriorityTests(CodeTestCase):
     """A kernel and its hub answer an agent that waits: its level, not the children's."""
 
@@ -571,6 +735,51 @@ class DeathTests(CodeTestCase):
         del xid
         fresh = yield self.execute(ctx["id"], "1 + 1")
         self.assertEqual(fresh["results"][0]["data"]["text/plain"], "2")
+
+    @inlineCallbacks
+    def test_restart_said_in_the_document(self) -> Any:
+        """
+        A timeout that restarts the kernel, and a kernel killed mid-run,
+        are said in the result document itself (its stderr), not only in
+        the events: a client that reads the document learns the state is
+        gone (was: an empty stderr, then a bare NameError).
+        """
+        ctx = yield self.context()
+        deaf = (
+            "import time\nwhile True:\n    try:\n        time.sleep(1)\n"
+            "    except KeyboardInterrupt:\n        pass"
+        )
+        result = yield self.execute(ctx["id"], deaf, timeout=1)
+        self.assertEqual(result["state"], "timeout")
+        self.assertIn("[sandboxd] timeout after 1 s: interrupting", result["stderr"])
+        self.assertIn(
+            "[sandboxd] the kernel was restarted (timeout) during this execution:"
+            " its state (variables, imports, cwd) is gone",
+            result["stderr"],
+        )
+        fresh = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        running = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "print('working', flush=True)\nimport time\ntime.sleep(30)",
+                "wait": 0,
+            },
+        )
+        reader = yield self.stream(running.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(fresh.json()["pid"], signal.SIGKILL)
+        yield reader.done
+        lost = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{running.json()['execution_id']}",
+        )
+        self.assertEqual(lost.json()["state"], "lost")
+        self.assertIn(
+            "[sandboxd] the kernel was restarted (died, exit code -9) during this"
+            " execution",
+            lost.json()["stderr"],
+        )
 
     @inlineCallbacks
     def test_kernel_killed_mid_run(self) -> Any:
@@ -747,6 +956,90 @@ class DeathTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "'still here'")
         self.assertNotEqual(service.hub().pid, old_hub)
         self.assertTrue(alive(ctx["pid"]))
+
+
+class RestartClientTests(ClientCase):
+    """What ``sb.code.execute`` gives for a cell whose kernel was restarted."""
+
+    timeout = KERNEL_CASE_SECONDS
+    policy = {
+        "groups": {"code": True},
+        "endpoints": {
+            "group:code": {
+                "limits": {
+                    "start_timeout_seconds": KERNEL_START_SECONDS,
+                    "interrupt_grace_seconds": 1,
+                }
+            }
+        },
+    }
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_timeout_restart_shown(self) -> Any:
+        """
+        ``sb.code.execute`` of a cell that ignores the interrupt returns
+        ``timeout`` with the timeout and the restart said on its stderr
+        (was: an empty document, the notes only in the events it had read).
+        """
+
+        def body(sb: Any) -> Any:
+            ctx = sb.code.create_context()
+            return sb.code.execute(
+                ctx["id"],
+                "import time\nwhile True:\n    try:\n        time.sleep(1)\n"
+                "    except KeyboardInterrupt:\n        pass",
+                timeout=1,
+            )
+
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        result = yield self.in_thread(lambda: body(sandbox))
+        self.assertEqual(result["state"], "timeout")
+        self.assertIn("timeout after 1 s", result["stderr"])
+        self.assertIn(
+            "the kernel was restarted (timeout) during this execution",
+            result["stderr"],
+        )
+
+
+class DisplayClientTests(ClientCase):
+    """What ``sb.code.execute`` assembles from display updates and clears."""
+
+    timeout = KERNEL_CASE_SECONDS
+    policy = {"groups": {"code": True}, **KERNEL_START}
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_folded_as_the_document(self) -> Any:
+        """
+        ``sb.code.execute`` folds ``display.update`` and ``clear_output`` as
+        the daemon's document does (was: each update one more result, a
+        clear ignored).
+        """
+
+        def body(sb: Any) -> Any:
+            ctx = sb.code.create_context()
+            return (
+                sb.code.execute(ctx["id"], UPDATES_CODE),
+                sb.code.execute(ctx["id"], CLEAR_CODE),
+            )
+
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        updated, cleared = yield self.in_thread(lambda: body(sandbox))
+        self.assertEqual(
+            [r["data"].get("text/html") for r in updated["results"]],
+            ["<b>50</b>", None],
+        )
+        self.assertEqual(cleared["stdout"], "")
+        self.assertEqual(
+            [r["data"]["text/plain"] for r in cleared["results"]], ["'last'"]
+        )
 
 
 class StuckHubTests(CodeTestCase):

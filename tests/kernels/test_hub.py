@@ -21,7 +21,15 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from sandboxd.kernels.hub import HOLD_SECONDS, MAX_COMMAND_BYTES, Hub
+from sandboxd.kernels.hub import (
+    HOLD_SECONDS,
+    IDLE_GRACE_SECONDS,
+    MAX_COMMAND_BYTES,
+    Hub,
+    Kernel,
+    Numbers,
+    Pending,
+)
 from tests.helpers import refusing_port
 
 
@@ -122,6 +130,146 @@ class HoldTests(SynchronousTestCase):
         self.hub._due()
         self.assertEqual(self.read(), b'{"ev":"started"}\n')
         self.assertIsNone(self.hub._wait())
+
+
+class EndTests(SynchronousTestCase):
+    """
+    What ends an execution and what is said when output cannot be kept:
+    a kernel's iopub messages (``idle`` among them) may be dropped on the
+    way, its reply may not.
+    """
+
+    def setUp(self) -> None:
+        need_code_extra()
+        self.hub = Hub(buffer_bytes=100)
+        self.addCleanup(self.hub.context.term)
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.addCleanup(os.close, read)
+        self.hub.out._out = os.fdopen(write, "wb")
+        self.addCleanup(self.hub.out._out.close)
+        self.read_fd = read
+        self.kernel = Kernel.__new__(Kernel)
+        self.kernel.hub, self.kernel.cid, self.kernel.closed = self.hub, "c1", False
+        self.kernel.pending = {"m1": Pending("x1")}
+        self.kernel.numbers = Numbers()
+
+    def events(self) -> list[dict[str, Any]]:
+        """The event lines written so far (payloads skipped)."""
+        self.hub.out.flush()
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 1 << 16)
+            except BlockingIOError:
+                break
+            data += chunk
+        found = []
+        while data:
+            line, _, data = data.partition(b"\n")
+            event = json.loads(line)
+            data = data[event.get("bytes", 0) :]
+            found.append(event)
+        return found
+
+    def message(self, kind: str, content: dict[str, Any]) -> dict[str, Any]:
+        """A kernel message of ``kind`` for the execution under way."""
+        return {"msg_type": kind, "parent_header": {"msg_id": "m1"}, "content": content}
+
+    def test_reply_without_idle_ends_it(self) -> None:
+        """
+        With the reply in and no ``idle``, the execution ends once iopub
+        has been quiet about it for the grace (was: it waited for ``idle``
+        until the daemon's timeout restarted the kernel), and says so.
+        """
+        self.kernel._shell(self.message("execute_reply", {"status": "ok"}))
+        self.assertEqual(self.events(), [])
+        self.kernel.pending["m1"].heard -= IDLE_GRACE_SECONDS
+        call = self.hub._timers[0][2]
+        call()
+        done = self.events()
+        self.assertEqual(done[-1]["ev"], "done")
+        self.assertEqual((done[-1]["status"], done[-1]["idle_lost"]), ("ok", True))
+        self.assertEqual(self.kernel.pending, {})
+
+    def test_output_still_coming_waited_for(self) -> None:
+        """While iopub still brings the execution's output, its end waits for it."""
+        self.kernel._shell(self.message("execute_reply", {"status": "ok"}))
+        self.kernel._iopub(self.message("stream", {"name": "stdout", "text": "a\n"}))
+        self.hub._timers[0][2]()
+        self.assertEqual([e["ev"] for e in self.events()], ["stream"])
+        self.assertIn("m1", self.kernel.pending)
+
+    def test_dropped_output_counted(self) -> None:
+        """
+        Past the hub's buffer, output is dropped and counted, and a
+        ``dropped`` line says how much before the execution's next line.
+        """
+        out = self.hub.out
+        out.send(
+            {"ev": "stream", "cid": "c1", "xid": "x1", "name": "stdout"},
+            [b"x" * 200],
+            True,
+        )
+        out.send(
+            {"ev": "stream", "cid": "c1", "xid": "x1", "name": "stdout"},
+            [b"y" * 7],
+            True,
+        )
+        out.send(
+            {"ev": "stream", "cid": "c1", "xid": "x1", "name": "stderr"},
+            [b"z" * 3],
+            True,
+        )
+        out.send({"ev": "display", "cid": "c1", "xid": "x1", "data": {}}, None, True)
+        out.send({"ev": "done", "cid": "c1", "xid": "x1"})
+        events = self.events()
+        self.assertEqual([e["ev"] for e in events], ["stream", "dropped", "done"])
+        self.assertEqual(
+            events[1],
+            {
+                "ev": "dropped",
+                "cid": "c1",
+                "xid": "x1",
+                "stdout": 7,
+                "stderr": 3,
+                "displays": 1,
+            },
+        )
+
+
+class NumbersTests(SynchronousTestCase):
+    """The kernel's messages counted by number, to count those ZMQ dropped."""
+
+    def test_gaps_counted_once_settled(self) -> None:
+        """
+        A number never received is lost once settled past; one that comes
+        out of order is not; ids not numbered as ``jupyter_client`` does
+        (another kernel's, another session's) are left alone.
+        """
+        numbers = Numbers()
+        for n in (5, 7, 6, 9, 12):
+            self.assertEqual(numbers.saw(f"abc-def_4242_{n}"), n)
+        self.assertIsNone(numbers.saw("not-numbered"))
+        self.assertIsNone(numbers.saw("other_4242_10"))
+        numbers.settle(9)
+        self.assertEqual(numbers.untold(), 1)  # 8
+        numbers.settle(12)
+        self.assertEqual(numbers.untold(), 2)  # 10, 11
+        self.assertEqual(numbers.untold(), 0)
+        numbers.saw("abc-def_4242_13")
+        numbers.settle(13)
+        self.assertEqual(numbers.untold(), 0)
+
+    def test_start_over(self) -> None:
+        """What was missed before the kernel answered is not counted lost."""
+        numbers = Numbers()
+        numbers.saw("s_1_3")
+        numbers.saw("s_1_7")
+        numbers.start_over()
+        numbers.saw("s_1_8")
+        numbers.settle(8)
+        self.assertEqual(numbers.untold(), 0)
 
 
 class HubLoopTests(TestCase):

@@ -48,6 +48,27 @@ class BuiltinKernelTests(CodeTestCase):
         self.assertEqual(sub["stdout"], "from a child\n")
 
     @inlineCallbacks
+    def test_output_between_cells_kept(self) -> Any:
+        """
+        What a subprocess a cell left behind prints while no execution
+        runs is not lost: the next execution starts with it, after a stderr
+        line saying where it came from (was: dropped).
+        """
+        ctx = yield self.context(kernel="sandboxd-python")
+        first = yield self.execute(
+            ctx["id"],
+            "import subprocess\n"
+            "subprocess.Popen('sleep 0.5; echo late; echo late-err >&2', shell=True)\n"
+            "None",
+        )
+        self.assertEqual(first["stdout"], "")
+        yield deferLater(reactor, 2, lambda: None)
+        second = yield self.execute(ctx["id"], "print('own')")
+        self.assertEqual(second["stdout"], "late\nown\n")
+        self.assertIn("printed while no execution ran", second["stderr"])
+        self.assertTrue(second["stderr"].endswith("late-err\n"), second["stderr"])
+
+    @inlineCallbacks
     def test_traceback_names_the_execution(self) -> Any:
         """
         A traceback names the cell by its ``execution_count``, however many
@@ -178,6 +199,24 @@ class BashKernelTests(CodeTestCase):
             raise SkipTest("bash is not installed")
         # No ipykernel needed: skip CodeTestCase's check.
         return super(CodeTestCase, self).setUp()
+
+    @inlineCallbacks
+    def test_background_job_output_kept(self) -> Any:
+        """
+        What a background job prints after its cell ended (a server's
+        start-up line, its error) comes at the start of the next
+        execution, said as such (was: lost).
+        """
+        ctx = yield self.context(kernel="sandboxd-bash")
+        first = yield self.execute(
+            ctx["id"], "(sleep 0.5; echo bg-late; echo bg-err >&2) &\necho started"
+        )
+        self.assertEqual(first["stdout"], "started\n")
+        yield deferLater(reactor, 2, lambda: None)
+        second = yield self.execute(ctx["id"], "echo third")
+        self.assertEqual(second["stdout"], "bg-late\nthird\n")
+        self.assertIn("printed while no execution ran", second["stderr"])
+        self.assertTrue(second["stderr"].endswith("bg-err\n"), second["stderr"])
 
     @inlineCallbacks
     def test_state_carries(self) -> Any:

@@ -62,6 +62,16 @@ _CODE_EVENTS = (
         "display",
         "{execution_id, data: {mime: value}, metadata, is_result, display_id?, refs?}",
     ),
+    Event(
+        "display.update",
+        "{execution_id, data, metadata, is_result, display_id, refs?}: replaces "
+        "the results shown with this display_id",
+    ),
+    Event(
+        "clear_output",
+        "{execution_id, wait}: what the execution showed is cleared (wait: "
+        "when its next output arrives)",
+    ),
     Event("error", "{execution_id, ename, evalue, traceback, traceback_text}"),
     Event("input.requested", "{execution_id, prompt, password}"),
     Event(
