@@ -491,6 +491,25 @@ class Watch:
             if not self.log.closed:
                 self.log.append(item["event"], item)
 
+    def now(self) -> int:
+        """
+        The id a client without a resume point starts after: every change
+        heard before it came is behind it, the ones still held back for
+        the debounce included (logged now, or a change made just before a
+        watch opened would be told to it as new).  A move whose other half
+        may still come stays held: it is paired as it completes.
+        """
+        if self.pending:
+            last = self.pending[-1]
+            held = self.pending.pop() if last.get("_open") else None
+            self._flush()
+            if held is not None:
+                self.pending.append(held)
+                self._flush_call = self.service.reactor.callLater(
+                    WATCH_DEBOUNCE_SECONDS, self._flush
+                )
+        return self.log.last_seq
+
     def acquire(self) -> None:
         """A client joined."""
         self.clients += 1

@@ -134,6 +134,68 @@ class WatchTests(StreamCase):
         yield deferLater(reactor, 0.05, lambda: None)
 
     @inlineCallbacks
+    def test_a_new_watch_starts_now(self) -> Any:
+        """
+        A watch opened without a cursor reports only what changes after it
+        opened, in either form, although the shared watch another client
+        held a moment before kept the earlier changes: a file made, or
+        removed, just before is not told as new.  A client that sends a
+        cursor still resumes.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        first, response = yield self.open_stream("path=w&follow=true")
+        with open(os.path.join(self.base_dir, "w", "before.txt"), "w"):
+            pass
+        yield first.wait_for(b"before.txt")
+        [(cursor, _, _), *_] = first.events()
+        self.close(response)
+        yield deferLater(reactor, 0.05, lambda: None)
+        # Removed just before the next watches open, while its event may
+        # still be held back for the debounce: before them too.
+        os.unlink(os.path.join(self.base_dir, "w", "before.txt"))
+        c, response = yield self.open_stream("path=w&follow=true")
+        seed, _ = yield self.open_stream("path=w&timeout=30")
+        resumed, resumed_response = yield self.open_stream(
+            "path=w&follow=true", {"Last-Event-ID": str(cursor - 1)}
+        )
+        with open(os.path.join(self.base_dir, "w", "after.txt"), "w"):
+            pass
+        yield c.wait_for(b"after.txt")
+        yield seed.wait_for(b"after.txt")
+        yield resumed.wait_for(b"after.txt")
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in c.events()
+                if name != "modified"
+            ],
+            [("created", "after.txt")],
+        )
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in seed.events()
+                if data.get("type") != "modified"
+            ],
+            [("ready", "w"), ("change", "after.txt")],
+        )
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in resumed.events()
+                if name != "modified"
+            ],
+            [
+                ("created", "before.txt"),
+                ("deleted", "before.txt"),
+                ("created", "after.txt"),
+            ],
+        )
+        self.close(response)
+        self.close(resumed_response)
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
     def test_resume_id_of_an_earlier_watch_gets_a_gap(self) -> Any:
         """
         A Last-Event-ID from a watch that no longer exists (the daemon

@@ -849,6 +849,8 @@ SCHEMAS: dict[str, Schema] = {
         "A name that is not UTF-8 is shown as files_list shows it (each such byte as "
         "\\xNN). Without follow, agent-sandbox-server's events for a window: ready, a change per "
         "change (a move is deleted + created), then end (as its SDK's files.watch() "
-        "expects). With follow=true, open-ended and resumable (see docs/protocols.md).",
+        "expects). With follow=true, open-ended and resumable (see docs/protocols.md). "
+        "Either form starts when it opens: changes made before it are not replayed "
+        "unless after or Last-Event-ID asks to resume.",
     ),
 }
