@@ -376,6 +376,34 @@ class SessionTests(TerminalCase):
         self.assertEqual(reply.status, 404)
 
     @inlineCallbacks
+    def test_delete_lets_a_job_clean_up_on_its_hangup(self) -> Any:
+        """
+        A terminal deleted while a job runs hangs up as a closing terminal
+        window does: the job's trap on HUP (here a lock file removed after
+        a moment's work, as ``pyenv rehash`` does) runs to its end before
+        anything harder comes, DELETE answers once it has, and nothing of
+        the tree is left.
+        """
+        lock = os.path.join(self.base_dir, "lock")
+        pid_file = os.path.join(self.base_dir, "job.pid")
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(
+            f"sh -c 'echo $$ > {pid_file}; : > {lock}; "
+            f'trap "sleep 0.3; rm {lock}; exit 0" HUP; '
+            "echo ar''med; while :; do sleep 0.1; done'\n"
+        )
+        yield client.wait_output("armed")
+        with open(pid_file) as f:
+            job = int(f.read())
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        self.assertFalse(os.path.exists(lock), "the job's trap was cut short")
+        self.assertFalse(alive(job))
+        self.assertFalse(alive(created["pid"]))
+        self.assertEqual(descendants(created["pid"]), [])
+
+    @inlineCallbacks
     def test_delete_ends_job_that_left_the_session(self) -> Any:
         """
         A job that called setsid (so it is no longer in the terminal's
