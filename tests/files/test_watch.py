@@ -19,6 +19,7 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
+from sandboxd.files import watch as watch_module
 from tests.routes.test_files import FilesCase
 
 
@@ -393,6 +394,55 @@ class WatchTests(StreamCase):
         self.assertEqual(reply.status, 403)
         reply = yield self.request("GET", "/files/watch?path=nope")
         self.assertEqual(reply.status, 404)
+
+
+class WatchLimitTests(StreamCase):
+    """The bound on distinct watches counts the ones clients hold."""
+
+    def setUp(self) -> Any:
+        self.patch(watch_module, "MAX_WATCHES", 3)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_watches_nobody_holds_make_room(self) -> Any:
+        """
+        A file tree that watches each folder it shows, one after the other,
+        is not refused once more folders than the bound were shown: a watch
+        its client closed, kept only for a resume, is let go for a new one.
+        """
+        for n in range(6):
+            os.mkdir(os.path.join(self.base_dir, f"d{n}"))
+            c, response = yield self.open_stream(f"path=d{n}&follow=true")
+            with open(os.path.join(self.base_dir, f"d{n}", "f"), "w"):
+                pass
+            yield c.wait_for(b"created")
+            self.close(response)
+            yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_held_watches_refuse_with_a_retry_after(self) -> Any:
+        """
+        With every watch held by a connected client, a new one is 429
+        ``concurrency_limited`` with ``Retry-After``; once a client leaves,
+        the next try is served.
+        """
+        held = []
+        for n in range(3):
+            os.mkdir(os.path.join(self.base_dir, f"d{n}"))
+            _, response = yield self.open_stream(f"path=d{n}&follow=true")
+            held.append(response)
+        os.mkdir(os.path.join(self.base_dir, "more"))
+        reply = yield self.request("GET", "/files/watch?path=more&follow=true")
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.header("retry-after")),
+            (429, "concurrency_limited", "1"),
+        )
+        self.close(held.pop())
+        yield deferLater(reactor, 0.1, lambda: None)
+        _, response = yield self.open_stream("path=more&follow=true")
+        for r in [*held, response]:
+            self.close(r)
+        yield deferLater(reactor, 0.05, lambda: None)
 
 
 class UndecodableNameTests(StreamCase):

@@ -838,6 +838,13 @@ SCHEMAS: dict[str, Schema] = {
                 "a bad timeout or interval, or either with follow=true",
             ),
             E(
+                429,
+                "concurrency_limited",
+                "64 directories are watched, each by a client still connected "
+                "(or the caller's share of them); a watch no client holds is "
+                "let go to make room; Retry-After",
+            ),
+            E(
                 503,
                 "unavailable",
                 "the user's inotify watches or instances are used up (every "
