@@ -560,6 +560,41 @@ class LostHangupTests(TerminalCase):
         self.assertEqual(exited["exit_code"], -signal.SIGHUP)
 
 
+class FullTableTests(TerminalCase):
+    """A refusal at max_sessions says when an unattended terminal lapses."""
+
+    policy = {
+        "endpoints": {
+            "pty_create_session": {
+                "limits": {"max_sessions": 1, "idle_timeout_seconds": 30}
+            }
+        }
+    }
+
+    @inlineCallbacks
+    def test_retry_after_the_unattended_terminal_lapses(self) -> Any:
+        """
+        The one terminal has no client (its client crashed): a new one is
+        429 with ``Retry-After`` (header and field), the time until the
+        idle timeout closes the unattended one; with a client attached to
+        it, no time is known and none is said.
+        """
+        created = yield self.create()
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (429, "too_many_sessions")
+        )
+        retry = int(reply.header("retry-after") or 0)
+        self.assertTrue(25 <= retry <= 31, retry)
+        self.assertEqual(reply.json()["retry_after"], retry)
+        client = yield self.attach(created["session_id"])
+        yield client.wait_for(lambda m: True)
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(reply.status, 429)
+        self.assertIsNone(reply.header("retry-after"))
+        self.assertNotIn("retry_after", reply.json())
+
+
 class AttendedLevelTests(TerminalCase):
     """The attended terminal's level is the policy's."""
 

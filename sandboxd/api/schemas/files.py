@@ -686,7 +686,9 @@ SCHEMAS: dict[str, Schema] = {
                 "too_many_sessions",
                 "max_sessions (16) uploads are open (or the identity's share), "
                 "none of them without a byte for 5 minutes (such an upload, "
-                "left by a client that died, is dropped to make room)",
+                "left by a client that died, is dropped to make room); "
+                "Retry-After says when the first one can be, unless each has an "
+                "append running; files_uploads_list lists the caller's",
                 "ResourceError",
             ),
         ),
@@ -698,6 +700,21 @@ SCHEMAS: dict[str, Schema] = {
         "leaves nothing; an upload idle for "
         "idle_timeout_seconds (3600) is dropped with its staging file, as on "
         "DELETE and when the daemon stops.",
+    ),
+    "files_uploads_list": Schema(
+        response=(
+            F(
+                "uploads",
+                "array",
+                "the caller's open uploads, each as files_uploads_get answers "
+                "(upload_id, path, requested_path, size, offset, expires_at), "
+                "the one idle longest first",
+                items="object",
+            ),
+        ),
+        notes="Only the caller's uploads (a link's are its minter's). A client that "
+        "lost its upload ids finds them here, to carry one on from its offset or "
+        "delete it when files_uploads_create answers 429.",
     ),
     "files_uploads_get": Schema(
         response=_UPLOAD_RECORD,

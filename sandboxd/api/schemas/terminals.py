@@ -59,7 +59,8 @@ SCHEMAS: dict[str, Schema] = {
                 429,
                 "too_many_sessions",
                 "max_sessions (10) are open, or the caller's share of them "
-                "(max_per_identity)",
+                "(max_per_identity); Retry-After when one has no client "
+                "attached: the time until its idle timeout closes it",
                 "RuntimeError",
             ),
             E(500, "internal", "the PTY could not be created", "OSError"),
