@@ -159,6 +159,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("files_read_raw", "GET", "/files/raw", G.FILE_OPS, ("files:read",), "Stream a file's bytes (Range, ETag).", {}),
     ("files_write_raw", "POST", "/files/raw", G.FILE_OPS, ("files:write",), "Write the raw body to a file atomically.", {"body": "raw", "upload": True}),
     ("files_uploads_create", "POST", "/files/uploads", G.FILE_OPS, ("files:write",), "Start a resumable upload: every refusal before a byte is sent.", {}),
+    ("files_uploads_list", "GET", "/files/uploads", G.FILE_OPS, ("files:write",), "The caller's open resumable uploads, to carry one on or drop it.", {}),
     ("files_uploads_get", "GET", "/files/uploads/{upload_id}", G.FILE_OPS, ("files:write",), "Where a resumable upload stands (its offset).", {}),
     ("files_uploads_append", "POST", "/files/uploads/{upload_id}", G.FILE_OPS, ("files:write",), "Append the raw body at offset; renamed into place when whole.", {"body": "raw", "upload": True}),
     ("files_uploads_delete", "DELETE", "/files/uploads/{upload_id}", G.FILE_OPS, ("files:write",), "Drop a resumable upload and its staging file.", {}),

@@ -38,6 +38,8 @@ SEED_AND_BEYOND = {
         "files_write_raw",
         # Resumable uploads (issue 19): not in SPEC §2's table yet.
         "files_uploads_create",
+        # Listing the caller's uploads: beyond SPEC §2's table.
+        "files_uploads_list",
         "files_uploads_get",
         "files_uploads_append",
         "files_uploads_delete",

@@ -20,6 +20,7 @@ after a buffered write.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,12 @@ from zope.interface import implementer
 from sandboxd.policy.defaults import STREAM_CHUNK_BYTES
 
 log = Logger(namespace="sandboxd.files")
+
+#: What a send meets when the client has gone (a reset, a closed socket):
+#: a browser cancelling a download, ``curl | head``; routine, not a failure.
+CLIENT_GONE_ERRNOS = frozenset(
+    {errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN}
+)
 
 
 def b64_chunk(data: bytes) -> bytes:
@@ -157,7 +164,10 @@ class FileProducer:
                 self.sent += len(data)
                 self.consumer.write(self.transform(data) if self.transform else data)
         except OSError as e:
-            log.warn("streaming a file failed: {error}", error=e)
+            if e.errno in CLIENT_GONE_ERRNOS:
+                log.debug("a client left a file's download: {error}", error=e)
+            else:
+                log.warn("streaming a file failed: {error}", error=e)
             self._close()
             self.consumer.unregisterProducer()
             if not self.done.called:

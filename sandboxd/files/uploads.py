@@ -22,6 +22,7 @@ it; another identity is told it does not exist.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -120,10 +121,12 @@ class UploadTable(Service):
         if len(self.uploads) >= limit and not self._reclaim(None):
             raise limit_exceeded(
                 429,
-                f"too many open uploads (limit {limit}): finish or delete one",
+                f"too many open uploads (limit {limit}): finish or delete one "
+                "(GET /files/uploads lists yours)",
                 Code.TOO_MANY_SESSIONS,
                 rule=rule,
                 limit=limit,
+                **self._retry(None),
             )
         if owner is not None and mine is not None:
             held = sum(1 for u in self.uploads.values() if u.owner == owner)
@@ -131,11 +134,42 @@ class UploadTable(Service):
                 raise limit_exceeded(
                     429,
                     f"this identity has {mine} uploads open, its share of "
-                    f"{limit}: finish or delete one",
+                    f"{limit}: finish or delete one (GET /files/uploads lists "
+                    "them)",
                     Code.TOO_MANY_SESSIONS,
                     rule=mine_rule,
                     limit=mine,
+                    **self._retry(owner),
                 )
+
+    def _retry(self, owner: str | None) -> dict[str, Any]:
+        """
+        ``Retry-After`` (header and field) of a refusal at the bound: when
+        the first upload in the way (of ``owner``, or of anyone) that takes
+        no byte meanwhile can be reclaimed or expires; nothing when each
+        has an append running, whose end nobody knows.
+        """
+        now = self.clock.seconds()
+        waits = [
+            min(UPLOAD_RECLAIM_SECONDS, u.idle_seconds) - (now - u.active_at)
+            for u in self.uploads.values()
+            if not u.busy and (owner is None or u.owner == owner)
+        ]
+        if not waits:
+            return {}
+        seconds = max(1, math.ceil(min(waits)))
+        return {"headers": {"Retry-After": str(seconds)}, "retry_after": seconds}
+
+    def mine(self, owner: str) -> list[Upload]:
+        """``owner``'s open uploads, the one idle longest first."""
+        return sorted(
+            (
+                u
+                for u in self.uploads.values()
+                if secrets.compare_digest(u.owner, owner)
+            ),
+            key=lambda u: u.active_at,
+        )
 
     def _reclaim(self, owner: str | None) -> bool:
         """

@@ -296,6 +296,10 @@ class Watch:
         #: end for good) rather than with the daemon (they are cut).
         self.deleted = False
         self.clients = 0
+        #: Whether a client has held it yet (its first stream has begun).
+        self.held = False
+        #: Since when no client has held it (the clock's seconds).
+        self.unheld_since = service.reactor.seconds()
         self.pending: list[dict[str, Any]] = []
         self._flush_call: Any = None
         self._idle_call: Any = None
@@ -491,9 +495,29 @@ class Watch:
             if not self.log.closed:
                 self.log.append(item["event"], item)
 
+    def now(self) -> int:
+        """
+        The id a client without a resume point starts after: every change
+        heard before it came is behind it, the ones still held back for
+        the debounce included (logged now, or a change made just before a
+        watch opened would be told to it as new).  A move whose other half
+        may still come stays held: it is paired as it completes.
+        """
+        if self.pending:
+            last = self.pending[-1]
+            held = self.pending.pop() if last.get("_open") else None
+            self._flush()
+            if held is not None:
+                self.pending.append(held)
+                self._flush_call = self.service.reactor.callLater(
+                    WATCH_DEBOUNCE_SECONDS, self._flush
+                )
+        return self.log.last_seq
+
     def acquire(self) -> None:
         """A client joined."""
         self.clients += 1
+        self.held = True
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.cancel()
         self._idle_call = None
@@ -502,6 +526,7 @@ class Watch:
         """A client left; close after an idle period so resumes still work."""
         self.clients -= 1
         if self.clients <= 0 and not self.log.closed:
+            self.unheld_since = self.service.reactor.seconds()
             self._idle_call = self.service.reactor.callLater(
                 WATCH_IDLE_SECONDS, self.close
             )
@@ -575,21 +600,26 @@ class WatchService(Service):
         watch = self.watches.get(key)
         if watch is not None and not watch.log.closed:
             return watch
-        if len(self.watches) >= MAX_WATCHES:
+        if len(self.watches) >= MAX_WATCHES and not self._reclaim(None):
             raise limit_exceeded(
                 429,
-                f"too many directories are watched (limit {MAX_WATCHES})",
+                f"too many directories are watched (limit {MAX_WATCHES}), each "
+                "by a client still connected; retry once one has ended",
                 Code.CONCURRENCY_LIMITED,
+                headers={"Retry-After": str(RESOURCE_RETRY_SECONDS)},
                 limit=MAX_WATCHES,
+                retry_after=RESOURCE_RETRY_SECONDS,
             )
         started = sum(1 for w in self.watches.values() if w.owner == owner)
-        if started >= mine:
+        if started >= mine and not self._reclaim(owner):
             raise limit_exceeded(
                 429,
-                f"this identity has started {mine} watches, its share of "
+                f"this identity has {mine} watches open, its share of "
                 f"{MAX_WATCHES}; end one first",
                 Code.CONCURRENCY_LIMITED,
+                headers={"Retry-After": str(RESOURCE_RETRY_SECONDS)},
                 limit=mine,
+                retry_after=RESOURCE_RETRY_SECONDS,
             )
         try:
             watch = Watch(self, root, recursive, retention)
@@ -603,6 +633,27 @@ class WatchService(Service):
             raise _refusal(root, e) from None
         self.watches[key] = watch
         return watch
+
+    def _reclaim(self, owner: str | None) -> bool:
+        """
+        Close the watch no client holds that has waited longest (of
+        ``owner``'s, or of anyone's for None), to make room: it is only
+        kept for a resume, and a client that comes back to it gets a
+        ``gap``.  One just started whose stream has not begun yet is not
+        taken from under its client.  Whether one was closed.
+        """
+        now = self.reactor.seconds()
+        unheld = [
+            w
+            for w in self.watches.values()
+            if w.clients <= 0
+            and (owner is None or w.owner == owner)
+            and (w.held or now - w.unheld_since >= RESOURCE_RETRY_SECONDS)
+        ]
+        if not unheld:
+            return False
+        min(unheld, key=lambda w: w.unheld_since).close()
+        return True
 
     def forget(self, watch: Watch) -> None:
         """Drop a closed watch."""

@@ -26,6 +26,7 @@ both are audited with ``via: mcp``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -201,6 +202,7 @@ class McpDoor(Service):
                 Code.TOO_MANY_SESSIONS,
                 rule=limit_rule(self.context.policy.rules["mcp"], "max_sessions"),
                 limit=limit,
+                **self._retry(now, None),
             )
         rule = self.context.policy.rules["mcp"]
         mine = identity_cap(
@@ -216,10 +218,23 @@ class McpDoor(Service):
                 Code.TOO_MANY_SESSIONS,
                 rule=limit_rule(rule, "max_per_identity"),
                 limit=mine,
+                **self._retry(now, identity.root),
             )
         session = self.sessions.create(identity, version, now)
         self._schedule_sweep()
         return session
+
+    def _retry(self, now: float, root: str | None) -> dict[str, Any]:
+        """
+        ``Retry-After`` (header and field) of a refusal at the bound: when
+        the first session whose client is likely gone can make room
+        (:meth:`_make_room`); nothing when every session is in use.
+        """
+        wait = self.sessions.next_quiet(now, MCP_SESSION_QUIET_SECONDS, root)
+        if wait is None:
+            return {}
+        seconds = max(1, math.ceil(wait))
+        return {"headers": {"Retry-After": str(seconds)}, "retry_after": seconds}
 
     def _make_room(self, now: float, root: str | None) -> None:
         """

@@ -306,6 +306,24 @@ class SessionTable:
         ]
         return min(candidates, key=lambda s: s.last_seen, default=None)
 
+    def next_quiet(
+        self, now: float, quiet: float, root: str | None = None
+    ) -> float | None:
+        """
+        Seconds until the first session with no call running and no
+        connection open (of ``root``'s share when given) has been quiet
+        for ``quiet`` seconds and can make room, if its client stays away;
+        None when each has a call or a connection.
+        """
+        waits = [
+            quiet - (now - s.last_seen)
+            for s in self.sessions.values()
+            if not s.calls
+            and not s.connected()
+            and (root is None or s.identity.root == root)
+        ]
+        return max(0.0, min(waits)) if waits else None
+
     def let_go(self, now: float, grace: float) -> int:
         """
         Cancel every session's calls whose stream was lost ``grace``

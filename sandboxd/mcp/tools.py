@@ -44,6 +44,7 @@ NOT_TOOLS: dict[str, str] = {
     "files_upload_stream (base64)",
     "files_uploads_create": "a resumable upload is carried on by raw-body "
     "appends; use upload or files_upload_stream (base64)",
+    "files_uploads_list": "part of a resumable raw upload (files_uploads_create)",
     "files_uploads_get": "part of a resumable raw upload (files_uploads_create)",
     "files_uploads_append": "raw binary request body; use upload or "
     "files_upload_stream (base64)",

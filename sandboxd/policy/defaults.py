@@ -481,6 +481,12 @@ PTY_MAX_CLIENTS = 8
 #: told the shell exited.
 PTY_EXIT_DRAIN_SECONDS = 0.25
 
+#: How long a closing terminal's jobs have after its hang-up to end as they
+#: do when a terminal window closes (their traps run: a lock file removed,
+#: a file saved) before they are sent TERM, or KILLed once the shell is
+#: gone; the KILL after ``KILL_GRACE_SECONDS`` still ends what is left.
+PTY_HANGUP_GRACE_SECONDS = 2.0
+
 #: WebSocket connections the PTY port holds at once (all sessions), and
 #: from one client address (at most ``--max-connections-per-address``).
 #: A connection whose handshake has not come whole is counted too, and

@@ -74,6 +74,11 @@ BUILTIN_NAMESPACES = (
     "devtools",
     "browser",
     "agents",
+    "code",
+    "git",
+    "lsp",
+    "preview",
+    "links",
 )
 #: What a scope may look like: ``*``, a bare word, or ``namespace:name``
 #: (``name`` may be ``*`` or hold further colons).

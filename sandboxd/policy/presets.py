@@ -26,6 +26,7 @@ TRANSFER = (
     "files_read_raw",
     "files_write_raw",
     "files_uploads_create",
+    "files_uploads_list",
     "files_uploads_get",
     "files_uploads_append",
     "files_uploads_delete",

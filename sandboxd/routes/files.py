@@ -1079,6 +1079,11 @@ def files_watch(request: ServerRequest) -> Any:
     path = request.query.get("path") or guard.default_dir
     recursive = flag(request.query.get("recursive"), "recursive", False)
     after = resume_point(request.query, request.headers)
+    # A watch is shared and outlives its clients so that a cursor can
+    # resume it; a client without one asked for no replay, and the kept
+    # events are changes made before it came (other clients', or its own
+    # last window's): it starts at the log's end.
+    resuming = "after" in request.query or "last-event-id" in request.headers
     window = watch_window(request)
     retention = request.rule.limits.max_output_bytes or MIB
     watches = request.context.watches
@@ -1139,6 +1144,7 @@ def files_watch(request: ServerRequest) -> Any:
         def start(channel: SSEChannel) -> Any:
             watch.acquire()
             channel.done.addBoth(lambda _: watch.release())
+            since = after if resuming else watch.now()
             if window is None:
                 channel.comment("watching")
 
@@ -1150,13 +1156,13 @@ def files_watch(request: ServerRequest) -> Any:
                     return b""
 
                 return Follower(
-                    watch.log, channel, after, our_format, ending=ending
+                    watch.log, channel, since, our_format, ending=ending
                 ).done
             channel.send("ready", {"path": root})
             follower = Follower(
                 watch.log,
                 channel,
-                after,
+                since,
                 seed_format,
                 ending=lambda: frame("end", {"reason": "closed"}),
             )

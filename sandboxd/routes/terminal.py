@@ -7,6 +7,7 @@ port they are attached through belong to
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -165,6 +166,7 @@ def open_session(
             rule=limit_rule(request.rule, "max_per_identity"),
             type="RuntimeError",
             limit=e.args[0],
+            **_retry(_service(request).table.next_lapse(request.identity.root)),
         ) from None
     except TooManySessions as e:
         raise limit_exceeded(
@@ -174,6 +176,7 @@ def open_session(
             rule=limit_rule(request.rule, "max_sessions"),
             type="RuntimeError",
             limit=e.args[0],
+            **_retry(_service(request).table.next_lapse()),
         ) from None
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS:
@@ -186,6 +189,18 @@ def open_session(
         lambda _: _audit_closed(request, session, opened, via)
     )
     return session
+
+
+def _retry(lapse: float | None) -> dict[str, Any]:
+    """
+    ``Retry-After`` (header and field) of a refusal at the bound, when an
+    unattended terminal's idle timeout will free a place: a second more
+    than its lapse, for its shell's tree to end.  Nothing when none will.
+    """
+    if lapse is None:
+        return {}
+    seconds = math.ceil(lapse) + 1
+    return {"headers": {"Retry-After": str(seconds)}, "retry_after": seconds}
 
 
 def _bound_duration(request: ServerRequest, session: PtySession) -> None:

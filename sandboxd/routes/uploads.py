@@ -107,6 +107,16 @@ def files_uploads_create(request: ServerRequest) -> Any:
     return ServerResponse(status=201, body=upload.record())
 
 
+def files_uploads_list(request: ServerRequest) -> Any:
+    """
+    ``GET /files/uploads``: the caller's own open uploads, so that a client
+    that lost its upload ids (it crashed) can carry one on or drop it when
+    the table is full.
+    """
+    table = _table(request)
+    return {"uploads": [u.record() for u in table.mine(_owner(request))]}
+
+
 def files_uploads_get(request: ServerRequest) -> Any:
     """``GET /files/uploads/{upload_id}``: the record with the current offset."""
     return _upload(request).record()
@@ -293,6 +303,7 @@ class AppendSink:
 
 HANDLERS: dict[str, Any] = {
     "files_uploads_create": files_uploads_create,
+    "files_uploads_list": files_uploads_list,
     "files_uploads_get": files_uploads_get,
     "files_uploads_append": files_uploads_append,
     "files_uploads_delete": files_uploads_delete,

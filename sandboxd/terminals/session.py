@@ -37,6 +37,7 @@ from sandboxd.policy.defaults import (
     PTY_COALESCE_SECONDS,
     PTY_EXIT_DRAIN_SECONDS,
     PTY_FRAME_BYTES,
+    PTY_HANGUP_GRACE_SECONDS,
     PTY_MAX_CLIENTS,
     PTY_SCROLLBACK_BYTES,
     PTY_SLOW_CLIENT_SECONDS,
@@ -60,7 +61,8 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="sandboxd.terminals.session")
 
-#: How often a closing session hangs up again on a shell still there.
+#: How often a closing session hangs up again on a shell still there, and
+#: looks again for jobs the shell left while they end.
 HANG_UP_AGAIN_SECONDS = 0.1
 
 #: Signals a client may send to the terminal's foreground job (SPEC §8).
@@ -262,6 +264,7 @@ class PtySession:
     frame_bytes: int = PTY_FRAME_BYTES
     slow_client_seconds: float = PTY_SLOW_CLIENT_SECONDS
     kill_grace: float = KILL_GRACE_SECONDS
+    hangup_grace: float = PTY_HANGUP_GRACE_SECONDS
     created_at: float = attrs.Factory(time.time)
     pid: int = 0
     #: Carried in the shell's environment (``TREE_MARKER``), so a job that
@@ -289,7 +292,13 @@ class PtySession:
     _idle_timer: Any = None
     _kill_timer: Any = None
     _hangup_timer: Any = None
+    _term_timer: Any = None
     _closing: bool = False
+    #: When the hang-up was sent (the clock's seconds).
+    _closing_since: float = 0.0
+    #: Whether the shell has ended and its jobs are still being waited for
+    #: (what DELETE answers after).
+    _settling: bool = False
     #: Every member of the shell's tree seen since it began to close, as
     #: ``{pid: start time}``: the KILL after the grace reaches a job that
     #: ignored the hang-up even once the shell is gone and the job, no
@@ -622,7 +631,7 @@ class PtySession:
         End the whole session (hang up the shell and every job it started,
         KILL after a grace period); fires once the shell has ended.
         """
-        if self.ended:
+        if self.ended and not self._settling:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
@@ -630,20 +639,32 @@ class PtySession:
         return d
 
     def when_ended(self) -> Deferred[None]:
-        """Fires once the shell has ended, however it ends (it is not ended here)."""
-        if self.ended:
+        """
+        Fires once the shell has ended, and the jobs it left with it,
+        however it ends (it is not ended here).
+        """
+        if self.ended and not self._settling:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
         return d
 
     def _terminate(self) -> None:
+        """
+        Hang up as a terminal closing does (HUP, and CONT for a stopped
+        job), and only HUP: a job's trap (a lock file removed, a file
+        saved) runs before anything harder comes, TERM after
+        :attr:`hangup_grace` and KILL after :attr:`kill_grace`.
+        """
         if self._closing:
             return
         self._closing = True
+        self._closing_since = self.clock.seconds()
         if self.pid:
-            for sig in (signal.SIGHUP, signal.SIGCONT, signal.SIGTERM):
+            for sig in (signal.SIGHUP, signal.SIGCONT):
                 self._signal_tree(sig)
+        if self._term_timer is None:
+            self._term_timer = self.clock.callLater(self.hangup_grace, self._term)
         if self._kill_timer is None:
             self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
         if self.alive and self._hangup_timer is None:
@@ -667,6 +688,12 @@ class PtySession:
             self._hangup_timer = self.clock.callLater(
                 HANG_UP_AGAIN_SECONDS, self._hang_up_again
             )
+
+    def _term(self) -> None:
+        """The hang-up's grace is over: TERM to what is left of the tree."""
+        self._term_timer = None
+        if self.pid and not self.ended:
+            self._signal_tree(signal.SIGTERM)
 
     def _signal_tree(self, sig: int) -> None:
         """``sig`` to the shell's tree as it is now and to every member seen before."""
@@ -727,27 +754,51 @@ class PtySession:
             for client in list(self.clients):
                 client.send_frame(frame)
         self.emitted = self.scrollback.end
-        if self.pid and (
-            descendants(self.pid, self.marker)
-            or any(member_alive(pid, start) for pid, start in self._members.items())
-        ):
-            self._signal_tree(signal.SIGKILL)
-        timers = (
-            self._kill_timer,
-            self._hangup_timer,
-            self._idle_timer,
-            self._tell_timer,
-        )
+        timers = (self._hangup_timer, self._idle_timer, self._tell_timer)
         for timer in (*timers, *self._paused.values()):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._kill_timer = self._hangup_timer = self._idle_timer = None
-        self._tell_timer = None
+        self._hangup_timer = self._idle_timer = self._tell_timer = None
         self._paused.clear()
         frame = self._exited_frame()
         clients, self.clients = self.clients, []
         for client in clients:
             client.session_ended(frame)
+        self._settling = True
+        self._settle()
+
+    def _tree_left(self) -> bool:
+        """Whether anything of the shell's tree is still alive."""
+        return bool(self.pid) and bool(
+            descendants(self.pid, self.marker)
+            or any(member_alive(pid, start) for pid, start in self._members.items())
+        )
+
+    def _settle(self) -> None:
+        """
+        The shell has ended: the jobs it left have what remains of the
+        hang-up's grace to end by themselves, as when a terminal window
+        closes (a script's trap still running when the shell went, its
+        lock file not yet removed), then the tree is KILLed; the session
+        is over once nothing of it is left.
+        """
+        self._hangup_timer = None
+        if self._tree_left():
+            if not self._closing:
+                self._terminate()
+            deadline = self._closing_since + self.hangup_grace
+            if self.clock.seconds() < deadline:
+                self._hangup_timer = self.clock.callLater(
+                    min(HANG_UP_AGAIN_SECONDS, deadline - self.clock.seconds()),
+                    self._settle,
+                )
+                return
+            self._signal_tree(signal.SIGKILL)
+        for timer in (self._kill_timer, self._term_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._kill_timer = self._term_timer = None
+        self._settling = False
         waiters, self._waiters = self._waiters, []
         for d in waiters:
             d.callback(None)

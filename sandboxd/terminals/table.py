@@ -107,6 +107,24 @@ class TerminalTable:
         self.sessions[session.id] = session
         return session
 
+    def next_lapse(self, owner: str | None = None) -> float | None:
+        """
+        Seconds until the first session (of ``owner``, or of anyone) with
+        no client attached closes for its idle timeout, if nobody uses it
+        meanwhile: when a refused create may succeed.  None when every
+        session is attended or has no idle timeout.
+        """
+        now = self.reactor.seconds()
+        waits = [
+            s.idle_timeout - (now - s.last_activity)
+            for s in self.sessions.values()
+            if not s.ended
+            and not s.clients
+            and s.idle_timeout
+            and (owner is None or s.owner == owner)
+        ]
+        return max(0.0, min(waits)) if waits else None
+
     def close(self, session_id: str) -> Deferred[None] | None:
         """End a session and forget it; None when unknown."""
         session = self.sessions.pop(session_id, None)

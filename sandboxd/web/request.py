@@ -602,12 +602,26 @@ class SandboxRequest(Request):
         self._fail_at_header(error)
 
     def _finished(self, result: object) -> None:
-        """The response is over (or the client left): free the slot, audit."""
+        """
+        The response is over (or the client left): free the slot, audit.
+
+        A client that leaves after its answer began (its status sent, and
+        maybe most of the body) ended a call that was carried out: closing
+        is the only way to end a followed stream, and a download cut short
+        was served all the same.  Its line keeps the status it was sent,
+        with ``client_left``, so that ``audit: deny`` records refusals and
+        failures, not every watch a client closed.  Only a client gone
+        before any answer is ``499 client_closed``.
+        """
         self._release()
         self._abort_sink()
-        status = self.code if self.finished else 499
-        code = self.audit_code if self.finished else "client_closed"
-        self._audit(status, code, self.audit_rule, self.sentLength)
+        if self.finished:
+            self._audit(self.code, self.audit_code, self.audit_rule, self.sentLength)
+        elif self.startedWriting:
+            self.audit_fields = {**self.audit_fields, "client_left": True}
+            self._audit(self.code, self.audit_code, self.audit_rule, self.sentLength)
+        else:
+            self._audit(499, "client_closed", self.audit_rule, self.sentLength)
 
     def _audit(
         self, status: int, code: str | None, rule: str | None, bytes_out: int

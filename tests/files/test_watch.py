@@ -19,6 +19,7 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
+from sandboxd.files import watch as watch_module
 from tests.routes.test_files import FilesCase
 
 
@@ -131,6 +132,68 @@ class WatchTests(StreamCase):
         yield c2.wait_for(b"deleted")
         self.assertEqual([e[0] for e in c2.events()], ids[1:])
         response2._transport.loseConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_a_new_watch_starts_now(self) -> Any:
+        """
+        A watch opened without a cursor reports only what changes after it
+        opened, in either form, although the shared watch another client
+        held a moment before kept the earlier changes: a file made, or
+        removed, just before is not told as new.  A client that sends a
+        cursor still resumes.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        first, response = yield self.open_stream("path=w&follow=true")
+        with open(os.path.join(self.base_dir, "w", "before.txt"), "w"):
+            pass
+        yield first.wait_for(b"before.txt")
+        [(cursor, _, _), *_] = first.events()
+        self.close(response)
+        yield deferLater(reactor, 0.05, lambda: None)
+        # Removed just before the next watches open, while its event may
+        # still be held back for the debounce: before them too.
+        os.unlink(os.path.join(self.base_dir, "w", "before.txt"))
+        c, response = yield self.open_stream("path=w&follow=true")
+        seed, _ = yield self.open_stream("path=w&timeout=30")
+        resumed, resumed_response = yield self.open_stream(
+            "path=w&follow=true", {"Last-Event-ID": str(cursor - 1)}
+        )
+        with open(os.path.join(self.base_dir, "w", "after.txt"), "w"):
+            pass
+        yield c.wait_for(b"after.txt")
+        yield seed.wait_for(b"after.txt")
+        yield resumed.wait_for(b"after.txt")
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in c.events()
+                if name != "modified"
+            ],
+            [("created", "after.txt")],
+        )
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in seed.events()
+                if data.get("type") != "modified"
+            ],
+            [("ready", "w"), ("change", "after.txt")],
+        )
+        self.assertEqual(
+            [
+                (name, os.path.basename(data["path"]))
+                for _, name, data in resumed.events()
+                if name != "modified"
+            ],
+            [
+                ("created", "before.txt"),
+                ("deleted", "before.txt"),
+                ("created", "after.txt"),
+            ],
+        )
+        self.close(response)
+        self.close(resumed_response)
         yield deferLater(reactor, 0.05, lambda: None)
 
     @inlineCallbacks
@@ -331,6 +394,55 @@ class WatchTests(StreamCase):
         self.assertEqual(reply.status, 403)
         reply = yield self.request("GET", "/files/watch?path=nope")
         self.assertEqual(reply.status, 404)
+
+
+class WatchLimitTests(StreamCase):
+    """The bound on distinct watches counts the ones clients hold."""
+
+    def setUp(self) -> Any:
+        self.patch(watch_module, "MAX_WATCHES", 3)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_watches_nobody_holds_make_room(self) -> Any:
+        """
+        A file tree that watches each folder it shows, one after the other,
+        is not refused once more folders than the bound were shown: a watch
+        its client closed, kept only for a resume, is let go for a new one.
+        """
+        for n in range(6):
+            os.mkdir(os.path.join(self.base_dir, f"d{n}"))
+            c, response = yield self.open_stream(f"path=d{n}&follow=true")
+            with open(os.path.join(self.base_dir, f"d{n}", "f"), "w"):
+                pass
+            yield c.wait_for(b"created")
+            self.close(response)
+            yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_held_watches_refuse_with_a_retry_after(self) -> Any:
+        """
+        With every watch held by a connected client, a new one is 429
+        ``concurrency_limited`` with ``Retry-After``; once a client leaves,
+        the next try is served.
+        """
+        held = []
+        for n in range(3):
+            os.mkdir(os.path.join(self.base_dir, f"d{n}"))
+            _, response = yield self.open_stream(f"path=d{n}&follow=true")
+            held.append(response)
+        os.mkdir(os.path.join(self.base_dir, "more"))
+        reply = yield self.request("GET", "/files/watch?path=more&follow=true")
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.header("retry-after")),
+            (429, "concurrency_limited", "1"),
+        )
+        self.close(held.pop())
+        yield deferLater(reactor, 0.1, lambda: None)
+        _, response = yield self.open_stream("path=more&follow=true")
+        for r in [*held, response]:
+            self.close(r)
+        yield deferLater(reactor, 0.05, lambda: None)
 
 
 class UndecodableNameTests(StreamCase):

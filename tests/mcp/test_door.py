@@ -1255,13 +1255,20 @@ class TransportTests(McpTestCase):
 
     @inlineCallbacks
     def test_sessions_are_bounded(self) -> Any:
-        """Past max_sessions an initialize is 429 too_many_sessions."""
+        """
+        Past max_sessions an initialize is 429 too_many_sessions, with
+        ``Retry-After``: the time until the first quiet session can make
+        room, at most a minute.
+        """
         for _ in range(2):
             opened = yield self.initialize()
             self.assertEqual(opened.status_code, 200)
         refused = yield self.initialize()
         self.assertEqual(refused.status_code, 429)
         self.assertEqual(refused.json()["error"]["data"]["code"], "too_many_sessions")
+        retry = int(refused.headers["retry-after"])
+        self.assertTrue(55 <= retry <= 60, retry)
+        self.assertEqual(refused.json()["error"]["data"]["retry_after"], retry)
 
     @inlineCallbacks
     def test_quiet_session_makes_room(self) -> Any:

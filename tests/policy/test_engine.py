@@ -530,6 +530,36 @@ class ValidationTests(SynchronousTestCase):
             "files:read",
         )
 
+    def test_misspelt_scope_in_every_builtin_namespace(self) -> None:
+        """
+        A misspelt scope is refused, with the scope meant, in every
+        namespace the built-in endpoints use, not only the first ones
+        (``git:wirte``, ``preview:mange``, ``lsp:raed``, ``links:mnt``,
+        ``code:rn``): a token given one would silently lack the scope.
+        """
+        for typo, meant in (
+            ("git:wirte", "git:write"),
+            ("preview:mange", "preview:manage"),
+            ("lsp:raed", "lsp:read"),
+            ("links:mnt", "links:mint"),
+            ("code:rn", "code:run"),
+        ):
+            policy = {
+                "auth": {"tokens": [{"id": "a", "token_env": "X", "scopes": [typo]}]}
+            }
+            with self.assertRaises(PolicyError, msg=typo) as cm:
+                decide(policy, env={"X": "x"})
+            self.assertIn(repr(typo), str(cm.exception))
+            if meant != "lsp:read":
+                self.assertIn(f"did you mean {meant!r}", str(cm.exception))
+
+    def test_every_builtin_namespace_is_closed(self) -> None:
+        """Each namespace of the built-in table's scopes is checked as built in."""
+        from sandboxd.policy.document import BUILTIN_NAMESPACES
+
+        used = {s.partition(":")[0] for e in builtin_table() for s in e.scopes}
+        self.assertEqual(sorted(used - set(BUILTIN_NAMESPACES)), [])
+
     def test_glob_matching_nothing_warns(self) -> None:
         """A pattern that selects no endpoint is a warning, not an error."""
         p = decide({"endpoints": {"nothing_*": {"enabled": False}}})
@@ -908,6 +938,28 @@ class NearMissTests(SynchronousTestCase):
                 for w in p.warnings
             )
         )
+
+    def test_builtin_namespace_wildcards_quiet(self) -> None:
+        """
+        ``code:*`` (and the other built-in namespaces' wildcards) is a
+        built-in scope: no warning that it is not, nor advice to change it
+        to ``core:*``, which would take code access away.
+        """
+        p = decide(
+            {
+                "auth": {
+                    "tokens": [
+                        {
+                            "id": "a",
+                            "token_env": "A",
+                            "scopes": ["code:*", "git:*", "lsp:*", "links:*"],
+                        }
+                    ]
+                }
+            },
+            env={"A": "a"},
+        )
+        self.assertFalse([w for w in p.warnings if "not built in" in w], p.warnings)
 
     def test_own_namespaces_quiet(self) -> None:
         """A template's own namespaces are not near misses."""

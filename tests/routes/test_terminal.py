@@ -376,6 +376,34 @@ class SessionTests(TerminalCase):
         self.assertEqual(reply.status, 404)
 
     @inlineCallbacks
+    def test_delete_lets_a_job_clean_up_on_its_hangup(self) -> Any:
+        """
+        A terminal deleted while a job runs hangs up as a closing terminal
+        window does: the job's trap on HUP (here a lock file removed after
+        a moment's work, as ``pyenv rehash`` does) runs to its end before
+        anything harder comes, DELETE answers once it has, and nothing of
+        the tree is left.
+        """
+        lock = os.path.join(self.base_dir, "lock")
+        pid_file = os.path.join(self.base_dir, "job.pid")
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(
+            f"sh -c 'echo $$ > {pid_file}; : > {lock}; "
+            f'trap "sleep 0.3; rm {lock}; exit 0" HUP; '
+            "echo ar''med; while :; do sleep 0.1; done'\n"
+        )
+        yield client.wait_output("armed")
+        with open(pid_file) as f:
+            job = int(f.read())
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        self.assertFalse(os.path.exists(lock), "the job's trap was cut short")
+        self.assertFalse(alive(job))
+        self.assertFalse(alive(created["pid"]))
+        self.assertEqual(descendants(created["pid"]), [])
+
+    @inlineCallbacks
     def test_delete_ends_job_that_left_the_session(self) -> Any:
         """
         A job that called setsid (so it is no longer in the terminal's
@@ -530,6 +558,41 @@ class LostHangupTests(TerminalCase):
         self.assertLess(took, 1.0)
         exited = yield client.wait_for(is_exited)
         self.assertEqual(exited["exit_code"], -signal.SIGHUP)
+
+
+class FullTableTests(TerminalCase):
+    """A refusal at max_sessions says when an unattended terminal lapses."""
+
+    policy = {
+        "endpoints": {
+            "pty_create_session": {
+                "limits": {"max_sessions": 1, "idle_timeout_seconds": 30}
+            }
+        }
+    }
+
+    @inlineCallbacks
+    def test_retry_after_the_unattended_terminal_lapses(self) -> Any:
+        """
+        The one terminal has no client (its client crashed): a new one is
+        429 with ``Retry-After`` (header and field), the time until the
+        idle timeout closes the unattended one; with a client attached to
+        it, no time is known and none is said.
+        """
+        created = yield self.create()
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (429, "too_many_sessions")
+        )
+        retry = int(reply.header("retry-after") or 0)
+        self.assertTrue(25 <= retry <= 31, retry)
+        self.assertEqual(reply.json()["retry_after"], retry)
+        client = yield self.attach(created["session_id"])
+        yield client.wait_for(lambda m: True)
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(reply.status, 429)
+        self.assertIsNone(reply.header("retry-after"))
+        self.assertNotIn("retry_after", reply.json())
 
 
 class AttendedLevelTests(TerminalCase):

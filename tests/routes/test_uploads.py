@@ -462,6 +462,18 @@ class IdentityTests(UploadCase):
         reply = yield self.append(uid, 0, b"hi", token="alice-token")
         self.assertTrue(reply.json()["complete"])
 
+    @inlineCallbacks
+    def test_listing_is_the_callers_own(self) -> Any:
+        """GET /files/uploads lists the caller's uploads only."""
+        reply = yield self.request(
+            "POST", "/files/uploads", {"path": "a.txt", "size": 2}, token="alice-token"
+        )
+        uid = reply.json()["upload_id"]
+        alice = yield self.request("GET", "/files/uploads", token="alice-token")
+        bob = yield self.request("GET", "/files/uploads", token="bob-token")
+        self.assertEqual([u["upload_id"] for u in alice.json()["uploads"]], [uid])
+        self.assertEqual(bob.json(), {"uploads": []})
+
 
 class BoundTests(UploadCase):
     policy = {"endpoints": {"files_uploads_create": {"limits": {"max_sessions": 2}}}}
@@ -504,6 +516,38 @@ class BoundTests(UploadCase):
         kept = yield self.request("GET", f"/files/uploads/{b}")
         self.assertEqual((gone.status, kept.status), (404, 200))
         self.assertEqual(len(self.staging()), 2)
+
+    @inlineCallbacks
+    def test_full_table_says_when_and_where_to_look(self) -> Any:
+        """
+        At max_sessions, the 429 says when the first upload in the way can
+        be reclaimed (``Retry-After``, header and field) and names
+        ``GET /files/uploads``, which lists the caller's own uploads: a
+        client that lost their ids (it crashed) deletes one and starts its
+        new upload.
+        """
+        clock = Clock()
+        self.daemon.context.uploads.get().clock = clock
+        first = (yield self.create("a.bin", 10)).json()
+        clock.advance(100)
+        second = (yield self.create("b.bin", 10)).json()
+        clock.advance(20)
+        reply = yield self.create("c.bin", 10)
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (429, "too_many_sessions")
+        )
+        self.assertEqual(reply.header("retry-after"), "180")
+        self.assertEqual(reply.json()["retry_after"], 180)
+        self.assertIn("GET /files/uploads", reply.json()["error"])
+        listed = yield self.request("GET", "/files/uploads")
+        self.assertEqual(listed.status, 200)
+        self.assertEqual(listed.json(), {"uploads": [first, second]})
+        gone = yield self.request(
+            "DELETE", f"/files/uploads/{listed.json()['uploads'][0]['upload_id']}"
+        )
+        self.assertEqual(gone.status, 200)
+        reply = yield self.create("c.bin", 10)
+        self.assertEqual(reply.status, 201)
 
     @inlineCallbacks
     def test_idle_expiry_removes_staging(self) -> Any:

@@ -6,14 +6,18 @@ a :class:`SandboxSite` over a StringTransport, on a memory reactor.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http import toChunk
 
@@ -28,6 +32,7 @@ from sandboxd.web.factory import SandboxSite
 from sandboxd.web.messages import SSEResponse
 from sandboxd.web.request import HeaderView
 from sandboxd.web.sse import SSEChannel, _send_now
+from tests.helpers import DaemonTestCase
 
 
 def make_site(
@@ -462,3 +467,111 @@ class HeaderViewTests(SynchronousTestCase):
         view = HeaderView({b"a": [Counting(b"1")], b"b": [Counting(b"2")]})
         self.assertEqual(view.get("b"), "2")
         self.assertEqual(decoded, [b"2"])
+
+
+def _follow_then_leave(port: int, path: str, until: bytes, then: Any = None) -> bytes:
+    """
+    GET the stream at ``path``, read until ``until`` has come (calling
+    ``then`` once its head is in), and close: a client ending a followed
+    stream the only way there is (blocking: run it in a thread).
+    """
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        s.settimeout(10)
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        got = s.recv(65536)
+        if then is not None:
+            then()
+        while until not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+class StreamLeftAuditTests(DaemonTestCase):
+    """
+    A followed stream its client closes after its answer and data came is
+    audited as the call it was, allowed and answered 200, not as a refusal.
+    """
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def leave_a_watch_and_an_output(self) -> Any:
+        """Close a files watch after one change, and a followed output after data."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+
+        def touch() -> None:
+            time.sleep(0.2)
+            with open(os.path.join(self.base_dir, "w", "a.txt"), "w"):
+                pass
+
+        got = yield deferToThread(
+            _follow_then_leave,
+            self.daemon.port,
+            "/files/watch?path=w&follow=true",
+            b"event: created",
+            touch,
+        )
+        self.assertIn(b"200 OK", got)
+        self.assertIn(b"event: created", got)
+        started = yield self.request(
+            "POST", "/process/start", {"command": "sh -c 'echo one; sleep 30'"}
+        )
+        pid = started.json()["pid"]
+        got = yield deferToThread(
+            _follow_then_leave,
+            self.daemon.port,
+            f"/process/{pid}/output?follow=true",
+            b"one",
+        )
+        self.assertIn(b"event: stdout", got)
+        # The daemon hears the close a moment later: the command is ended
+        # after, or its stream would have ended with it.
+        yield deferLater(reactor, 0.5, lambda: None)
+        yield self.request("POST", f"/process/{pid}/kill", {})
+
+    @inlineCallbacks
+    def test_audited_as_allowed_with_the_status_sent(self) -> Any:
+        """
+        With ``audit: all``, each line keeps the 200 sent, decision
+        ``allow``, its bytes out, and ``client_left``: not 499.
+        """
+        yield self.leave_a_watch_and_an_output()
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r["endpoint"] in ("files_watch", "process_output")
+        ]
+        self.assertEqual(
+            [
+                (r["endpoint"], r["status"], r["decision"], r["code"], r["client_left"])
+                for r in lines
+            ],
+            [
+                ("files_watch", 200, "allow", None, True),
+                ("process_output", 200, "allow", None, True),
+            ],
+        )
+        self.assertTrue(all(r["bytes_out"] > 0 for r in lines), lines)
+
+
+class StreamLeftDenyAuditTests(StreamLeftAuditTests):
+    """With the default ``audit: deny``, a stream its client closed is no line."""
+
+    policy = None
+
+    @inlineCallbacks
+    def test_audited_as_allowed_with_the_status_sent(self) -> Any:
+        """No refusal happened: the deny-only audit has nothing to say."""
+        yield self.leave_a_watch_and_an_output()
+        self.assertEqual(
+            [
+                r
+                for r in self.audit_lines()
+                if r["endpoint"] in ("files_watch", "process_output")
+            ],
+            [],
+        )

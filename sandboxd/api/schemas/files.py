@@ -686,7 +686,9 @@ SCHEMAS: dict[str, Schema] = {
                 "too_many_sessions",
                 "max_sessions (16) uploads are open (or the identity's share), "
                 "none of them without a byte for 5 minutes (such an upload, "
-                "left by a client that died, is dropped to make room)",
+                "left by a client that died, is dropped to make room); "
+                "Retry-After says when the first one can be, unless each has an "
+                "append running; files_uploads_list lists the caller's",
                 "ResourceError",
             ),
         ),
@@ -698,6 +700,21 @@ SCHEMAS: dict[str, Schema] = {
         "leaves nothing; an upload idle for "
         "idle_timeout_seconds (3600) is dropped with its staging file, as on "
         "DELETE and when the daemon stops.",
+    ),
+    "files_uploads_list": Schema(
+        response=(
+            F(
+                "uploads",
+                "array",
+                "the caller's open uploads, each as files_uploads_get answers "
+                "(upload_id, path, requested_path, size, offset, expires_at), "
+                "the one idle longest first",
+                items="object",
+            ),
+        ),
+        notes="Only the caller's uploads (a link's are its minter's). A client that "
+        "lost its upload ids finds them here, to carry one on from its offset or "
+        "delete it when files_uploads_create answers 429.",
     ),
     "files_uploads_get": Schema(
         response=_UPLOAD_RECORD,
@@ -838,6 +855,13 @@ SCHEMAS: dict[str, Schema] = {
                 "a bad timeout or interval, or either with follow=true",
             ),
             E(
+                429,
+                "concurrency_limited",
+                "64 directories are watched, each by a client still connected "
+                "(or the caller's share of them); a watch no client holds is "
+                "let go to make room; Retry-After",
+            ),
+            E(
                 503,
                 "unavailable",
                 "the user's inotify watches or instances are used up (every "
@@ -849,6 +873,8 @@ SCHEMAS: dict[str, Schema] = {
         "A name that is not UTF-8 is shown as files_list shows it (each such byte as "
         "\\xNN). Without follow, agent-sandbox-server's events for a window: ready, a change per "
         "change (a move is deleted + created), then end (as its SDK's files.watch() "
-        "expects). With follow=true, open-ended and resumable (see docs/protocols.md).",
+        "expects). With follow=true, open-ended and resumable (see docs/protocols.md). "
+        "Either form starts when it opens: changes made before it are not replayed "
+        "unless after or Last-Event-ID asks to resume.",
     ),
 }

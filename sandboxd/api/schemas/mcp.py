@@ -37,7 +37,13 @@ SCHEMAS: dict[str, Schema] = {
             E(400, "invalid_param", "not one JSON-RPC message, or no session id"),
             E(404, "not_found", "unknown or expired session (JSON-RPC -32001)"),
             E(413, "payload_too_large", "a message over max_request_bytes"),
-            E(429, "too_many_sessions", "limits.max_sessions sessions are open"),
+            E(
+                429,
+                "too_many_sessions",
+                "limits.max_sessions sessions are open (or the identity's "
+                "share); Retry-After when one without a call or connection "
+                "will make room",
+            ),
         ),
         notes="One JSON-RPC 2.0 message per POST, answered as JSON or as an SSE "
         "stream; GET opens the session's server stream, DELETE ends the session. "

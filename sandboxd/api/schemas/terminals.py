@@ -59,7 +59,8 @@ SCHEMAS: dict[str, Schema] = {
                 429,
                 "too_many_sessions",
                 "max_sessions (10) are open, or the caller's share of them "
-                "(max_per_identity)",
+                "(max_per_identity); Retry-After when one has no client "
+                "attached: the time until its idle timeout closes it",
                 "RuntimeError",
             ),
             E(500, "internal", "the PTY could not be created", "OSError"),
@@ -99,7 +100,10 @@ SCHEMAS: dict[str, Schema] = {
     "pty_delete_session": Schema(
         response=(F("status", doc='"closed"'), F("session_id")),
         errors=(E(404, "not_found", "no such session"),),
-        notes="Answers once the shell's whole process tree has ended.",
+        notes="Answers once the shell's whole process tree has ended. The terminal "
+        "hangs up as a closing terminal window does (HUP), so that its jobs' traps "
+        "run (a lock file removed, a file saved); what is left gets TERM after 2 s "
+        "and KILL after 5 s, or KILL after 2 s once the shell has gone.",
     ),
     "pty_connect": Schema(
         query=(
