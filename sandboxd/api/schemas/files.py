@@ -403,7 +403,9 @@ SCHEMAS: dict[str, Schema] = {
         "old_text looked for there), up to 3 times, before a 412 saying so. The "
         "file keeps its mode and owner. "
         "A refused edit is named by its index (edit). In a file whose lines all "
-        "end in CRLF, an edit's LF line ends match and are written as CRLF.",
+        "end in CRLF, an edit's LF line ends match and are written as CRLF. "
+        "A byte order mark stays the file's first bytes (insert_line 0 puts "
+        "the text after it).",
     ),
     "files_search": Schema(
         body=(
