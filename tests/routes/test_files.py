@@ -711,6 +711,56 @@ class TreeTests(FilesCase):
         self.assertEqual(self.read("dest/app.py"), b"kept")
 
     @inlineCallbacks
+    def test_move_onto_a_link_to_a_directory_moves_into_it(self) -> Any:
+        """
+        A move onto a link to a directory (``cur -> real``) puts the file in
+        that directory, with or without overwrite, as mv does; the link
+        stays a link.  A link to a directory the path rules do not allow is
+        403 and neither it nor the file changes, even with overwrite; a link
+        to a file is still replaced only with overwrite.
+        """
+        os.makedirs(os.path.join(self.base_dir, "rel/real"))
+        os.symlink("real", os.path.join(self.base_dir, "rel/cur"))
+        self.put("a.txt", b"a")
+        self.put("b.txt", b"b")
+        for name, overwrite in (("a.txt", False), ("b.txt", True)):
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": name, "destination": "rel/cur", "overwrite": overwrite},
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            self.assertEqual(
+                reply.json()["destination"],
+                os.path.join(self.base_dir, "rel/real", name),
+            )
+        self.assertEqual(os.readlink(os.path.join(self.base_dir, "rel/cur")), "real")
+        self.assertEqual(self.read("rel/real/a.txt"), b"a")
+        self.assertEqual(self.read("rel/real/b.txt"), b"b")
+        outside = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, outside)
+        os.symlink(outside, os.path.join(self.base_dir, "out"))
+        self.put("c.txt", b"c")
+        for overwrite in (False, True):
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": "c.txt", "destination": "out", "overwrite": overwrite},
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "path_not_allowed")
+            )
+            self.assertTrue(reply.json()["error"].startswith("destination:"))
+        self.assertEqual(os.readlink(os.path.join(self.base_dir, "out")), outside)
+        self.assertEqual((self.read("c.txt"), os.listdir(outside)), (b"c", []))
+        os.symlink("c.txt", os.path.join(self.base_dir, "tofile"))
+        self.put("d.txt", b"d")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "d.txt", "destination": "tofile"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+
+    @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
         """
         mkdir with parents (twice is fine), delete recursively, move with

@@ -315,7 +315,8 @@ SCHEMAS: dict[str, Schema] = {
             E(507, "insufficient_storage", "no room for the copy on the destination"),
         ),
         notes='Messages are prefixed "source:" or "destination:". Into a directory '
-        "when the destination is one. To another file system it is copied, "
+        "when the destination is one, or a link to one the path rules allow "
+        "(the link stays; a link to a directory outside them is 403). To another file system it is copied, "
         "then the source removed; an error leaves the source as it was.",
     ),
     "files_edit": Schema(
