@@ -315,8 +315,8 @@ SCHEMAS: dict[str, Schema] = {
             E(507, "insufficient_storage", "no room for the copy on the destination"),
         ),
         notes='Messages are prefixed "source:" or "destination:". Into a directory '
-        "when the destination is one, or a link to one the path rules allow "
-        "(the link stays; a link to a directory outside them is 403). To another file system it is copied, "
+        "when the destination is one, or a link to one the path rules allow. "
+        "To another file system it is copied, "
         "then the source removed; an error leaves the source as it was.",
     ),
     "files_edit": Schema(
@@ -405,8 +405,7 @@ SCHEMAS: dict[str, Schema] = {
         "file keeps its mode and owner. "
         "A refused edit is named by its index (edit). In a file whose lines all "
         "end in CRLF, an edit's LF line ends match and are written as CRLF. "
-        "A byte order mark stays the file's first bytes (insert_line 0 puts "
-        "the text after it).",
+        "A byte order mark stays first.",
     ),
     "files_search": Schema(
         body=(
@@ -459,7 +458,7 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
-            F("include", doc="fnmatch on file names (*.py)"),
+            F("include", doc="glob on file names (*.py, *.{js,ts})"),
             F(
                 "context",
                 "integer",
@@ -477,9 +476,9 @@ SCHEMAS: dict[str, Schema] = {
                 "array",
                 "[{path, line, column, text, cut}] in walk order, one per match: "
                 "line and column count from 1 (column in characters); text is "
-                "the line without its newline, cut at 1024 characters (cut: "
-                "true only then); with context, before and after: the lines "
-                "around it",
+                "the line without its newline, cut to 1024 characters around "
+                "the match (only then cut: true, and text_column: where text "
+                "starts); with context, before and after: the lines around it",
                 items="object",
             ),
             F("files_searched", "integer", "files read"),
@@ -512,7 +511,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Patterns take RE2's syntax (as ripgrep's: no backreferences or "
         "lookarounds), matched in time linear in the text; a match never spans "
-        "a newline, ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
+        "a newline (a pattern holding one is 400), ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
         "from a listing is not read; include does not apply to a file named by "
         "path. An empty match (^) counts once a line; in a file with CRLF line "
