@@ -416,6 +416,7 @@ def _members(
         else:
             archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
             count = 0
+            files: dict[str, Member] = {}
             for ti in archive:
                 count += 1
                 if count > max_files:
@@ -424,16 +425,24 @@ def _members(
                 if ti.issym():
                     members.append(Member(name, "link", 0, 0o777, ti.linkname))
                 elif ti.islnk():
-                    raise refused_member(ti.name, "hard link")
+                    # What tar writes for a second name of a file it packed:
+                    # written as a copy of that member, counted again.
+                    copied = _hard_link_target(ti, files)
+                    total += copied.size
+                    copy = Member(
+                        name, "file", copied.size, copied.mode, source=copied.source
+                    )
+                    members.append(copy)
+                    files[name] = copy
                 elif ti.isdir():
                     members.append(Member(name, "dir", 0, ti.mode & 0o777 or 0o755))
                 elif ti.isreg():
                     total += ti.size
-                    members.append(
-                        Member(
-                            name, "file", ti.size, ti.mode & 0o777 or 0o644, source=ti
-                        )
+                    member = Member(
+                        name, "file", ti.size, ti.mode & 0o777 or 0o644, source=ti
                     )
+                    members.append(member)
+                    files[name] = member
                 else:
                     raise refused_member(ti.name, "special file")
                 if total > max_bytes:
@@ -441,6 +450,25 @@ def _members(
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise bad_request(f"not a valid {fmt} archive: {e}") from None
     return archive, members
+
+
+def _hard_link_target(ti: tarfile.TarInfo, files: dict[str, Member]) -> Member:
+    """
+    The earlier file member a hard link member names, or a 403: a hard
+    link to anything but a file already in the archive (a name outside
+    it, a directory, a link, one that comes later) would reach past what
+    the archive itself holds.
+    """
+    try:
+        target = _clean_name(ti.linkname)
+    except ApiError:
+        raise refused_member(ti.name, "hard link points out") from None
+    found = files.get(target)
+    if found is None:
+        raise refused_member(
+            ti.name, "hard link to what is not a file earlier in the archive"
+        )
+    return found
 
 
 def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) -> None:

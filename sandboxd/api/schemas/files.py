@@ -599,7 +599,9 @@ SCHEMAS: dict[str, Schema] = {
                 403,
                 "path_not_allowed",
                 "a member would land outside the destination "
-                "(absolute, .., links out, devices); nothing is written",
+                "(absolute, .., links out, devices, a hard link to anything "
+                "but an earlier file member, which it is written as a copy "
+                "of); nothing is written",
             ),
             E(409, "file_exists", "a member exists and overwrite is false"),
             E(413, "payload_too_large", "over max_entries or max_bytes"),
