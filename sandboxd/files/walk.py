@@ -90,6 +90,25 @@ def display_name(name: str) -> str:
         )
 
 
+#: A byte :func:`display_name` shows as ``\\xNN``: one not UTF-8, so 80-ff.
+_SHOWN_BYTE = re.compile(r"\\x([89a-f][0-9a-f])")
+
+
+def shown_as(path: str) -> str | None:
+    """
+    The name that :func:`display_name` shows as ``path`` (its ``\\xNN``
+    turned back into those bytes), or None when ``path`` is not such a
+    showing: it has no ``\\xNN``, or the bytes they make would be shown
+    otherwise (valid UTF-8 is shown as itself).
+    """
+    if "\\x" not in path:
+        return None
+    raw = _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
+    if raw == path or display_name(raw) != path:
+        return None
+    return raw
+
+
 def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
     """
     Whether a walked entry may be shown: policy allows it, links stay
