@@ -150,12 +150,17 @@ def _create(
         writer: Any = zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED)
     else:
         writer = tarfile.open(fileobj=buffer, mode="w:gz")
+    # Named pipes, sockets and devices have no content to pack: counted,
+    # so that an archive of nothing else says why it is empty.
+    skipped = 0
     with writer:
         for path in paths:
             with contextlib.closing(_entries(guard, path)) as entries:
                 for top, full, st, fd in entries:
                     member = arcname(top, full)
-                    if fd is not None:
+                    if fd is None and not (_is_member(st) or stat.S_ISDIR(st.st_mode)):
+                        skipped += 1
+                    elif fd is not None:
                         _add(writer, fmt, fd, full, member, st, budget, buffer)
                     else:
                         _add_entry(writer, fmt, full, member, st, guard, budget, buffer)
@@ -166,6 +171,7 @@ def _create(
         "content_base64": base64.b64encode(data).decode("ascii"),
         "format": fmt,
         "bytes": len(data),
+        "skipped": skipped,
     }
 
 

@@ -1118,6 +1118,27 @@ class SeedFormTests(FilesCase):
             self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
 
     @inlineCallbacks
+    def test_archive_says_what_it_left_out(self) -> Any:
+        """
+        Named pipes and sockets have no content to pack: an archive of a
+        directory holding only those is empty and says how many it left
+        out; listing and stat call them type other.
+        """
+        os.makedirs(os.path.join(self.base_dir, "sp"))
+        os.mkfifo(os.path.join(self.base_dir, "sp", "fifo"))
+        os.mknod(os.path.join(self.base_dir, "sp", "sock"), stat.S_IFSOCK | 0o600)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["sp"]})
+        self.assertEqual(reply.status, 200, reply.body)
+        data = base64.b64decode(reply.json()["content_base64"])
+        self.assertEqual(tarfile.open(fileobj=io.BytesIO(data)).getnames(), [])
+        self.assertEqual(reply.json()["skipped"], 2)
+        self.put("sp2/a.txt")
+        reply = yield self.request("POST", "/files/archive", {"paths": ["sp2"]})
+        self.assertEqual(reply.json()["skipped"], 0)
+        reply = yield self.get("/files/stat", "sp/fifo")
+        self.assertEqual(reply.json()["type"], "other")
+
+    @inlineCallbacks
     def test_name_not_utf8_by_its_bytes(self) -> Any:
         """
         A name that is not UTF-8 is reached by its bytes percent-encoded in

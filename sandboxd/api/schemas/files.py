@@ -183,7 +183,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "entries",
                 "array",
-                "[{name, path, type: file|directory|symlink, size, "
+                "[{name, path, type: file|directory|symlink|other (a named "
+                "pipe, socket or device), size, "
                 "modified (ISO 8601 UTC, with microseconds)}]",
                 items="object",
             ),
@@ -203,7 +204,11 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("name"),
             F("path"),
-            F("type", enum=("file", "directory", "symlink", "unknown")),
+            F(
+                "type",
+                enum=("file", "directory", "symlink", "other", "unknown"),
+                doc="other: a named pipe, socket or device; unknown: nothing there",
+            ),
             F("size", "integer"),
             F("permissions", doc='octal, e.g. "644"'),
             F("modified", doc="ISO 8601 UTC, with microseconds"),
@@ -562,7 +567,16 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
         ),
-        response=(F("content_base64"), F("format"), F("bytes", "integer")),
+        response=(
+            F("content_base64"),
+            F("format"),
+            F("bytes", "integer"),
+            F(
+                "skipped",
+                "integer",
+                "named pipes, sockets and devices left out (no content to pack)",
+            ),
+        ),
         errors=(
             *GUARD,
             E(400, "invalid_param", "empty paths or an unknown format"),
