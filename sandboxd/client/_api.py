@@ -492,7 +492,7 @@ class Files(_Namespace[F]):
         """
         Lines of files matching ``pattern`` (a regular expression, or the
         text itself with ``fixed_strings``), below ``path`` or in the file
-        ``path``; ``include`` is an fnmatch pattern on file names.
+        ``path``; ``include`` is a glob on file names (``*.py``, ``*.{js,ts}``).
         """
         return cast(
             GrepResult,

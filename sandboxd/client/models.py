@@ -22,7 +22,7 @@ class Entry(TypedDict):
 
     name: str
     path: str
-    type: Literal["file", "directory", "symlink"]
+    type: Literal["file", "directory", "symlink", "other"]
     size: int
     modified: str
 

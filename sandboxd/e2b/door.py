@@ -42,6 +42,7 @@ from sandboxd.errors import (
     payload_too_large,
     unsupported,
 )
+from sandboxd.files import walk
 from sandboxd.policy.defaults import (
     E2B_INPUT_RECHECK_SECONDS,
     E2B_KEEPALIVE_MAX_SECONDS,
@@ -49,6 +50,7 @@ from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
     MIB,
 )
+from sandboxd.policy.paths import decide
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.web import portdoor
@@ -143,6 +145,27 @@ def expand_home(path: str, rule: EffectiveRule, user: str | None) -> str:
     return posixpath.join(home, rest) if rest else home
 
 
+def as_listed(path: str, rule: EffectiveRule) -> str:
+    """
+    ``path``, or the name a listing showed as ``path``: a name that is not
+    UTF-8 is listed with its bad bytes as ``\\xNN`` (JSON strings, and so
+    the SDKs, cannot carry them), and this takes that spelling back to the
+    name on disk, so what ``files.list`` shows can be read, described,
+    renamed and removed.  Only when no entry is spelled ``path`` itself
+    and the other one exists: a name typed with a literal ``\\x`` is
+    never turned into bytes, nor anything created under such a name.  The
+    name chosen goes through the path guard as any other.
+    """
+    raw = walk.shown_as(path)
+    if raw is None:
+        return path
+    as_typed = decide(rule, path, "read").target
+    on_disk = decide(rule, raw, "read").target
+    if os.path.lexists(as_typed) or not os.path.lexists(on_disk):
+        return path
+    return raw
+
+
 @attrs.define(eq=False)
 class Call(portdoor.Call):
     """One request through the E2B door: envd's user, Connect's deadlines."""
@@ -156,7 +179,8 @@ class Call(portdoor.Call):
         ``path`` with a leading ``~`` as the home of ``user`` (default:
         the call's envd user): :func:`expand_home`.
         """
-        return expand_home(path, self.rule, user if user is not None else self.user())
+        path = expand_home(path, self.rule, user if user is not None else self.user())
+        return as_listed(path, self.rule)
 
     def timeout_seconds(self) -> float | None:
         """

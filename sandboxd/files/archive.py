@@ -150,12 +150,17 @@ def _create(
         writer: Any = zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED)
     else:
         writer = tarfile.open(fileobj=buffer, mode="w:gz")
+    # Named pipes, sockets and devices have no content to pack: counted,
+    # so that an archive of nothing else says why it is empty.
+    skipped = 0
     with writer:
         for path in paths:
             with contextlib.closing(_entries(guard, path)) as entries:
                 for top, full, st, fd in entries:
                     member = arcname(top, full)
-                    if fd is not None:
+                    if fd is None and not (_is_member(st) or stat.S_ISDIR(st.st_mode)):
+                        skipped += 1
+                    elif fd is not None:
                         _add(writer, fmt, fd, full, member, st, budget, buffer)
                     else:
                         _add_entry(writer, fmt, full, member, st, guard, budget, buffer)
@@ -166,6 +171,7 @@ def _create(
         "content_base64": base64.b64encode(data).decode("ascii"),
         "format": fmt,
         "bytes": len(data),
+        "skipped": skipped,
     }
 
 
@@ -416,6 +422,7 @@ def _members(
         else:
             archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
             count = 0
+            files: dict[str, Member] = {}
             for ti in archive:
                 count += 1
                 if count > max_files:
@@ -424,16 +431,24 @@ def _members(
                 if ti.issym():
                     members.append(Member(name, "link", 0, 0o777, ti.linkname))
                 elif ti.islnk():
-                    raise refused_member(ti.name, "hard link")
+                    # What tar writes for a second name of a file it packed:
+                    # written as a copy of that member, counted again.
+                    copied = _hard_link_target(ti, files)
+                    total += copied.size
+                    copy = Member(
+                        name, "file", copied.size, copied.mode, source=copied.source
+                    )
+                    members.append(copy)
+                    files[name] = copy
                 elif ti.isdir():
                     members.append(Member(name, "dir", 0, ti.mode & 0o777 or 0o755))
                 elif ti.isreg():
                     total += ti.size
-                    members.append(
-                        Member(
-                            name, "file", ti.size, ti.mode & 0o777 or 0o644, source=ti
-                        )
+                    member = Member(
+                        name, "file", ti.size, ti.mode & 0o777 or 0o644, source=ti
                     )
+                    members.append(member)
+                    files[name] = member
                 else:
                     raise refused_member(ti.name, "special file")
                 if total > max_bytes:
@@ -441,6 +456,25 @@ def _members(
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise bad_request(f"not a valid {fmt} archive: {e}") from None
     return archive, members
+
+
+def _hard_link_target(ti: tarfile.TarInfo, files: dict[str, Member]) -> Member:
+    """
+    The earlier file member a hard link member names, or a 403: a hard
+    link to anything but a file already in the archive (a name outside
+    it, a directory, a link, one that comes later) would reach past what
+    the archive itself holds.
+    """
+    try:
+        target = _clean_name(ti.linkname)
+    except ApiError:
+        raise refused_member(ti.name, "hard link points out") from None
+    found = files.get(target)
+    if found is None:
+        raise refused_member(
+            ti.name, "hard link to what is not a file earlier in the archive"
+        )
+    return found
 
 
 def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) -> None:

@@ -16,8 +16,8 @@ says ``replace_all``.  Matching is exact (no whitespace folding), with
 one exception for line ends: in a file whose every line ends in CRLF, an
 edit written with bare LF line ends (as models write text, whatever the
 file) is read with CRLF ones, in the text it looks for and in the text it
-puts there, so the file keeps one kind of line end.  An exact match is
-always tried first.
+puts there, so the file keeps one kind of line end.  A byte order mark
+stays the file's first bytes whatever is inserted at line 0.
 """
 
 from __future__ import annotations
@@ -130,28 +130,37 @@ def crlf_only(text: str) -> bool:
 def in_line_ends_of(text: str, edit: Edit) -> Edit:
     """
     ``edit`` as it applies to ``text``: unchanged when ``text`` is not all
-    CRLF; else with its bare LF line ends made CRLF (an edit that already
-    has a CR in it is taken as written).  An ``old`` found as written keeps
-    its own line ends, but what it is replaced with still gets CRLF ones:
-    a one-line ``old`` is always found as written, and replacing one line
-    with several is the commonest edit.
+    CRLF, or when its ``old`` has a CR in it (an edit that names CRs is
+    taken as written); else with the bare LF line ends of ``old`` and
+    ``new`` made CRLF.  A CR in ``new`` alone says nothing about how
+    ``old`` was written, and leaving either as written would put a bare
+    LF into the file.
+
+    Translating ``old`` loses no match: in an all-CRLF file every LF
+    follows a CR, so an ``old`` without CRs is found as written only
+    when its one LF leads it, and each such place is one where the
+    translated ``old`` is found one character earlier.  Replacing there
+    the CR too keeps the file all CRLF.
     """
-    if not crlf_only(text) or "\r" in edit.old or "\r" in edit.new:
+    if not crlf_only(text) or "\r" in edit.old:
         return edit
-    new = edit.new.replace("\n", "\r\n")
-    if edit.insert_line is None and (not edit.old or edit.old in text):
-        # An old with a line end found as written matched the LF of a CRLF
-        # (its text starts or ends mid line end): taken as written.
-        return edit if "\n" in edit.old else attrs.evolve(edit, new=new)
-    return attrs.evolve(edit, old=edit.old.replace("\n", "\r\n"), new=new)
+    return attrs.evolve(
+        edit,
+        old=edit.old.replace("\n", "\r\n"),
+        new=edit.new.replace("\r\n", "\n").replace("\n", "\r\n"),
+    )
 
 
 def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
     """
     ``new`` as lines of their own after line ``after``: a line end (CRLF
     in an all-CRLF file) is added after it where a line follows, and
-    before it after a last line that had none.
+    before it after a last line that had none.  A byte order mark at the
+    start stays there: it marks the file, it is not part of line 1, and
+    moved into the text it is a stray U+FEFF that compilers refuse.
     """
+    bom = "\ufeff" if text.startswith("\ufeff") else ""
+    text = text[len(bom) :]
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     if after > lines:
         raise bad_request(
@@ -169,7 +178,7 @@ def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
         new += end
     if at == len(text) and text and not text.endswith("\n"):
         new = end + new
-    return text[:at] + new + text[at:]
+    return bom + text[:at] + new + text[at:]
 
 
 def decode(data: bytes, path: str) -> str:

@@ -42,6 +42,7 @@ from sandboxd.files.walk import display_name, visible, walk_at
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     GREP_BINARY_PROBE_BYTES,
+    GREP_INCLUDE_CHOICES,
     GREP_LINE_CHARS,
     GREP_PROGRAM_BYTES,
     WALK_DEPTH,
@@ -61,8 +62,9 @@ class Query:
 
     :ivar pattern: a regular expression (RE2's syntax), or the text itself
         with ``fixed_strings``.
-    :ivar include: an fnmatch pattern on file names (``*.py``); files found
-        by the walk whose names do not match are not read.
+    :ivar include: a glob on file names (``*.py``, ``*.{js,ts}``):
+        :func:`include_matcher`; files found by the walk whose names do not
+        match are not read.
     :ivar exclude: gitignore globs (relative to the directory searched)
         of files and directories left out.
     :ivar no_ignore: search what ignore files name too (ripgrep's
@@ -112,6 +114,11 @@ def compile_query(query: Query) -> Any:
     :raises ApiError: 400 ``invalid_param`` for a pattern RE2 does not take
         (bad syntax, a backreference or lookaround, a program too big).
     """
+    if _names_a_newline(query.pattern, query.fixed_strings):
+        raise bad_request(
+            "'pattern' holds a newline, and a match never spans one (the search "
+            "is line by line): search for one line's text, or each line apart"
+        )
     options = re2.Options()
     options.log_errors = False  # a caller's bad pattern is the caller's 400
     options.never_nl = True
@@ -132,6 +139,84 @@ def compile_query(query: Query) -> Any:
             "backreferences or lookarounds); to search for the text as written, "
             "pass fixed_strings: true"
         ) from None
+
+
+def _names_a_newline(pattern: str, fixed: bool) -> bool:
+    """
+    Whether ``pattern`` holds a newline, as itself or (a regular
+    expression) as ``\\n``: it could never match, since no match spans a
+    line end; said as a 400, as ripgrep does, not answered with nothing.
+    """
+    if "\n" in pattern:
+        return True
+    if fixed:
+        return False
+    escaped = False
+    for char in pattern:
+        if escaped and char == "n":
+            return True
+        escaped = not escaped and char == "\\"
+    return False
+
+
+def include_matcher(include: str | None) -> Callable[[str], Any] | None:
+    """
+    The test of a file's name against ``include``: fnmatch's ``*``, ``?``
+    and ``[...]``, and ``{a,b}`` alternatives as ripgrep's globs take them
+    (``*.{js,ts}``), not nested; a literal brace is ``[{]``.
+
+    :raises ApiError: 400 ``invalid_param`` for a brace left open, or one
+        inside another.
+    """
+    if include is None:
+        return None
+    choices = [""]
+    group: list[str] | None = None
+    i = 0
+    while i < len(include):
+        char = include[i]
+        if char == "[":
+            # A bracket expression as fnmatch reads it, braces in it literal.
+            j = i + 1
+            if j < len(include) and include[j] == "!":
+                j += 1
+            if j < len(include) and include[j] == "]":
+                j += 1
+            close = include.find("]", j)
+            piece = include[i : close + 1] if close >= 0 else char
+        elif char == "{" and group is None:
+            group = [""]
+            i += 1
+            continue
+        elif char == "{":
+            raise bad_request("'include': a {...} group cannot hold another")
+        elif char == "," and group is not None:
+            group.append("")
+            i += 1
+            continue
+        elif char == "}" and group is not None:
+            if len(choices) * len(group) > GREP_INCLUDE_CHOICES:
+                raise bad_request(
+                    f"'include' spells out more than {GREP_INCLUDE_CHOICES} "
+                    "names with its {...} groups; use fewer"
+                )
+            choices = [c + g for c in choices for g in group]
+            group = None
+            i += 1
+            continue
+        else:
+            piece = char
+        if group is not None:
+            group[-1] += piece
+        else:
+            choices = [c + piece for c in choices]
+        i += len(piece)
+    if group is not None:
+        raise bad_request(
+            "'include': a '{' is not closed; {a,b} is either of a and b, "
+            "and [{] a literal brace"
+        )
+    return re.compile("|".join(fnmatch.translate(c) for c in choices)).match
 
 
 class _Over(Exception):
@@ -291,6 +376,11 @@ class _Search:
             "text": line[:cap],
         }
         if len(line) > cap:
+            # A match deep in a long (minified) line: the part of the line
+            # around it, not the line's start, which would not hold it.
+            begin = max(0, min(start - cap // 4, len(line) - cap))
+            match["text"] = line[begin : begin + cap]
+            match["text_column"] = begin + 1
             match["cut"] = True
         if around is not None:
             match.update(around)
@@ -339,12 +429,13 @@ def grep(guard: PathGuard, path: str, query: Query, bounds: Bounds) -> dict[str,
     """
     deadline = time.monotonic() + bounds.timeout
     search = _Search(compile_query(query), bounds, deadline)
+    include = include_matcher(query.include)
     with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
         st = loc.seen()
         is_dir = loc.name == "" or (st is not None and stat.S_ISDIR(st.st_mode))
     try:
         if is_dir:
-            _tree(guard, path, query, search)
+            _tree(guard, path, query, search, include)
         else:
             with guard.open_file(path) as f:
                 search.file(f.fd, f.stat, display_name(f.path))
@@ -353,13 +444,14 @@ def grep(guard: PathGuard, path: str, query: Query, bounds: Bounds) -> dict[str,
     return search.answer()
 
 
-def _tree(guard: PathGuard, path: str, query: Query, search: _Search) -> None:
+def _tree(
+    guard: PathGuard,
+    path: str,
+    query: Query,
+    search: _Search,
+    include: Callable[[str], Any] | None,
+) -> None:
     """Search the regular files below the directory ``path``."""
-    include = (
-        re.compile(fnmatch.translate(query.include)).match
-        if query.include is not None
-        else None
-    )
     with guard.open_dir(path) as (fd, root):
         skip = search_filter(
             guard,

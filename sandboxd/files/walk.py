@@ -90,6 +90,25 @@ def display_name(name: str) -> str:
         )
 
 
+#: A byte :func:`display_name` shows as ``\\xNN``: one not UTF-8, so 80-ff.
+_SHOWN_BYTE = re.compile(r"\\x([89a-f][0-9a-f])")
+
+
+def shown_as(path: str) -> str | None:
+    """
+    The name that :func:`display_name` shows as ``path`` (its ``\\xNN``
+    turned back into those bytes), or None when ``path`` is not such a
+    showing: it has no ``\\xNN``, or the bytes they make would be shown
+    otherwise (valid UTF-8 is shown as itself).
+    """
+    if "\\x" not in path:
+        return None
+    raw = _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
+    if raw == path or display_name(raw) != path:
+        return None
+    return raw
+
+
 def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
     """
     Whether a walked entry may be shown: policy allows it, links stay
@@ -571,6 +590,8 @@ def move(
             raise _prefixed(e, "source") from None
         try:
             dst = guard.locate(destination, "write", follow=False, make_parents=True)
+            if into:
+                dst = _through_link_to_dir(guard, dst, destination)
         except ApiError as e:
             raise _prefixed(e, "destination") from None
         with dst:
@@ -586,6 +607,43 @@ def move(
             except BaseException:
                 dst.undo_made()  # refused: the directories made for it go too
                 raise
+
+
+def _through_link_to_dir(guard: PathGuard, dst: Location, destination: Any) -> Location:
+    """
+    ``dst``, or the directory it links to: a move onto a link to a
+    directory goes into that directory, as ``mv`` and ``shutil.move`` do
+    (the ``current -> releases/v2`` layout), rather than being refused or,
+    with ``overwrite``, replacing the link with the file.
+
+    The link is followed through the guard, so its target must be where
+    the path rules let this call write; a link to a directory they do not
+    allow is refused (403), never replaced.  A link to anything else (a
+    file, nothing) is the entry itself, as before.
+
+    :raises ApiError: the guard's refusal of the link's target; ``dst``
+        is closed then.
+    """
+    st = dst.lstat()
+    if st is None or not stat.S_ISLNK(st.st_mode):
+        return dst
+    try:
+        followed = guard.locate(destination, "write", follow=True)
+    except ApiError:
+        try:
+            to_dir = stat.S_ISDIR(os.stat(dst.name, dir_fd=dst.dir_fd).st_mode)
+        except OSError:
+            to_dir = False
+        if to_dir:
+            dst.close()
+            raise
+        return dst
+    target = followed.lstat()
+    if target is None or not stat.S_ISDIR(target.st_mode):
+        followed.close()
+        return dst
+    dst.close()
+    return followed
 
 
 def _move_to(

@@ -929,11 +929,14 @@ def grep_lines(value: dict[str, Any]) -> dict[str, Any]:
         text = entry.get("text")
         first = entry["columns"][0]
         if isinstance(text, str) and len(text) > GREP_LINE_CHARS:
-            start = max(
-                0, (first if isinstance(first, int) else 1) - 1 - GREP_LINE_CHARS // 4
-            )
+            # The HTTP answer's text may itself be a window of the line,
+            # starting at its own text_column.
+            offset = entry.get("text_column", 1)
+            offset = offset if isinstance(offset, int) else 1
+            at = (first if isinstance(first, int) else 1) - offset
+            start = max(0, at - GREP_LINE_CHARS // 4)
             entry["text"] = text[start : start + GREP_LINE_CHARS]
-            entry["text_column"] = start + 1
+            entry["text_column"] = offset + start
             entry["cut"] = True
     return {**value, "matches": lines}
 

@@ -651,6 +651,11 @@ EDIT_ATTEMPTS = 3
 #: ``cut``), so one minified line does not fill the answer once per match.
 GREP_LINE_CHARS = 1024
 
+#: files_grep: the most names an ``include`` glob's ``{a,b}`` groups may
+#: spell out (each group multiplies them), so a short glob cannot make
+#: a matcher of millions of alternatives.
+GREP_INCLUDE_CHOICES = 256
+
 #: files_grep: the most lines of ``context`` shown before and after each
 #: match (each cut as a matching line is).
 GREP_CONTEXT_LINES = 5

@@ -451,8 +451,9 @@ class CopyTests(ClientCase):
     def test_recursive_leaves_out_links_out_of_the_tree(self) -> Any:
         """
         ``cp -r`` of a tree holding a link out of it (a virtualenv's python)
-        copies the rest and says which link it left out; a tree the daemon
-        refuses (a hard link) leaves no empty target behind.
+        copies the rest and says which link it left out; a tree with a hard
+        link copies both names; a tree the daemon refuses (a named pipe)
+        leaves no empty target behind.
         """
         local = os.path.realpath(self.mktemp())
         os.makedirs(os.path.join(local, ".venv", "bin"))
@@ -474,9 +475,16 @@ class CopyTests(ClientCase):
         with open(os.path.join(linked, "a"), "w") as f:
             f.write("a")
         os.link(os.path.join(linked, "a"), os.path.join(linked, "b"))
-        refused = yield self.cli("cp", "-r", linked, ":hard")
+        done = yield self.cli("cp", "-r", linked, ":hard")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(self.path("hard", "b")) as f:
+            self.assertEqual(f.read(), "a")
+        piped = os.path.realpath(self.mktemp())
+        os.makedirs(piped)
+        os.mkfifo(os.path.join(piped, "pipe"))
+        refused = yield self.cli("cp", "-r", piped, ":piped")
         self.assertEqual(refused.returncode, 1)
-        self.assertFalse(os.path.exists(self.path("hard")))
+        self.assertFalse(os.path.exists(self.path("piped")))
 
     @inlineCallbacks
     def test_recursive(self) -> Any:

@@ -74,6 +74,42 @@ class ContentTests(E2BCase):
         self.assertEqual(seen, set(shown))
 
     @inlineCallbacks
+    def test_a_listed_name_not_utf8_can_be_used(self) -> Any:
+        """
+        A name that is not UTF-8, as ``files.list`` shows it (``\\xNN``),
+        can be read, described, renamed and removed through the SDK; a
+        name typed with a literal ``\\x`` that names no such file is
+        written as typed, never as those bytes.
+        """
+        root = os.path.join(self.base_dir, "nu").encode()
+        os.makedirs(root)
+        for name, data in ((b"bad\xff\xfe", b"one"), (b"caf\xe9.txt", b"two")):
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(data)
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            listed = sorted(e.path for e in sbx.files.list("nu"))
+            bad, cafe = listed
+            info = sbx.files.get_info(bad)
+            read = sbx.files.read(cafe, format="bytes")
+            exists = sbx.files.exists(bad)
+            renamed = sbx.files.rename(cafe, "nu/cafe.txt").name
+            sbx.files.remove(bad)
+            sbx.files.write("nu/lit\\xe9.txt", "typed")
+            return listed, info.name, info.size, read, exists, renamed
+
+        listed, name, size, read, exists, renamed = yield self.sdk(job)
+        self.assertEqual(
+            [os.path.basename(p) for p in listed], ["bad\\xff\\xfe", "caf\\xe9.txt"]
+        )
+        self.assertEqual(
+            (name, size, bytes(read), exists), ("bad\\xff\\xfe", 3, b"two", True)
+        )
+        self.assertEqual(renamed, "cafe.txt")
+        self.assertEqual(sorted(os.listdir(root)), [b"cafe.txt", b"lit\\xe9.txt"])
+
+    @inlineCallbacks
     def test_streamed_watch_with_a_name_not_utf8(self) -> Any:
         """
         The async SDK's ``watch_dir`` (envd's ``WatchDir`` stream) reports

@@ -113,6 +113,46 @@ class ApplyTests(SynchronousTestCase):
         # An LF-only file is untouched by any of this.
         self.assertEqual(apply("a\nb\n", [Edit("a", "A\nA2")]).text, "A\nA2\nb\n")
 
+    def test_crlf_file_stays_crlf_when_old_starts_with_a_line_end(self) -> None:
+        """
+        In an all-CRLF file, an old_text that starts with (or is) a bare LF
+        replaces the whole CRLF, and what it is replaced with gets CRLF line
+        ends: the file never gets a bare LF.
+        """
+        out = apply("one\r\ntwo\r\nthree\r\n", [Edit("\ntwo", "\nTWO\nmore")])
+        self.assertEqual(out.text, "one\r\nTWO\r\nmore\r\nthree\r\n")
+        self.assertEqual(out.lines, (1,))
+        out = apply("one\r\ntwo\r\n", [Edit("\n", "\n\n", replace_all=True)])
+        self.assertEqual(out.text, "one\r\n\r\ntwo\r\n\r\n")
+        self.assertEqual(out.counts, (2,))
+
+    def test_crlf_in_new_text_alone_still_matches(self) -> None:
+        """
+        A CRLF in new_text does not stop an LF old_text from matching the
+        CRLF file; bare LFs beside it in new_text are made CRLF too.
+        """
+        out = apply("one\r\ntwo\r\nthree\r\n", [Edit("two\nthree", "X\r\nY\nZ")])
+        self.assertEqual(out.text, "one\r\nX\r\nY\r\nZ\r\n")
+
+    def test_insert_at_top_keeps_the_byte_order_mark_first(self) -> None:
+        """
+        insert_line 0 in a file that starts with a BOM puts the new line
+        after the BOM, which stays the file's first character (LF and CRLF
+        files, and a file of only a BOM); line numbers ignore the BOM.
+        """
+        cases = [
+            ("\ufeffimport os\n", 0, "# h\n", "\ufeff# h\nimport os\n"),
+            ("\ufeffa\r\nb\r\n", 0, "# h", "\ufeff# h\r\na\r\nb\r\n"),
+            ("\ufeffa\nb\n", 1, "x", "\ufeffa\nx\nb\n"),
+            ("\ufeff", 0, "x\n", "\ufeffx\n"),
+        ]
+        for text, after, new, expected in cases:
+            out = apply(text, [Edit("", new, insert_line=after)])
+            self.assertEqual(out.text, expected, (text, after, new))
+        with self.assertRaises(ApiError) as caught:
+            apply("\ufeff", [Edit("", "x", insert_line=1)])
+        self.assertEqual(caught.exception.extra["kind"], "past_end")
+
     def test_mixed_line_ends_stay_exact(self) -> None:
         """A file with both kinds of line end is matched as written."""
         with self.assertRaises(ApiError):

@@ -231,6 +231,62 @@ class MatchTests(GrepCase):
             [(m["column"], len(m["text"]), m.get("cut")) for m in matches],
             [(2001, 1024, True), (1, 6, None)],
         )
+        self.assertTrue(matches[0]["text"].endswith("needle"))
+
+    def test_long_line_cut_around_the_match(self) -> None:
+        """
+        A match deep in a long line shows the part of the line around it,
+        with text_column the column text starts at; one near the start
+        shows the line's start (no text_column then is 1).
+        """
+        self.put("min.js", "var a=1;" * 100_000 + "NEEDLE" + ";x" * 10 + "\n")
+        self.put("near.js", "NEEDLE" + "y" * 5000 + "\n")
+        matches = self.grep("NEEDLE")["matches"]
+        deep, near = matches
+        self.assertEqual((deep["column"], deep["cut"]), (800_001, True))
+        self.assertEqual(len(deep["text"]), 1024)
+        at = deep["column"] - deep["text_column"]
+        self.assertEqual(deep["text"][at : at + 6], "NEEDLE")
+        self.assertEqual(
+            (near["column"], near["text_column"], near["text"][:6]), (1, 1, "NEEDLE")
+        )
+
+    def test_include_with_braces(self) -> None:
+        """
+        include takes {a,b} alternatives as ripgrep's globs do (braces in
+        [...] are literal); a brace left open or nested is 400.
+        """
+        for name in ("a.js", "b.ts", "c.txt", "d{.js"):
+            self.put(name, "needle\n")
+        answer = self.grep("needle", include="*.{js,ts}")
+        self.assertEqual([m[0] for m in self.found(answer)], ["a.js", "b.ts", "d{.js"])
+        answer = self.grep("needle", include="?[{]*")
+        self.assertEqual([m[0] for m in self.found(answer)], ["d{.js"])
+        for include in ("*.{js,ts", "*.{js,{ts,tsx}}", "{a,b}" * 9):
+            with self.assertRaises(ApiError) as caught:
+                self.grep("needle", include=include)
+            self.assertEqual(caught.exception.code, "invalid_param", include)
+            self.assertIn("'include'", caught.exception.message)
+
+    def test_pattern_with_a_newline_refused(self) -> None:
+        """
+        A pattern holding a newline (as such, or as \\n in a regex) can
+        never match, since no match spans a line end: 400, saying so; an
+        escaped backslash before n is not one.
+        """
+        self.put("f.txt", "first\nsecond\n\\n\n")
+        for pattern, fixed in (
+            ("first\nsecond", False),
+            ("first\nsecond", True),
+            (r"first\nsecond", False),
+            (r"[\n]", False),
+        ):
+            with self.assertRaises(ApiError) as caught:
+                self.grep(pattern, fixed_strings=fixed)
+            self.assertEqual(caught.exception.code, "invalid_param", pattern)
+            self.assertIn("newline", caught.exception.message)
+        self.assertEqual(len(self.grep(r"\\n")["matches"]), 1)
+        self.assertEqual(len(self.grep(r"\n", fixed_strings=True)["matches"]), 1)
 
     def test_bad_regex(self) -> None:
         """
@@ -286,7 +342,9 @@ class SkipTests(GrepCase):
         self.put("bin.dat", b"needle\0needle\n")
         self.put("late.dat", b"x" * 9000 + b"\0needle\n")
         answer = self.grep("needle")
-        self.assertEqual(self.found(answer), [("late.dat", 1, 9002, "x" * 1024)])
+        self.assertEqual(
+            self.found(answer), [("late.dat", 1, 9002, "x" * 1017 + "\0needle")]
+        )
         self.assertEqual((answer["files_skipped"], answer["files_searched"]), (1, 1))
 
     def test_oversize_skipped(self) -> None:

@@ -190,6 +190,8 @@ class ToolCallTests(McpTestCase):
             f.write("def main():\n    return 0  # TODO: more\n")
         with open(os.path.join(self.base_dir, "src/min.js"), "w") as f:
             f.write("foo " * 2000 + "\n")
+        with open(os.path.join(self.base_dir, "src/deep.js"), "w") as f:
+            f.write("var a=1;" * 1000 + "NEEDLE;\n")
 
         async def body(client: Any) -> Any:
             listed = await client.list_tools()
@@ -200,9 +202,17 @@ class ToolCallTests(McpTestCase):
             long = await client.call_tool(
                 "files_grep", {"pattern": "foo", "path": "src/min.js"}
             )
-            return listed, found, bad, long
+            deep = await client.call_tool(
+                "files_grep", {"pattern": "NEEDLE", "path": "src/deep.js"}
+            )
+            return listed, found, bad, long, deep
 
-        listed, found, bad, long = yield self.with_client(body)
+        listed, found, bad, long, deep = yield self.with_client(body)
+        # A match deep in a long line: the text around it, text_column
+        # counted in the whole line.
+        [line] = deep.structured_content["matches"]
+        self.assertEqual(line["columns"], [8001])
+        self.assertEqual(line["text"][8001 - line["text_column"] :][:6], "NEEDLE", line)
         # One entry per line, its matches' columns listed; a long line cut
         # around its first match.
         [line] = long.structured_content["matches"]

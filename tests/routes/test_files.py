@@ -711,6 +711,56 @@ class TreeTests(FilesCase):
         self.assertEqual(self.read("dest/app.py"), b"kept")
 
     @inlineCallbacks
+    def test_move_onto_a_link_to_a_directory_moves_into_it(self) -> Any:
+        """
+        A move onto a link to a directory (``cur -> real``) puts the file in
+        that directory, with or without overwrite, as mv does; the link
+        stays a link.  A link to a directory the path rules do not allow is
+        403 and neither it nor the file changes, even with overwrite; a link
+        to a file is still replaced only with overwrite.
+        """
+        os.makedirs(os.path.join(self.base_dir, "rel/real"))
+        os.symlink("real", os.path.join(self.base_dir, "rel/cur"))
+        self.put("a.txt", b"a")
+        self.put("b.txt", b"b")
+        for name, overwrite in (("a.txt", False), ("b.txt", True)):
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": name, "destination": "rel/cur", "overwrite": overwrite},
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            self.assertEqual(
+                reply.json()["destination"],
+                os.path.join(self.base_dir, "rel/real", name),
+            )
+        self.assertEqual(os.readlink(os.path.join(self.base_dir, "rel/cur")), "real")
+        self.assertEqual(self.read("rel/real/a.txt"), b"a")
+        self.assertEqual(self.read("rel/real/b.txt"), b"b")
+        outside = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, outside)
+        os.symlink(outside, os.path.join(self.base_dir, "out"))
+        self.put("c.txt", b"c")
+        for overwrite in (False, True):
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": "c.txt", "destination": "out", "overwrite": overwrite},
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "path_not_allowed")
+            )
+            self.assertTrue(reply.json()["error"].startswith("destination:"))
+        self.assertEqual(os.readlink(os.path.join(self.base_dir, "out")), outside)
+        self.assertEqual((self.read("c.txt"), os.listdir(outside)), (b"c", []))
+        os.symlink("c.txt", os.path.join(self.base_dir, "tofile"))
+        self.put("d.txt", b"d")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "d.txt", "destination": "tofile"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+
+    @inlineCallbacks
     def test_mkdir_delete_move(self) -> Any:
         """
         mkdir with parents (twice is fine), delete recursively, move with
@@ -1066,6 +1116,27 @@ class SeedFormTests(FilesCase):
             else:
                 names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
             self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
+
+    @inlineCallbacks
+    def test_archive_says_what_it_left_out(self) -> Any:
+        """
+        Named pipes and sockets have no content to pack: an archive of a
+        directory holding only those is empty and says how many it left
+        out; listing and stat call them type other.
+        """
+        os.makedirs(os.path.join(self.base_dir, "sp"))
+        os.mkfifo(os.path.join(self.base_dir, "sp", "fifo"))
+        os.mknod(os.path.join(self.base_dir, "sp", "sock"), stat.S_IFSOCK | 0o600)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["sp"]})
+        self.assertEqual(reply.status, 200, reply.body)
+        data = base64.b64decode(reply.json()["content_base64"])
+        self.assertEqual(tarfile.open(fileobj=io.BytesIO(data)).getnames(), [])
+        self.assertEqual(reply.json()["skipped"], 2)
+        self.put("sp2/a.txt")
+        reply = yield self.request("POST", "/files/archive", {"paths": ["sp2"]})
+        self.assertEqual(reply.json()["skipped"], 0)
+        reply = yield self.get("/files/stat", "sp/fifo")
+        self.assertEqual(reply.json()["type"], "other")
 
     @inlineCallbacks
     def test_name_not_utf8_by_its_bytes(self) -> Any:

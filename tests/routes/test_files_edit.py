@@ -102,6 +102,23 @@ class EditTests(FilesCase):
         self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
 
     @inlineCallbacks
+    def test_header_above_a_byte_order_mark(self) -> Any:
+        """
+        insert_line 0 in a file that starts with a UTF-8 BOM writes the new
+        line after the BOM: the file still starts with it, and no U+FEFF
+        lands mid-file.
+        """
+        self.put("bom.py", b"\xef\xbb\xbfimport os\r\nprint(1)\r\n")
+        reply = yield self.edit(
+            {"path": "bom.py", "insert_line": 0, "new_text": "# header\n"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            self.read("bom.py"),
+            b"\xef\xbb\xbf# header\r\nimport os\r\nprint(1)\r\n",
+        )
+
+    @inlineCallbacks
     def test_ambiguous_edit(self) -> Any:
         """Text found more than once is 400 (kind not_unique) with the count; nothing written."""
         self.put("app.py", SOURCE)

@@ -108,6 +108,37 @@ class GrepTests(GrepCase):
         self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
 
 
+class WhatAnAgentTypesTests(GrepCase):
+    """Searches as agents write them, over HTTP."""
+
+    @inlineCallbacks
+    def test_minified_line_braces_and_newlines(self) -> Any:
+        """
+        A match deep in a minified line comes back with the text around it
+        (text_column saying where that text starts); include takes
+        ``*.{js,ts}``; a pattern with a newline, which could never match,
+        is 400 saying why rather than an empty answer.
+        """
+        self.put("app.min.js", b"var a=1;" * 10_000 + b"NEEDLE;\n")
+        self.put("b.ts", b"NEEDLE\n")
+        self.put("c.txt", b"NEEDLE\n")
+        reply = yield self.grep(pattern="NEEDLE", include="*.{js,ts}")
+        self.assertEqual(reply.status, 200, reply.body)
+        deep, short = reply.json()["matches"]
+        self.assertEqual(
+            [os.path.basename(m["path"]) for m in (deep, short)], ["app.min.js", "b.ts"]
+        )
+        self.assertIn("NEEDLE", deep["text"])
+        self.assertEqual(
+            deep["column"] - deep["text_column"], deep["text"].index("NEEDLE")
+        )
+        reply = yield self.grep(pattern="var\nNEEDLE")
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+        self.assertIn("newline", reply.json()["error"])
+        reply = yield self.grep(pattern="NEEDLE", include="*.{js")
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+
+
 class IgnoreTests(GrepCase):
     """What a project ignores is not searched unless asked, over HTTP."""
 

@@ -296,6 +296,47 @@ class ArchiveTests(FilesCase):
             yield self.assertRefused(content)
 
     @inlineCallbacks
+    def test_hard_link_to_an_earlier_member(self) -> Any:
+        """
+        A tree with hard links, as GNU tar packs it (the second name a hard
+        link to the first member), extracts with the second name a copy of
+        the first's bytes and mode; a hard link to a member that is not an
+        earlier file of the archive (a later one, a directory, a missing
+        name, '..') is 403 with nothing written.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(outside, "proj"))
+        with open(os.path.join(outside, "proj", "a"), "wb") as f:
+            f.write(b"hi\n")
+        os.chmod(os.path.join(outside, "proj", "a"), 0o750)
+        os.link(os.path.join(outside, "proj", "a"), os.path.join(outside, "proj", "b"))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(os.path.join(outside, "proj"), arcname="proj")
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": base64.b64encode(buf.getvalue()).decode(),
+                "destination": "out",
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["files"], 2)
+        for name in ("a", "b"):
+            path = os.path.join(self.base_dir, "out", "proj", name)
+            self.assertEqual(self.read(f"out/proj/{name}"), b"hi\n")
+            self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o750)
+        good = ("good.txt", "file", b"g")
+        for members in (
+            [("early", "hard", "good.txt"), good],
+            [good, ("d", "dir", None), ("h", "hard", "d")],
+            [good, ("h", "hard", "missing.txt")],
+            [good, ("h", "hard", "../good.txt")],
+        ):
+            yield self.assertRefused(tar_of(*members))
+
+    @inlineCallbacks
     def test_zip_slip(self) -> Any:
         """zip names with '..', absolute, drive letters, and link members pointing out: 403, nothing written."""
         for content in (

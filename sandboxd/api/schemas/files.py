@@ -183,7 +183,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "entries",
                 "array",
-                "[{name, path, type: file|directory|symlink, size, "
+                "[{name, path, type: file|directory|symlink|other (a named "
+                "pipe, socket or device), size, "
                 "modified (ISO 8601 UTC, with microseconds)}]",
                 items="object",
             ),
@@ -203,7 +204,11 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("name"),
             F("path"),
-            F("type", enum=("file", "directory", "symlink", "unknown")),
+            F(
+                "type",
+                enum=("file", "directory", "symlink", "other", "unknown"),
+                doc="other: a named pipe, socket or device; unknown: nothing there",
+            ),
             F("size", "integer"),
             F("permissions", doc='octal, e.g. "644"'),
             F("modified", doc="ISO 8601 UTC, with microseconds"),
@@ -315,7 +320,8 @@ SCHEMAS: dict[str, Schema] = {
             E(507, "insufficient_storage", "no room for the copy on the destination"),
         ),
         notes='Messages are prefixed "source:" or "destination:". Into a directory '
-        "when the destination is one. To another file system it is copied, "
+        "when the destination is one, or a link to one the path rules allow. "
+        "To another file system it is copied, "
         "then the source removed; an error leaves the source as it was.",
     ),
     "files_edit": Schema(
@@ -403,7 +409,8 @@ SCHEMAS: dict[str, Schema] = {
         "old_text looked for there), up to 3 times, before a 412 saying so. The "
         "file keeps its mode and owner. "
         "A refused edit is named by its index (edit). In a file whose lines all "
-        "end in CRLF, an edit's LF line ends match and are written as CRLF.",
+        "end in CRLF, an edit's LF line ends match and are written as CRLF. "
+        "A byte order mark stays first.",
     ),
     "files_search": Schema(
         body=(
@@ -456,7 +463,7 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
-            F("include", doc="fnmatch on file names (*.py)"),
+            F("include", doc="glob on file names (*.py, *.{js,ts})"),
             F(
                 "context",
                 "integer",
@@ -474,9 +481,9 @@ SCHEMAS: dict[str, Schema] = {
                 "array",
                 "[{path, line, column, text, cut}] in walk order, one per match: "
                 "line and column count from 1 (column in characters); text is "
-                "the line without its newline, cut at 1024 characters (cut: "
-                "true only then); with context, before and after: the lines "
-                "around it",
+                "the line without its newline, cut to 1024 characters around "
+                "the match (only then cut: true, and text_column: where text "
+                "starts); with context, before and after: the lines around it",
                 items="object",
             ),
             F("files_searched", "integer", "files read"),
@@ -509,7 +516,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Patterns take RE2's syntax (as ripgrep's: no backreferences or "
         "lookarounds), matched in time linear in the text; a match never spans "
-        "a newline, ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
+        "a newline (a pattern holding one is 400), ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
         "from a listing is not read; include does not apply to a file named by "
         "path. An empty match (^) counts once a line; in a file with CRLF line "
@@ -560,7 +567,16 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
         ),
-        response=(F("content_base64"), F("format"), F("bytes", "integer")),
+        response=(
+            F("content_base64"),
+            F("format"),
+            F("bytes", "integer"),
+            F(
+                "skipped",
+                "integer",
+                "named pipes, sockets and devices left out (no content to pack)",
+            ),
+        ),
         errors=(
             *GUARD,
             E(400, "invalid_param", "empty paths or an unknown format"),
@@ -597,7 +613,9 @@ SCHEMAS: dict[str, Schema] = {
                 403,
                 "path_not_allowed",
                 "a member would land outside the destination "
-                "(absolute, .., links out, devices); nothing is written",
+                "(absolute, .., links out, devices, a hard link to anything "
+                "but an earlier file member, which it is written as a copy "
+                "of); nothing is written",
             ),
             E(409, "file_exists", "a member exists and overwrite is false"),
             E(413, "payload_too_large", "over max_entries or max_bytes"),
