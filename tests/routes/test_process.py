@@ -11,10 +11,12 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from typing import Any
 from unittest import SkipTest
@@ -968,6 +970,43 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(reply.json()["leftovers"], 1)
         left = yield self.gone(m)
         self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_kill_double_forked_daemon_that_cleared_its_environment(self) -> Any:
+        """
+        A classic double-fork daemon (fork, the command exits; ``setsid``;
+        fork again, the first child exits; the grandchild clears its
+        environment and execs) is what the exited command left, every
+        time: its document counts it and 9 ends it.  The grandchild starts
+        after the command was reaped and nothing it carries names the
+        tree; it is known by the session its parent, a process of the
+        tree that the daemon adopted, led.  Some rounds fork at once, as
+        the prober's did; others work a moment before the second fork.
+        """
+        m = self.marker
+        program = (
+            "import os, time\n"
+            "if os.fork(): os._exit(0)\n"
+            "os.setsid()\n"
+            "time.sleep({pause})\n"
+            "if os.fork(): os._exit(0)\n"
+            f"os.environ.clear(); os.execv('/bin/sleep', ['sleep', '{m}'])"
+        )
+        for pause in (0, 0, 0, 0, 0, 0.05, 0.2, 0.3):
+            command = f"{shlex.quote(sys.executable)} -c {shlex.quote(program.format(pause=pause))}"
+            started = yield self.start_process(command)
+            pid = started["pid"]
+            yield self.wait_exited(pid)
+            found = yield wait_until(lambda: escaped(m))
+            self.assertTrue(found, marked_pids(m))
+            yield sleep_(0.1)
+            detail = (yield self.request("GET", f"/process/{pid}")).json()
+            self.assertEqual(detail["leftovers"], 1, (pause, detail))
+            reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+            self.assertEqual(reply.status, 200, (pause, reply.body))
+            self.assertEqual(reply.json()["leftovers"], 1)
+            left = yield self.gone(m)
+            self.assertEqual(left, [], pause)
 
     @inlineCallbacks
     def test_tstp_stops_and_cont_resumes(self) -> Any:
