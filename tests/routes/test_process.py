@@ -1392,6 +1392,50 @@ class SeedFormTests(ProcessCase):
         self.assertEqual(text.split(), ["00", "ff", "0a"])
 
     @inlineCallbacks
+    def test_output_as_bytes(self) -> Any:
+        """
+        output=bytes gives the exact bytes a process wrote, base64, in every
+        form of the read (page, the seed's cursor, follow), a UTF-8
+        character split across writes included; text keeps U+FFFD; any
+        other value is a 400 with its code.
+        """
+        written = b"\xff\x00\x01A\xc3"
+        started = yield self.start_process(
+            "printf '\\377\\000\\001A\\303'; sleep 0.1; printf '\\251 ok'",
+            capture_output=True,
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        whole = written + b"\xa9 ok"
+
+        def joined(events: list[dict[str, Any]]) -> bytes:
+            return b"".join(base64.b64decode(e["data_base64"]) for e in events)
+
+        for query in ("since=0", "after=0"):
+            reply = yield self.request(
+                "GET", f"/process/{pid}/output?{query}&output=bytes"
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            events = reply.json()["events"]
+            self.assertEqual(joined(events), whole, query)
+            self.assertNotIn("data", events[0])
+        _, reader = yield self.stream(
+            "GET", f"/process/{pid}/output?follow=true&after=0&output=bytes"
+        )
+        events = yield reader.done
+        self.assertEqual(
+            joined([e["data"] for e in events if e["event"] == "stdout"]), whole
+        )
+        reply = yield self.request("GET", f"/process/{pid}/output?since=0")
+        text = "".join(e["data"] for e in reply.json()["events"])
+        self.assertEqual(text, "\ufffd\x00\x01A\u00e9 ok")
+        reply = yield self.request("GET", f"/process/{pid}/output?output=base64")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (400, "invalid_param"), reply.body
+        )
+        self.assertIn("output", reply.json()["error"])
+
+    @inlineCallbacks
     def test_stdin_refusals(self) -> Any:
         """
         Bad base64, both data forms and nothing to write without eof are

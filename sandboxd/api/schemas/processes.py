@@ -262,6 +262,13 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
                 example="true",
             ),
+            F(
+                "output",
+                doc="text: each event's data as text (U+FFFD for bytes that are "
+                "not UTF-8); bytes: its exact bytes as data_base64 instead",
+                enum=("text", "bytes"),
+                default="text",
+            ),
             _QUERY_TOKEN_FOLLOW,
         ),
         headers=(LAST_EVENT_ID,),
@@ -273,7 +280,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "events",
                 "array",
-                "[{seq, stream: stdout|stderr, data}]",
+                "[{seq, stream: stdout|stderr, data}], or with output=bytes "
+                "[{seq, stream, data_base64}]",
                 items="object",
             ),
             F(
@@ -288,13 +296,21 @@ SCHEMAS: dict[str, Schema] = {
         ),
         produces="json",
         events=(
-            Event("stdout", '{"data": a chunk as read}'),
-            Event("stderr", '{"data": a chunk as read}'),
+            Event(
+                "stdout",
+                '{"data": a chunk as read}, or with output=bytes '
+                '{"data_base64": its bytes}',
+            ),
+            Event("stderr", "as stdout"),
             Event("exit", '{"exit_code"}'),
             GAP,
         ),
         errors=(
-            E(400, "invalid_param", "pid, after, since, wait or follow malformed"),
+            E(
+                400,
+                "invalid_param",
+                "pid, after, since, wait, follow or output malformed",
+            ),
             E(404, "not_found", "not a process this daemon manages", "NotFoundError"),
             E(
                 409,
