@@ -1008,6 +1008,9 @@ class BackgroundTests(ProcessCase):
             left = yield self.gone(m)
             self.assertEqual(left, [], pause)
 
+    # Eight rounds of spawns and waits: room for a busy machine.
+    test_kill_double_forked_daemon_that_cleared_its_environment.timeout = 60  # type: ignore[attr-defined]
+
     @inlineCallbacks
     def test_tstp_stops_and_cont_resumes(self) -> Any:
         """
