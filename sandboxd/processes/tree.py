@@ -364,22 +364,95 @@ def _in_window(start: int, window: Window) -> bool:
     return since <= start and (until is None or start <= until)
 
 
+#: The adopted orphans known to descend from an adopted orphan that has
+#: exited: pid -> (its start time, the start times of those lost
+#: ancestors).  Only live children of the daemon are kept, so the table is
+#: bounded by the processes it has adopted.
+_LINEAGE: dict[int, tuple[int, frozenset[int]]] = {}
+
+
+def note_lineage(orphans: Sequence[ProcInfo]) -> None:
+    """
+    Remember, from a look at every orphan the daemon adopted (zombies
+    included), which of them descend from one that has exited.
+
+    A double-fork daemon's last process starts after the command that
+    started it has exited, and clears its environment: neither its start
+    time nor its marker ties it to the command.  Its parent, the first
+    fork, was adopted by the daemon and is gone by then; but the session
+    (or group) it led lives on in the grandchild, and the number cannot be
+    handed to another process while anything is in that session.  The
+    parent's zombie stays in ``/proc`` until the daemon reaps it, and
+    :func:`reap_orphans` looks here first, so the link is seen every time:
+    an orphan in the session or group of a zombie orphan descends from it,
+    and inherits its start time (and those it inherited) as its origins.
+    """
+    own_session = os.getsid(0)
+    starts = {p.pid: p.start for p in orphans}
+    for pid in [
+        pid for pid, (start, _) in _LINEAGE.items() if starts.get(pid) != start
+    ]:
+        del _LINEAGE[pid]
+    lost = {
+        p.pid: p
+        for p in orphans
+        if p.state == "Z"
+        and p.sid != own_session
+        and not reaping.may_be_unadopted(p.pid, p.start)
+    }
+    if not lost:
+        return
+    # Oldest first: a lost parent's own origins are known before its
+    # children take them.
+    for p in sorted(orphans, key=lambda p: p.start):
+        origins: set[int] = set()
+        for leader in {p.sid, p.pgid} - {p.pid}:
+            parent = lost.get(leader)
+            if parent is not None and parent.start <= p.start:
+                origins.add(parent.start)
+                origins.update(lineage(parent.pid, parent.start))
+        if origins:
+            _LINEAGE[p.pid] = (p.start, lineage(p.pid, p.start) | origins)
+
+
+def lineage(pid: int, start: int) -> frozenset[int]:
+    """
+    The start times of the exited adopted orphans ``pid`` (started at
+    ``start``) descends from, as :func:`note_lineage` found them.
+    """
+    known = _LINEAGE.get(pid)
+    return known[1] if known is not None and known[0] == start else frozenset()
+
+
+def _adoptees(table: dict[int, ProcInfo]) -> list[ProcInfo]:
+    """Every child of the daemon in ``table`` that Twisted did not spawn."""
+    me = os.getpid()
+    registered = _twisted_process.reapProcessHandlers
+    return [p for p in table.values() if p.ppid == me and p.pid not in registered]
+
+
 def _escapees(table: dict[int, ProcInfo], leader: int, window: Window) -> Iterator[int]:
     """
     Adopted orphans that carry no marker and started while the tree's
-    leader ran: processes that left some tree (reparented to the daemon)
-    and cleared their environment.  Nothing the kernel keeps says which
-    tree they left, so each is counted in every tree that was running when
-    it started.  A spawn in flight (whose child is not adopted yet) is not
-    one of them, nor a child of the daemon in the daemon's own session (one
-    it started some other way): every tree starts a session of its own, and
-    nothing in it can join the daemon's.
+    leader ran, or descend from an adopted orphan that did (see
+    :func:`note_lineage`): processes that left some tree (reparented to
+    the daemon) and cleared their environment.  Nothing the kernel keeps
+    says which tree they left, so each is counted in every tree that was
+    running when it (or that ancestor) started.  A spawn in flight (whose
+    child is not adopted yet) is not one of them, nor a child of the
+    daemon in the daemon's own session (one it started some other way):
+    every tree starts a session of its own, and nothing in it can join the
+    daemon's.
     """
     own_session = os.getsid(0)
+    note_lineage(_adoptees(table))
     for pid in _live_orphans(table, leader):
         start = table[pid].start
         if (
-            _in_window(start, window)
+            (
+                _in_window(start, window)
+                or any(_in_window(o, window) for o in lineage(pid, start))
+            )
             and table[pid].sid != own_session
             and not reaping.may_be_unadopted(pid, start)
             and _unmarked(pid)
@@ -764,9 +837,13 @@ def reap_orphans() -> int:
     (:func:`sandboxd.processes.reaping.may_be_unadopted`).
     """
     reaped = 0
-    for pid in adopted_orphans():
-        info = proc_info(pid)
-        if info is None or info.state != "Z":
+    orphans = [info for info in map(proc_info, adopted_orphans()) if info is not None]
+    # Before any is reaped: a zombie's session is how its adopted children
+    # are known to descend from it (note_lineage).
+    note_lineage(orphans)
+    for info in orphans:
+        pid = info.pid
+        if info.state != "Z":
             continue
         if reaping.may_be_unadopted(pid, info.start):
             continue

@@ -632,8 +632,13 @@ def process_output(request: ServerRequest) -> Any:
     the output ends, or ``wait`` seconds pass (at most
     :data:`PROCESS_OUTPUT_WAIT_SECONDS`), so a reader that follows a quiet
     process asks a few times a minute, not hundreds of times a second.
+
+    ``output=bytes`` gives each event's bytes as ``data_base64`` instead of
+    its text as ``data``: what is not UTF-8 (``gzip -c``, ``tar c``) would
+    otherwise arrive as U+FFFD, and stdin already takes bytes.
     """
     managed = _managed(request)
+    as_bytes = _output_form(request.arg("output"))
     seed_form = request.arg("since") is not None or _seed_by_default(request, managed)
     if managed.capture_output is False or (
         seed_form and managed.capture_output is not True
@@ -647,7 +652,9 @@ def process_output(request: ServerRequest) -> Any:
         after = resume_point(request.query, request.headers)
 
         def start(channel: SSEChannel) -> None:
-            Follower(managed.log, channel, after, _text_format)
+            Follower(
+                managed.log, channel, after, _bytes_format if as_bytes else _text_format
+            )
 
         return SSEResponse(start=start)
     if seed_form:
@@ -666,8 +673,32 @@ def process_output(request: ServerRequest) -> Any:
     )
     waited = output_after(request.context.reactor, managed, after, wait)
     return waited.addCallback(
-        lambda _: _output_page(managed, after, since if seed_form else None)
+        lambda _: _output_page(managed, after, since if seed_form else None, as_bytes)
     )
+
+
+def _output_form(value: str | None) -> bool:
+    """
+    Whether a read asked for ``output=bytes`` (else ``text``, the default).
+
+    :raises ApiError: 400 for any other value.
+    """
+    output = string(value, "output", "text")
+    if output not in ("text", "bytes"):
+        raise bad_request("output must be 'text' or 'bytes'")
+    return output == "bytes"
+
+
+def _output_data(text: str, as_bytes: bool) -> dict[str, str]:
+    """
+    One output event's payload: its text (what was not UTF-8 as U+FFFD),
+    or with ``as_bytes`` the exact bytes read, base64 (the log keeps them
+    as text whose undecodable bytes are surrogate escapes).
+    """
+    if as_bytes:
+        raw = text.encode("utf-8", "surrogateescape")
+        return {"data_base64": base64.b64encode(raw).decode("ascii")}
+    return {"data": readable(text)}
 
 
 def _seed_by_default(request: ServerRequest, managed: processes.Managed) -> bool:
@@ -715,7 +746,7 @@ def output_after(
 
 
 def _output_page(
-    managed: processes.Managed, after: int, since: int | None
+    managed: processes.Managed, after: int, since: int | None, as_bytes: bool = False
 ) -> dict[str, Any]:
     """
     One page of a process's kept output after ``after``.
@@ -724,12 +755,17 @@ def _output_page(
         event's ``seq`` is then its index among the output events (log seq
         minus one) and ``next`` the count of output events, as on the seed;
         otherwise ``seq`` is the log's and ``next`` the last seq returned.
+    :param as_bytes: each event's bytes as ``data_base64`` (``output=bytes``).
     """
     gap, scanned = managed.log.since(after)
     shown = [e for e in scanned if e.event in ("stdout", "stderr")]
     offset = 0 if since is None else 1
     out = [
-        {"seq": e.seq - offset, "stream": e.event, "data": readable(e.data["data"])}
+        {
+            "seq": e.seq - offset,
+            "stream": e.event,
+            **_output_data(e.data["data"], as_bytes),
+        }
         for e in shown
     ]
     described = managed.describe()
@@ -754,6 +790,15 @@ def _text_format(event: Event) -> bytes | list[bytes]:
     """An output event as text (what was not UTF-8 as U+FFFD)."""
     if event.event in ("stdout", "stderr"):
         data = {**event.data, "data": readable(event.data["data"])}
+        event = Event(event.seq, event.event, data, event.size)
+    return default_format(event)
+
+
+def _bytes_format(event: Event) -> bytes | list[bytes]:
+    """An output event as its exact bytes, base64 (``output=bytes``)."""
+    if event.event in ("stdout", "stderr"):
+        data = {k: v for k, v in event.data.items() if k != "data"}
+        data.update(_output_data(event.data["data"], True))
         event = Event(event.seq, event.event, data, event.size)
     return default_format(event)
 

@@ -358,6 +358,24 @@ class DocsTests(SynchronousTestCase):
         for needle in ("share its cookies, logins", "console", "strictest"):
             self.assertIn(needle, section)
 
+    def test_shell_background_jobs_said(self) -> None:
+        """
+        The API reference's /shell and /shell/stream sections, the security
+        page and the migration guide say that a job the command leaves
+        running is neither waited for nor ended nor reported, and point to
+        process_start for what should outlive a call.
+        """
+        api = read_doc("api.md")
+        for endpoint in ("shell", "shell_stream"):
+            section = api[api.index(f'<a id="{endpoint}"></a>') :]
+            section = section[: section.index("<a id=", 1)]
+            for needle in ("a job it leaves running", "process_start", "SIGPIPE"):
+                self.assertIn(needle, section, endpoint)
+        security = read_doc("security.md")
+        self.assertIn("A job that `/shell` or `/shell/stream` leaves running", security)
+        migration = read_doc("migrating-from-agent-sandbox-server.md")
+        self.assertIn("A job `process.shell()` leaves in the background", migration)
+
     def test_migration_says_content_comes_in_parts(self) -> None:
         """
         The migration guide says that a page's content comes in parts, that

@@ -11,10 +11,12 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from typing import Any
 from unittest import SkipTest
@@ -970,6 +972,46 @@ class BackgroundTests(ProcessCase):
         self.assertEqual(left, [])
 
     @inlineCallbacks
+    def test_kill_double_forked_daemon_that_cleared_its_environment(self) -> Any:
+        """
+        A classic double-fork daemon (fork, the command exits; ``setsid``;
+        fork again, the first child exits; the grandchild clears its
+        environment and execs) is what the exited command left, every
+        time: its document counts it and 9 ends it.  The grandchild starts
+        after the command was reaped and nothing it carries names the
+        tree; it is known by the session its parent, a process of the
+        tree that the daemon adopted, led.  Some rounds fork at once, as
+        the prober's did; others work a moment before the second fork.
+        """
+        m = self.marker
+        program = (
+            "import os, time\n"
+            "if os.fork(): os._exit(0)\n"
+            "os.setsid()\n"
+            "time.sleep({pause})\n"
+            "if os.fork(): os._exit(0)\n"
+            f"os.environ.clear(); os.execv('/bin/sleep', ['sleep', '{m}'])"
+        )
+        for pause in (0, 0, 0, 0, 0, 0.05, 0.2, 0.3):
+            command = f"{shlex.quote(sys.executable)} -c {shlex.quote(program.format(pause=pause))}"
+            started = yield self.start_process(command)
+            pid = started["pid"]
+            yield self.wait_exited(pid)
+            found = yield wait_until(lambda: escaped(m))
+            self.assertTrue(found, marked_pids(m))
+            yield sleep_(0.1)
+            detail = (yield self.request("GET", f"/process/{pid}")).json()
+            self.assertEqual(detail["leftovers"], 1, (pause, detail))
+            reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+            self.assertEqual(reply.status, 200, (pause, reply.body))
+            self.assertEqual(reply.json()["leftovers"], 1)
+            left = yield self.gone(m)
+            self.assertEqual(left, [], pause)
+
+    # Eight rounds of spawns and waits: room for a busy machine.
+    test_kill_double_forked_daemon_that_cleared_its_environment.timeout = 60  # type: ignore[attr-defined]
+
+    @inlineCallbacks
     def test_tstp_stops_and_cont_resumes(self) -> Any:
         """
         20 (TSTP) pauses a process (state T), though the kernel ignores a
@@ -1351,6 +1393,50 @@ class SeedFormTests(ProcessCase):
         reply = yield self.request("GET", f"/process/{pid}/output?since=0&wait=2")
         text = "".join(e["data"] for e in reply.json()["events"])
         self.assertEqual(text.split(), ["00", "ff", "0a"])
+
+    @inlineCallbacks
+    def test_output_as_bytes(self) -> Any:
+        """
+        output=bytes gives the exact bytes a process wrote, base64, in every
+        form of the read (page, the seed's cursor, follow), a UTF-8
+        character split across writes included; text keeps U+FFFD; any
+        other value is a 400 with its code.
+        """
+        written = b"\xff\x00\x01A\xc3"
+        started = yield self.start_process(
+            "printf '\\377\\000\\001A\\303'; sleep 0.1; printf '\\251 ok'",
+            capture_output=True,
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        whole = written + b"\xa9 ok"
+
+        def joined(events: list[dict[str, Any]]) -> bytes:
+            return b"".join(base64.b64decode(e["data_base64"]) for e in events)
+
+        for query in ("since=0", "after=0"):
+            reply = yield self.request(
+                "GET", f"/process/{pid}/output?{query}&output=bytes"
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            events = reply.json()["events"]
+            self.assertEqual(joined(events), whole, query)
+            self.assertNotIn("data", events[0])
+        _, reader = yield self.stream(
+            "GET", f"/process/{pid}/output?follow=true&after=0&output=bytes"
+        )
+        events = yield reader.done
+        self.assertEqual(
+            joined([e["data"] for e in events if e["event"] == "stdout"]), whole
+        )
+        reply = yield self.request("GET", f"/process/{pid}/output?since=0")
+        text = "".join(e["data"] for e in reply.json()["events"])
+        self.assertEqual(text, "\ufffd\x00\x01A\u00e9 ok")
+        reply = yield self.request("GET", f"/process/{pid}/output?output=base64")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (400, "invalid_param"), reply.body
+        )
+        self.assertIn("output", reply.json()["error"])
 
     @inlineCallbacks
     def test_stdin_refusals(self) -> Any:

@@ -61,6 +61,19 @@ _PROC_FIELDS = (
 )
 
 
+#: What /shell and /shell/stream do with a job the command leaves running.
+_BACKGROUND_JOBS = (
+    "The answer comes once the command exits and its output goes quiet (0.1 s, "
+    "at most 2 s): a job it leaves running (`cmd &`, `nohup`, `setsid`, a "
+    "daemon) is not waited for, ended, listed or reported, and has no pid to "
+    "signal; its output pipes are closed then, so a write after that fails "
+    "(SIGPIPE ends a job that does not handle it). The timeout does not "
+    "apply to it once the command has exited. Start what should outlive the "
+    "call with process_start (listed, signallable, its output kept, "
+    "leftovers counted); stopping the daemon ends every job either way."
+)
+
+
 SCHEMAS: dict[str, Schema] = {
     "shell": Schema(
         body=(*_COMMAND, *CHILD, F("timeout", "number", "seconds", default=300)),
@@ -95,7 +108,7 @@ SCHEMAS: dict[str, Schema] = {
         "(10 MiB), keeping head and tail. A timeout is 500 (as the agent-sandbox "
         "server answers it), but "
         "the command did run: a client must not retry on it as on a server "
-        "failure (check `code`).",
+        "failure (check `code`). " + _BACKGROUND_JOBS,
     ),
     "shell_stream": Schema(
         body=(
@@ -141,7 +154,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=_CHILD_ERRORS,
         notes="stdout and stderr are interleaved in the order produced. Not resumable: "
         "a client that disconnects kills the child's group. Invalid requests get a "
-        "JSON error, not a stream.",
+        "JSON error, not a stream. " + _BACKGROUND_JOBS,
     ),
     "process_start": Schema(
         body=(
@@ -262,6 +275,13 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
                 example="true",
             ),
+            F(
+                "output",
+                doc="text: each event's data as text (U+FFFD for bytes that are "
+                "not UTF-8); bytes: its exact bytes as data_base64 instead",
+                enum=("text", "bytes"),
+                default="text",
+            ),
             _QUERY_TOKEN_FOLLOW,
         ),
         headers=(LAST_EVENT_ID,),
@@ -273,7 +293,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "events",
                 "array",
-                "[{seq, stream: stdout|stderr, data}]",
+                "[{seq, stream: stdout|stderr, data}], or with output=bytes "
+                "[{seq, stream, data_base64}]",
                 items="object",
             ),
             F(
@@ -288,13 +309,21 @@ SCHEMAS: dict[str, Schema] = {
         ),
         produces="json",
         events=(
-            Event("stdout", '{"data": a chunk as read}'),
-            Event("stderr", '{"data": a chunk as read}'),
+            Event(
+                "stdout",
+                '{"data": a chunk as read}, or with output=bytes '
+                '{"data_base64": its bytes}',
+            ),
+            Event("stderr", "as stdout"),
             Event("exit", '{"exit_code"}'),
             GAP,
         ),
         errors=(
-            E(400, "invalid_param", "pid, after, since, wait or follow malformed"),
+            E(
+                400,
+                "invalid_param",
+                "pid, after, since, wait, follow or output malformed",
+            ),
             E(404, "not_found", "not a process this daemon manages", "NotFoundError"),
             E(
                 409,
