@@ -45,11 +45,23 @@ class TerminalTable:
         self.reactor = reactor
         self.children = children
         self.sessions: dict[str, PtySession] = {}
+        #: Sessions forgotten while what their shell left may still be
+        #: ending (a hang-up's grace, then KILL): the daemon's stop waits
+        #: for them too, so that nothing it started outlives it.
+        self.ending: set[PtySession] = set()
 
     def reap(self) -> None:
         """Forget sessions whose shell has ended."""
         for sid in [sid for sid, s in self.sessions.items() if s.ended]:
-            del self.sessions[sid]
+            self._forget(sid)
+
+    def _forget(self, session_id: str) -> PtySession | None:
+        """Take a session out of the table, kept in :attr:`ending` until it has ended."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            self.ending.add(session)
+            session.when_ended().addBoth(lambda _: self.ending.discard(session))
+        return session
 
     def get(self, session_id: str) -> PtySession | None:
         """The session, or None."""
@@ -127,10 +139,11 @@ class TerminalTable:
 
     def close(self, session_id: str) -> Deferred[None] | None:
         """End a session and forget it; None when unknown."""
-        session = self.sessions.pop(session_id, None)
+        session = self._forget(session_id)
         return session.close() if session is not None else None
 
     def close_all(self) -> list[Deferred[None]]:
-        """End every session (daemon shutdown)."""
-        sessions, self.sessions = list(self.sessions.values()), {}
+        """End every session, those still ending too (daemon shutdown)."""
+        sessions = [*self.sessions.values(), *self.ending]
+        self.sessions = {}
         return [s.close() for s in sessions]

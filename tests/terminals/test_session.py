@@ -374,6 +374,26 @@ class TableTests(SynchronousTestCase):
         first.shell_ended(Failure(ProcessDone(0)))
         table.create("me", spec, 4, None, spawn=self.spawn, mine=2)
 
+    def test_stop_waits_for_sessions_still_ending(self) -> None:
+        """
+        A session closed before the stop (a call's limit ended it), whose
+        shell's jobs still have their hang-up's grace, is waited for by
+        the stop as a listed one is: it fires once the shell has ended.
+        """
+        table = TerminalTable(Clock())
+        spec = SpawnRequest("/bin/sh", ["sh"], {}, "/", 80, 24)
+        first = table.create("me", spec, 2, None, spawn=self.spawn)
+        table.close(first.id)
+        self.assertNotIn(first.id, table.sessions)
+        waits = table.close_all()
+        self.assertEqual(len(waits), 1)
+        fired: list[object] = []
+        waits[0].addCallback(fired.append)
+        self.assertEqual(fired, [])
+        first.shell_ended(Failure(ProcessDone(0)))
+        self.assertEqual(fired, [None])
+        self.assertEqual(table.ending, set())
+
 
 class KeystrokeTests(SynchronousTestCase):
     """Input reaches the terminal at once when it can, and always in order."""
